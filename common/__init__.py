@@ -1,0 +1,1 @@
+"""Pieces both processes share: defaults, config helpers, logging, generated gRPC code."""
