@@ -1,0 +1,127 @@
+"""The `cbserve` command: generate, info, serve.
+
+cbserve generate "Once upon a time" --max-tokens 64
+cbserve generate --chat "What is the capital of France?"
+cbserve info
+cbserve serve            # the same as `make run`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import grpc
+
+from common.defaults import DEFAULT_SCHEDULER_PORT
+
+DEFAULT_SERVER = os.environ.get("CBSERVE_SERVER", f"localhost:{DEFAULT_SCHEDULER_PORT}")
+
+# CLI flag -> SamplingParams field; a flag left out is not sent (server default).
+SAMPLING_FLAGS = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "max_tokens": int,
+    "min_tokens": int,
+    "seed": int,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "repetition_penalty": float,
+    "logprobs": int,
+}
+
+
+def _add_generate(subparsers) -> None:
+    parser = subparsers.add_parser("generate", help="stream a reply to the terminal")
+    parser.add_argument("prompt", help="the prompt (or the user message with --chat)")
+    parser.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    parser.add_argument("--system", default=None, help="system message (with --chat)")
+    parser.add_argument(
+        "--server", default=DEFAULT_SERVER, help=f"scheduler address ({DEFAULT_SERVER})"
+    )
+    for name, kind in SAMPLING_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    parser.add_argument(
+        "--stop", action="append", default=None, help="stop string; repeat for several"
+    )
+    parser.add_argument(
+        "--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids"
+    )
+    parser.add_argument("--ignore-eos", action="store_true", default=None)
+    parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
+    parser.add_argument("--usage", action="store_true", help="print token counts and finish reason")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from cbserve.client import Client, Completion
+
+    sampling = {
+        name: getattr(args, name)
+        for name in [*SAMPLING_FLAGS, "stop", "stop_token_ids", "ignore_eos"]
+    }
+    sampling = {name: value for name, value in sampling.items() if value is not None}
+    if args.chat:
+        turns = ([("system", args.system)] if args.system else []) + [("user", args.prompt)]
+        source = {"chat": turns}
+    else:
+        source = {"prompt": args.prompt}
+    completion = Completion()
+    with Client(args.server) as client:
+        try:
+            for response in client.generate(timeout=args.timeout, **source, **sampling):
+                completion.add(response)
+                sys.stdout.write(response.text)
+                sys.stdout.flush()
+        except grpc.RpcError as error:
+            print(f"\ncbserve: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+    sys.stdout.write("\n")
+    if args.usage:
+        usage = completion.usage
+        print(
+            f"[{completion.finish_reason}] prompt_tokens={usage.prompt_tokens} "
+            f"completion_tokens={usage.completion_tokens} "
+            f"cached_prompt_tokens={usage.cached_prompt_tokens}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from cbserve.client import Client
+
+    with Client(args.server) as client:
+        try:
+            print(client.model_info())
+        except grpc.RpcError as error:
+            print(f"cbserve: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_generate(subparsers)
+    info = subparsers.add_parser("info", help="print the served model's limits")
+    info.add_argument("--server", default=DEFAULT_SERVER)
+    from cbserve.launch import add_serve_arguments
+
+    add_serve_arguments(
+        subparsers.add_parser("serve", help="run scheduler and worker here (make run)")
+    )
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    if args.command == "info":
+        return _info(args)
+    from cbserve.launch import serve
+
+    return serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

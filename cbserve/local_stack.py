@@ -1,0 +1,140 @@
+"""One scheduler and its workers as child processes on this machine.
+
+Used by `make run` / `cbserve serve` and by the integration tests, so the
+tests start the service exactly as a person does. Children are started in
+their own process group and always stopped: SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+READY_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ChildProcess:
+    """A child whose stdout is watched for its ready line; stderr passes through."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read_stdout, daemon=True)
+        self._reader.start()
+
+    def _read_stdout(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if " ready " in line:
+                self._ready.set()
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.2):
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.process.returncode} before ready"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s")
+        return next(line for line in self.lines if " ready " in line)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, sig)
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+            except ProcessLookupError:
+                pass
+        return self.process.wait()
+
+
+@dataclass
+class LocalStack:
+    """Scheduler + workers; `with LocalStack(...) as stack:` starts and stops them."""
+
+    num_workers: int = 1
+    scheduler_port: int = 0
+    worker_ports: list[int] = field(default_factory=list)
+    worker_args: list[str] = field(default_factory=list)
+    scheduler_args: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    workers: list[ChildProcess] = field(default_factory=list, init=False)
+    scheduler: ChildProcess | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.scheduler_port = self.scheduler_port or free_port()
+        while len(self.worker_ports) < self.num_workers:
+            self.worker_ports.append(free_port())
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.scheduler_port}"
+
+    def start(self) -> LocalStack:
+        try:
+            for index, port in enumerate(self.worker_ports):
+                argv = [
+                    sys.executable,
+                    "-m",
+                    "worker_svc",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(port),
+                ]
+                self.workers.append(ChildProcess(f"worker{index}", argv + self.worker_args))
+            for worker in self.workers:
+                worker.wait_ready()
+            argv = [sys.executable, "-m", "scheduler_svc", "--host", self.host]
+            argv += ["--port", str(self.scheduler_port)]
+            for port in self.worker_ports:
+                argv += ["--worker", f"{self.host}:{port}"]
+            self.scheduler = ChildProcess("scheduler", argv + self.scheduler_args)
+            self.scheduler.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def children(self) -> list[ChildProcess]:
+        return [*([self.scheduler] if self.scheduler else []), *self.workers]
+
+    def first_exit(self) -> ChildProcess | None:
+        return next((c for c in self.children() if c.process.poll() is not None), None)
+
+    def stop(self) -> None:
+        # Scheduler first, so that it never sees its workers vanish mid-step.
+        for child in self.children():
+            child.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

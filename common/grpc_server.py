@@ -1,0 +1,49 @@
+"""Starting a grpc.aio server with health and reflection, the same way in both processes."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from common.grpc_options import SERVER_OPTIONS
+
+
+class PortUnavailable(Exception):
+    pass
+
+
+def create_server(host: str, port: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    address = f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise PortUnavailable(f"cannot listen on {address}: {error}") from error
+    if bound == 0:
+        raise PortUnavailable(f"cannot listen on {address}: port in use or not allowed")
+    return server, health_servicer
+
+
+def enable_reflection(server: grpc.aio.Server, service_names: list[str]) -> None:
+    reflection.enable_server_reflection(
+        [
+            *service_names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+
+
+async def set_serving(health_servicer, service_names: list[str], serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    # "" is the server's overall status, the one probes ask for by default.
+    for name in ["", *service_names]:
+        await health_servicer.set(name, status)

@@ -1,0 +1,123 @@
+"""python -m scheduler_svc --port 50051 --worker HOST:PORT [--worker HOST:PORT ...]
+
+Loads the tokenizer, connects to every worker (waiting up to
+--worker-connect-timeout for them to come up), then serves cbserve.v1.Generation.
+Prints one line when ready; exits non-zero with one clear message when it
+cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import uvloop
+
+from cbserve.v1 import generation_pb2 as pb
+from cbserve.v1 import generation_pb2_grpc as pb_grpc
+from common.defaults import DEFAULT_SCHEDULER_PORT, default_model_path
+from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
+from common.logging import announce_ready, configure_logging
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.server import GenerationService
+from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.worker_client import WorkerLost
+from scheduler_svc.worker_pool import WorkerPool
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+class StartupError(Exception):
+    pass
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = SchedulerConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m scheduler_svc", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=DEFAULT_SCHEDULER_PORT, help="default 50051")
+    parser.add_argument(
+        "--worker",
+        action="append",
+        required=True,
+        metavar="HOST:PORT",
+        help="a worker; repeat for several",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="Hugging Face model directory to read the tokenizer and chat template from "
+        "(default: the converted default model)",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=defaults.max_num_seqs, help="most sequences in one step"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
+        help="token budget of one step; longer prompts are prefilled in chunks",
+    )
+    parser.add_argument(
+        "--worker-connect-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait at start for each worker to answer (default 120)",
+    )
+    parser.add_argument("--log-level", default="info")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    try:
+        config = SchedulerConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        )
+        tokenizer = Tokenizer(args.tokenizer or default_model_path())
+        server, health = create_server(args.host, args.port)
+    except (ValueError, FileNotFoundError, PortUnavailable) as error:
+        raise StartupError(str(error)) from error
+    pool = WorkerPool(args.worker, config, tokenizer)
+    pb_grpc.add_GenerationServicer_to_server(GenerationService(pool, tokenizer), server)
+    enable_reflection(server, [SERVICE_NAME])
+    await set_serving(health, [SERVICE_NAME], serving=False)
+    await server.start()
+    try:
+        await pool.start(args.worker_connect_timeout)
+    except (WorkerLost, ValueError) as error:
+        await server.stop(grace=None)
+        raise StartupError(str(error)) from error
+    await set_serving(health, [SERVICE_NAME], serving=True)
+    engines = pool.connected_engines()
+    announce_ready(
+        f"scheduler ready on {args.host}:{args.port} workers={','.join(args.worker)} "
+        f"model={engines[0].client.description.model_name} "
+        f"kv_capacity_tokens={sum(e.num_blocks * e.client.description.block_size for e in engines)}"
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await set_serving(health, [SERVICE_NAME], serving=False)
+    await server.stop(grace=2.0)
+    await pool.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        uvloop.run(serve(args))
+    except StartupError as error:
+        print(f"scheduler_svc: cannot start: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

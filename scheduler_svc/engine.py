@@ -1,0 +1,151 @@
+"""The step loop for one worker: schedule(), step on the worker, postprocess.
+
+One WorkerEngine per worker connection, each with its own Scheduler and block
+manager, all on the scheduler process's single event loop. RPC handlers add
+and abort requests between steps; every request's outputs go to its own
+asyncio.Queue, which its Generate handler drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import structlog
+
+from common.errors import ServiceError
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.request import Request, RequestOutput
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.validation import ValidatedRequest
+from scheduler_svc.worker_client import WorkerClient, WorkerLost
+
+log = structlog.get_logger("scheduler.engine")
+
+RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+# What a Generate handler reads from its queue: outputs, or the error that ended it.
+StreamItem = RequestOutput | ServiceError
+
+
+class WorkerEngine:
+    def __init__(self, address: str, config: SchedulerConfig, tokenizer: Tokenizer) -> None:
+        self.address = address
+        self.config = config
+        self.tokenizer = tokenizer
+        self.client = WorkerClient(address)
+        self.scheduler: Scheduler | None = None
+        self.connected = False
+        self.steps = 0
+        self._queues: dict[str, asyncio.Queue[StreamItem]] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.client.description.num_kv_blocks if self.client.description else 0
+
+    @property
+    def load(self) -> int:
+        return len(self._queues)
+
+    async def start(self, connect_timeout_s: float) -> None:
+        """Connects (raising WorkerLost after the timeout) and starts the loop."""
+        await self.client.connect(connect_timeout_s)
+        self._reset_scheduler()
+        self._task = asyncio.create_task(self._run(), name=f"engine {self.address}")
+
+    def _reset_scheduler(self) -> None:
+        description = self.client.description
+        self.scheduler = Scheduler(
+            self.config,
+            num_blocks=description.num_kv_blocks,
+            block_size=description.block_size,
+            max_model_len=description.max_model_len,
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+        )
+        self.connected = True
+
+    def submit(self, validated: ValidatedRequest) -> asyncio.Queue[StreamItem]:
+        if not self.connected or self.scheduler is None:
+            raise ServiceError(
+                f"worker {self.address} is not connected", grpc.StatusCode.UNAVAILABLE
+            )
+        request = Request(
+            request_id=validated.request_id,
+            prompt_token_ids=list(validated.prompt_token_ids),
+            sampling=validated.sampling,
+            arrival_time=time.monotonic(),
+        )
+        queue: asyncio.Queue[StreamItem] = asyncio.Queue()
+        self._queues[request.request_id] = queue
+        self.scheduler.add_request(request)
+        self._wakeup.set()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """The client is gone: free its blocks at the next step."""
+        if self._queues.pop(request_id, None) is not None and self.scheduler is not None:
+            self.scheduler.abort_request(request_id)
+            self._wakeup.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.client.close()
+
+    async def _run(self) -> None:
+        while True:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                result = await self.client.step(plan)
+            except WorkerLost as error:
+                await self._recover(error)
+                continue
+            self.steps += 1
+            for output in self.scheduler.update_from_output(plan, result):
+                self._deliver(output)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        queue = self._queues.get(output.request_id)
+        if queue is None:
+            return  # aborted while its step was in flight
+        queue.put_nowait(output)
+        if output.finish_reason is not None:
+            del self._queues[output.request_id]
+
+    async def _recover(self, error: WorkerLost) -> None:
+        """Fails the worker's requests and reconnects with backoff.
+
+        Until the fault-tolerance work lands, requests on a lost worker end with
+        UNAVAILABLE; the reconnected worker starts from an empty state.
+        """
+        log.error("worker lost", worker=self.address, error=str(error), requests=len(self._queues))
+        self.connected = False
+        failure = ServiceError(
+            f"worker {self.address} failed mid-request ({error}); retry the request",
+            grpc.StatusCode.UNAVAILABLE,
+        )
+        for queue in self._queues.values():
+            queue.put_nowait(failure)
+        self._queues.clear()
+        attempt = 0
+        while True:
+            delay = RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)]
+            await asyncio.sleep(delay)
+            attempt += 1
+            try:
+                await self.client.connect(timeout_s=delay * 2)
+            except WorkerLost:
+                continue
+            self._reset_scheduler()
+            log.info("worker reconnected", worker=self.address, attempts=attempt)
+            return

@@ -1,0 +1,113 @@
+"""The public gRPC service, cbserve.v1.Generation, on the scheduler.
+
+Generate validates the request, hands it to a worker's engine, and streams
+that engine's outputs as GenerateResponses. A client that cancels or
+disconnects ends the handler, whose cleanup aborts the request so that its
+blocks are freed at the next step.
+"""
+
+from __future__ import annotations
+
+import grpc
+import structlog
+
+from cbserve.v1 import generation_pb2 as pb
+from cbserve.v1 import generation_pb2_grpc as pb_grpc
+from common.errors import ServiceError
+from scheduler_svc.engine import WorkerEngine
+from scheduler_svc.request import RequestOutput
+from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.validation import ModelLimits, validate_request
+from scheduler_svc.worker_pool import WorkerPool
+
+log = structlog.get_logger("scheduler.server")
+
+
+def to_response(output: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateResponse:
+    response = pb.GenerateResponse(
+        request_id=output.request_id, text=output.new_text, token_ids=output.new_token_ids
+    )
+    for entry in output.logprobs or ():
+        response.logprobs.append(
+            pb.TokenLogprob(
+                token_id=entry.token_id,
+                logprob=entry.logprob,
+                top_logprobs=[
+                    pb.TopLogprob(
+                        token_id=token_id,
+                        logprob=logprob,
+                        token=tokenizer.id_to_token_text(token_id),
+                    )
+                    for token_id, logprob in entry.top
+                ],
+            )
+        )
+    if output.finish_reason is not None:
+        response.finish_reason = output.finish_reason.to_proto()
+        response.usage.CopyFrom(
+            pb.Usage(
+                prompt_tokens=output.prompt_tokens,
+                completion_tokens=output.completion_tokens,
+                cached_prompt_tokens=output.cached_prompt_tokens,
+            )
+        )
+    return response
+
+
+class GenerationService(pb_grpc.GenerationServicer):
+    def __init__(self, pool: WorkerPool, tokenizer: Tokenizer) -> None:
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self._in_flight: set[str] = set()
+
+    def _limits(self) -> ModelLimits:
+        return ModelLimits(
+            max_model_len=self.pool.max_model_len,
+            vocab_size=self.pool.vocab_size,
+            kv_capacity_tokens=self.pool.max_worker_capacity_tokens,
+        )
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        try:
+            validated = validate_request(request, self.tokenizer, self._limits())
+            if validated.request_id in self._in_flight:
+                raise ServiceError(
+                    f"request_id {validated.request_id!r} is already in flight; use a unique id",
+                    grpc.StatusCode.ALREADY_EXISTS,
+                )
+            engine = self.pool.pick()
+            queue = engine.submit(validated)
+        except ServiceError as error:
+            await context.abort(error.code, error.message)
+        request_id = validated.request_id
+        self._in_flight.add(request_id)
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, ServiceError):
+                    finished = True
+                    await context.abort(item.code, item.message)
+                finished = item.finish_reason is not None
+                yield to_response(item, self.tokenizer)
+        finally:
+            self._in_flight.discard(request_id)
+            if not finished:
+                # Cancelled, disconnected or past its deadline: free its blocks.
+                engine.abort(request_id)
+                log.info("request cancelled", request_id=request_id)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
+        engines: list[WorkerEngine] = self.pool.connected_engines()
+        if not engines:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is connected")
+        description = engines[0].client.description
+        return pb.ModelInfo(
+            model_name=description.model_name,
+            max_model_len=self.pool.max_model_len,
+            vocab_size=self.pool.vocab_size,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+            block_size=description.block_size,
+            kv_capacity_tokens=sum(e.num_blocks * e.client.description.block_size for e in engines),
+            num_workers=len(engines),
+        )

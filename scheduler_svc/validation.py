@@ -1,0 +1,121 @@
+"""Turns a GenerateRequest into token ids and sampling settings, or refuses it.
+
+Everything a client can get wrong is caught here, before the request touches
+the scheduler, and answered with INVALID_ARGUMENT naming the field and the
+allowed range. What passes is guaranteed to fit the model and the KV pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+
+from cbserve.v1 import generation_pb2 as pb
+from common.errors import InvalidArgument
+from scheduler_svc.sampling_params import SamplingConfig
+from scheduler_svc.tokenizer import ChatTurn, Tokenizer
+
+MAX_REQUEST_ID_CHARS = 256
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    max_model_len: int
+    vocab_size: int
+    # KV capacity of the largest worker: a request must fit one worker whole.
+    kv_capacity_tokens: int
+
+    def __post_init__(self) -> None:
+        if min(self.max_model_len, self.vocab_size, self.kv_capacity_tokens) < 1:
+            raise ValueError(f"model limits must be positive: {self}")
+
+
+@dataclass(frozen=True)
+class ValidatedRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingConfig
+
+
+def _request_id(request: pb.GenerateRequest) -> str:
+    if not request.request_id:
+        return uuid.uuid4().hex
+    if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument("request_id", f"at most {MAX_REQUEST_ID_CHARS} characters")
+    return request.request_id
+
+
+def _prompt_token_ids(
+    request: pb.GenerateRequest, tokenizer: Tokenizer, vocab_size: int
+) -> list[int]:
+    kind = request.WhichOneof("input")
+    if kind is None:
+        raise InvalidArgument("input", "set one of prompt, prompt_token_ids or chat")
+    if kind == "prompt":
+        if not request.prompt:
+            raise InvalidArgument("prompt", "must not be empty")
+        ids = tokenizer.encode(request.prompt)
+    elif kind == "prompt_token_ids":
+        ids = list(request.prompt_token_ids.ids)
+        for index, token_id in enumerate(ids):
+            if token_id >= vocab_size:
+                raise InvalidArgument(
+                    f"prompt_token_ids.ids[{index}]",
+                    f"{token_id} is outside the vocabulary [0, {vocab_size})",
+                )
+    else:
+        turns = [ChatTurn(m.role, m.content) for m in request.chat.messages]
+        ids = tokenizer.encode_chat(turns)
+    if not ids:
+        raise InvalidArgument(kind, "must not be empty")
+    return ids
+
+
+def _fit_max_tokens(
+    sampling: SamplingConfig, prompt_len: int, limits: ModelLimits
+) -> SamplingConfig:
+    room = limits.max_model_len - prompt_len
+    if room < 1:
+        raise InvalidArgument(
+            "prompt",
+            f"{prompt_len} tokens leave no room to generate: the model's maximum length is "
+            f"{limits.max_model_len} tokens (prompt plus max_tokens)",
+        )
+    if sampling.max_tokens > room:
+        if sampling.max_tokens_explicit:
+            raise InvalidArgument(
+                "sampling.max_tokens",
+                f"prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) exceeds "
+                f"the model's maximum length {limits.max_model_len}; allowed: [1, {room}]",
+            )
+        # The default is a convenience, not a demand: shorten it to what fits.
+        sampling = dataclasses.replace(
+            sampling, max_tokens=room, min_tokens=min(sampling.min_tokens, room)
+        )
+    needed = prompt_len + sampling.max_tokens
+    if needed > limits.kv_capacity_tokens:
+        raise InvalidArgument(
+            "sampling.max_tokens",
+            f"prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) needs "
+            f"{needed} tokens of KV cache, but a worker holds {limits.kv_capacity_tokens}; "
+            "lower max_tokens or shorten the prompt",
+        )
+    return sampling
+
+
+def validate_request(
+    request: pb.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits
+) -> ValidatedRequest:
+    """Raises InvalidArgument; returns a request that is safe to schedule."""
+    request_id = _request_id(request)
+    sampling = SamplingConfig.from_proto(request.sampling)
+    for index, token_id in enumerate(sampling.stop_token_ids):
+        if token_id >= limits.vocab_size:
+            raise InvalidArgument(
+                f"sampling.stop_token_ids[{index}]",
+                f"{token_id} is outside the vocabulary [0, {limits.vocab_size})",
+            )
+    prompt_ids = _prompt_token_ids(request, tokenizer, limits.vocab_size)
+    sampling = _fit_max_tokens(sampling, len(prompt_ids), limits)
+    return ValidatedRequest(request_id, tuple(prompt_ids), sampling)
