@@ -38,8 +38,10 @@ def build_request(
     if prompt is not None:
         request.prompt = prompt
     elif token_ids is not None:
+        request.prompt_token_ids.SetInParent()  # present even when empty
         request.prompt_token_ids.ids.extend(token_ids)
     else:
+        request.chat.SetInParent()
         for turn in chat:
             role, content = (turn["role"], turn["content"]) if isinstance(turn, dict) else turn
             request.chat.messages.add(role=role, content=content)
@@ -75,8 +77,15 @@ class Client:
     def generate(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> Iterator[pb.GenerateResponse]:
-        """Streams GenerateResponses; raises grpc.RpcError on a non-OK status."""
-        yield from self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        """Streams GenerateResponses; raises grpc.RpcError on a non-OK status.
+
+        Closing the iterator early cancels the request on the server.
+        """
+        call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        try:
+            yield from call
+        finally:
+            call.cancel()
 
     def complete(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs

@@ -1,0 +1,73 @@
+"""Real scheduler and worker processes on loopback, on the default model.
+
+Stacks are started once per session; the transformers reference outputs are
+computed once, in this process, one prompt at a time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cbserve.client import Client
+from cbserve.local_stack import LocalStack
+from common.defaults import default_model_path
+from scheduler_svc.tokenizer import Tokenizer
+from tests.integration.prompts import mixed_prompts
+
+GREEDY_TOKENS = 32
+# Small enough that every prompt above 32 tokens is prefilled over several steps.
+CHUNK_BUDGET = 32
+CHUNKED_POOL_BLOCKS = 160
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def stack():
+    with LocalStack(worker_args=["--dtype", "float32"]) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def chunked_stack():
+    with LocalStack(
+        worker_args=["--dtype", "float32", "--num-kv-blocks", str(CHUNKED_POOL_BLOCKS)],
+        scheduler_args=["--max-num-batched-tokens", str(CHUNK_BUDGET)],
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def client(stack):
+    with Client(stack.address) as connected:
+        yield connected
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer) -> list[list[int]]:
+    return mixed_prompts(tokenizer, 16)
+
+
+@pytest.fixture(scope="session")
+def reference_outputs(prompts) -> list[list[int]]:
+    """transformers' own greedy generate, one prompt at a time, EOS ignored."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
+    # Keep generating past EOS, as the requests do with ignore_eos.
+    model.generation_config.eos_token_id = None
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            generated = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=GREEDY_TOKENS,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs

@@ -1,0 +1,50 @@
+"""Token ids from the real processes equal transformers' own greedy generate."""
+
+from __future__ import annotations
+
+import asyncio
+
+from cbserve.client import AsyncClient
+from tests.integration.conftest import GREEDY_TOKENS
+
+
+async def _staggered_greedy(address: str, prompts: list[list[int]]) -> list[list[int]]:
+    async with AsyncClient(address) as client:
+
+        async def one(index: int, prompt: list[int]) -> list[int]:
+            # Staggered arrivals: requests join while earlier ones are mid-prefill or decoding.
+            await asyncio.sleep(0.15 * index)
+            completion = await client.complete(
+                token_ids=prompt,
+                temperature=0.0,
+                max_tokens=GREEDY_TOKENS,
+                ignore_eos=True,
+                timeout=300,
+            )
+            assert completion.finish_reason == "LENGTH"
+            assert completion.usage.prompt_tokens == len(prompt)
+            assert completion.usage.completion_tokens == GREEDY_TOKENS
+            return completion.token_ids
+
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+
+def _assert_all_equal(got: list[list[int]], expected: list[list[int]], prompts) -> None:
+    mismatches = [
+        f"prompt {i} ({len(prompts[i])} tokens): got {g} expected {e}"
+        for i, (g, e) in enumerate(zip(got, expected, strict=True))
+        if g != e
+    ]
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_concurrent_greedy_matches_transformers(stack, prompts, reference_outputs):
+    assert len({len(p) for p in prompts}) >= 12, "prompts must have different lengths"
+    got = asyncio.run(_staggered_greedy(stack.address, prompts))
+    _assert_all_equal(got, reference_outputs, prompts)
+
+
+def test_chunked_prefill_matches_transformers(chunked_stack, prompts, reference_outputs):
+    assert sum(len(p) > 32 for p in prompts) >= 8, "most prompts must need several chunks"
+    got = asyncio.run(_staggered_greedy(chunked_stack.address, prompts))
+    _assert_all_equal(got, reference_outputs, prompts)
