@@ -75,33 +75,34 @@ def _prompt_token_ids(
 def _fit_max_tokens(
     sampling: SamplingConfig, prompt_len: int, limits: ModelLimits
 ) -> SamplingConfig:
-    room = limits.max_model_len - prompt_len
+    room = min(limits.max_model_len, limits.kv_capacity_tokens) - prompt_len
     if room < 1:
+        limit = min(limits.max_model_len, limits.kv_capacity_tokens)
         raise InvalidArgument(
             "prompt",
-            f"{prompt_len} tokens leave no room to generate: the model's maximum length is "
-            f"{limits.max_model_len} tokens (prompt plus max_tokens)",
+            f"{prompt_len} tokens leave no room to generate: at most {limit - 1} prompt tokens "
+            f"(the model's maximum length is {limits.max_model_len}, a worker's KV cache holds "
+            f"{limits.kv_capacity_tokens} tokens)",
         )
-    if sampling.max_tokens > room:
-        if sampling.max_tokens_explicit:
-            raise InvalidArgument(
-                "sampling.max_tokens",
-                f"prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) exceeds "
-                f"the model's maximum length {limits.max_model_len}; allowed: [1, {room}]",
-            )
+    if sampling.max_tokens <= room:
+        return sampling
+    if not sampling.max_tokens_explicit:
         # The default is a convenience, not a demand: shorten it to what fits.
-        sampling = dataclasses.replace(
+        return dataclasses.replace(
             sampling, max_tokens=room, min_tokens=min(sampling.min_tokens, room)
         )
-    needed = prompt_len + sampling.max_tokens
-    if needed > limits.kv_capacity_tokens:
+    if prompt_len + sampling.max_tokens > limits.max_model_len:
         raise InvalidArgument(
             "sampling.max_tokens",
-            f"prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) needs "
-            f"{needed} tokens of KV cache, but a worker holds {limits.kv_capacity_tokens}; "
-            "lower max_tokens or shorten the prompt",
+            f"prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) exceeds "
+            f"the model's maximum length {limits.max_model_len}; allowed: [1, {room}]",
         )
-    return sampling
+    raise InvalidArgument(
+        "sampling.max_tokens",
+        f"prompt ({prompt_len} tokens) plus max_tokens ({sampling.max_tokens}) needs "
+        f"{prompt_len + sampling.max_tokens} tokens of KV cache, but a worker holds "
+        f"{limits.kv_capacity_tokens}; allowed: [1, {room}]",
+    )
 
 
 def validate_request(
