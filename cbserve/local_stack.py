@@ -20,6 +20,16 @@ READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 10.0
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the launcher dies, even by SIGKILL,
+    the kernel sends the child SIGTERM, so no process is left behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -40,6 +50,7 @@ class ChildProcess:
             text=True,
             env={**os.environ, **(env or {})},
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
         self._reader.start()
