@@ -1,0 +1,61 @@
+"""Incremental detokenization: output text one token at a time, never a broken character.
+
+Decoding a lone token is wrong in two ways: a character whose UTF-8 bytes span
+several tokens (emoji, much of CJK) decodes to U+FFFD pieces, and decoders that
+strip or add a leading space need the token's left context. So, as vLLM does,
+each new token is decoded inside a short window of the ids before it and only
+the difference to that window's text without it is emitted; while the window's
+text ends in U+FFFD the character is incomplete and nothing is emitted. The
+offsets advance only when text is emitted, so the held bytes are decoded again
+together with the tokens that complete them.
+
+The window starts on the last few prompt tokens so that the first output
+token's leading space decodes as it would in the middle of the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+REPLACEMENT_CHARACTER = "\ufffd"
+# Prompt tokens in the first window: enough left context for any decoder's
+# spacing rules, few enough to keep every decode cheap.
+PROMPT_CONTEXT_TOKENS = 5
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Decoder,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        # Only the ids from the window's start on are kept: older ones never matter again.
+        self._window_ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
+        # _window_ids[:_read_offset] is already emitted (or is prompt): the context
+        # whose text each new decode is compared to.
+        self._read_offset = len(self._window_ids)
+
+    def add_token(self, token_id: int) -> str:
+        """Returns the text this token completes; "" while a character is incomplete."""
+        self._window_ids.append(token_id)
+        context_text = self._decode(self._window_ids[: self._read_offset])
+        full_text = self._decode(self._window_ids)
+        if len(full_text) <= len(context_text) or full_text.endswith(REPLACEMENT_CHARACTER):
+            # A skipped special token, or bytes still waiting for the rest of their character.
+            return ""
+        new_text = full_text[len(context_text) :]
+        # The next window starts where this one's new part began.
+        del self._window_ids[: self._read_offset]
+        self._read_offset = len(self._window_ids)
+        return new_text
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)

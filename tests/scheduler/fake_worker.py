@@ -1,0 +1,142 @@
+"""A worker without a model: consumes StepPlans exactly as the protocol says.
+
+It keeps each sequence's tokens, computed count and block table, and raises
+ProtocolViolation on anything a real worker would have to reject or would
+silently get wrong: unknown or duplicate sequence ids, block ids out of range
+or shared between live sequences, a block table too short for the tokens to
+write, more tokens scheduled than a sequence has, step ids out of order. A
+sequence samples a token only when its scheduled tokens reach its end; the
+token comes from a script: a function of (seq_id, output index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cbserve.worker.v1 import worker_pb2 as wpb
+
+# (seq_id, index of the output token to sample) -> token id
+TokenScript = Callable[[int, int], int]
+
+
+class ProtocolViolation(AssertionError):
+    pass
+
+
+@dataclass
+class FakeSequence:
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_logprobs: int
+    num_computed_tokens: int = 0
+    sampled: list[int] = field(default_factory=list)
+
+
+def scripted(
+    by_seq_id: Mapping[int, Sequence[int]], default: TokenScript | None = None
+) -> TokenScript:
+    """Given token lists per sequence, falling back to `default` (or token 42)."""
+
+    def next_token(seq_id: int, index: int) -> int:
+        tokens = by_seq_id.get(seq_id, ())
+        if index < len(tokens):
+            return tokens[index]
+        return default(seq_id, index) if default else 42
+
+    return next_token
+
+
+class FakeWorker:
+    def __init__(self, num_blocks: int, block_size: int, script: TokenScript) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.script = script
+        self.sequences: dict[int, FakeSequence] = {}
+        self.last_step_id = 0
+        self.plans: list[wpb.StepPlan] = []
+
+    def step(self, plan: wpb.StepPlan) -> wpb.StepResult:
+        self.plans.append(plan)
+        self._check(plan.step_id > self.last_step_id, f"step {plan.step_id} out of order")
+        self.last_step_id = plan.step_id
+        for seq_id in plan.finished_seq_ids:
+            self._check(seq_id in self.sequences, f"finishing unknown sequence {seq_id}")
+            del self.sequences[seq_id]
+        scheduled: list[tuple[int, int]] = []
+        for new in plan.new_sequences:
+            self._check(new.seq_id not in self.sequences, f"sequence {new.seq_id} already held")
+            self._check_blocks(new.block_ids)
+            self.sequences[new.seq_id] = FakeSequence(
+                token_ids=[*new.prompt_token_ids, *new.output_token_ids],
+                num_prompt_tokens=len(new.prompt_token_ids),
+                block_ids=list(new.block_ids),
+                num_logprobs=new.sampling.num_logprobs,
+                num_computed_tokens=new.num_computed_tokens,
+                sampled=list(new.output_token_ids),
+            )
+            scheduled.append((new.seq_id, new.num_scheduled_tokens))
+        for cont in plan.continuing_sequences:
+            self._check(cont.seq_id in self.sequences, f"unknown sequence {cont.seq_id}")
+            self._check_blocks(cont.new_block_ids)
+            self.sequences[cont.seq_id].block_ids.extend(cont.new_block_ids)
+            scheduled.append((cont.seq_id, cont.num_scheduled_tokens))
+        seq_ids = [seq_id for seq_id, _ in scheduled]
+        self._check(len(set(seq_ids)) == len(seq_ids), f"a sequence twice in step {plan.step_id}")
+        self._check_no_shared_blocks()
+        result = wpb.StepResult(step_id=plan.step_id)
+        for seq_id, num_scheduled in scheduled:
+            self._compute(seq_id, num_scheduled, result)
+        return result
+
+    def _compute(self, seq_id: int, num_scheduled: int, result: wpb.StepResult) -> None:
+        seq = self.sequences[seq_id]
+        end = seq.num_computed_tokens + num_scheduled
+        self._check(num_scheduled >= 1, f"sequence {seq_id}: nothing scheduled")
+        self._check(
+            end <= len(seq.token_ids),
+            f"sequence {seq_id}: {end} tokens scheduled, it has {len(seq.token_ids)}",
+        )
+        self._check(
+            end <= len(seq.block_ids) * self.block_size,
+            f"sequence {seq_id}: {len(seq.block_ids)} blocks cannot hold {end} tokens",
+        )
+        seq.num_computed_tokens = end
+        result.num_tokens += num_scheduled
+        if end < len(seq.token_ids):
+            return
+        token_id = self.script(seq_id, len(seq.sampled))
+        seq.sampled.append(token_id)
+        seq.token_ids.append(token_id)
+        index = len(result.seq_ids)
+        result.seq_ids.append(seq_id)
+        result.token_ids.append(token_id)
+        if seq.num_logprobs:
+            top = [token_id + rank for rank in range(seq.num_logprobs)]
+            result.logprobs.add(
+                index=index,
+                logprob=-0.5,
+                top_token_ids=top,
+                top_logprobs=[-0.5 - rank for rank in range(len(top))],
+            )
+
+    def _check_blocks(self, block_ids: Sequence[int]) -> None:
+        for block_id in block_ids:
+            self._check(0 <= block_id < self.num_blocks, f"block {block_id} out of range")
+
+    def _check_no_shared_blocks(self) -> None:
+        # No prefix caching yet: a block written by two live sequences is a bug.
+        owners: dict[int, int] = {}
+        for seq_id, seq in self.sequences.items():
+            for block_id in seq.block_ids:
+                self._check(
+                    block_id not in owners,
+                    f"block {block_id} held by sequences {owners.get(block_id)} and {seq_id}",
+                )
+                owners[block_id] = seq_id
+
+    @staticmethod
+    def _check(condition: bool, message: str) -> None:
+        if not condition:
+            raise ProtocolViolation(message)

@@ -1,0 +1,117 @@
+"""Drives the real Scheduler against the FakeWorker, one engine step at a time."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import defaultdict
+from collections.abc import Sequence
+
+from cbserve.worker.v1 import worker_pb2 as wpb
+from common.defaults import converted_model_dir
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.request import Request, RequestOutput
+from scheduler_svc.sampling_params import SamplingConfig
+from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.tokenizer import Tokenizer
+
+from .fake_worker import FakeWorker, scripted
+
+EOS = 2  # SmolLM2's <|im_end|>
+THE = 260  # " the": the token a sequence samples when its script runs out
+
+_request_ids = itertools.count()
+
+
+@functools.cache
+def load_tokenizer() -> Tokenizer:
+    return Tokenizer(converted_model_dir())
+
+
+def encode(text: str) -> list[int]:
+    return load_tokenizer().encode(text, add_special_tokens=False)
+
+
+def make_request(
+    prompt: int | Sequence[int] = 8, request_id: str | None = None, **sampling
+) -> Request:
+    """A request with `prompt` ids (or that many filler ids) and the given sampling."""
+    prompt_ids = list(range(100, 100 + prompt)) if isinstance(prompt, int) else list(prompt)
+    sampling.setdefault("temperature", 0.0)
+    return Request(
+        request_id=request_id or f"req-{next(_request_ids)}",
+        prompt_token_ids=prompt_ids,
+        sampling=SamplingConfig(**sampling),
+    )
+
+
+class Harness:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int = 64,
+        num_blocks: int = 64,
+        block_size: int = 4,
+        max_model_len: int = 256,
+    ) -> None:
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+            ),
+            num_blocks=num_blocks,
+            block_size=block_size,
+            max_model_len=max_model_len,
+            tokenizer=load_tokenizer(),
+            eos_token_ids=(EOS,),
+        )
+        # Tokens each sequence samples, filled in once its request (and seq id) exists.
+        self.scripts: dict[int, list[int]] = {}
+        self.worker = FakeWorker(num_blocks, block_size, scripted(self.scripts, lambda *_: THE))
+        self.outputs: dict[str, list[RequestOutput]] = defaultdict(list)
+        self.requests: dict[str, Request] = {}
+
+    @property
+    def block_manager(self):
+        return self.scheduler.block_manager
+
+    def add(self, request: Request, tokens: Sequence[int] = ()) -> Request:
+        self.scripts[request.seq_id] = list(tokens)
+        self.requests[request.request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self) -> wpb.StepPlan | None:
+        """One engine iteration; returns the plan (None if there was nothing to do)."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return None
+        result = self.worker.step(plan)
+        self.deliver(self.scheduler.update_from_output(plan, result))
+        return plan
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            assert not self.finished(output.request_id), "output after the final one"
+            self.outputs[output.request_id].append(output)
+
+    def run(self, max_steps: int = 1000) -> int:
+        """Steps until the scheduler is idle; returns the number of steps."""
+        for steps in range(max_steps):
+            if self.step() is None:
+                return steps
+        raise AssertionError(f"not idle after {max_steps} steps")
+
+    def finished(self, request_id: str) -> bool:
+        outputs = self.outputs.get(request_id)
+        return bool(outputs) and outputs[-1].finish_reason is not None
+
+    def text(self, request_id: str) -> str:
+        return "".join(output.new_text for output in self.outputs[request_id])
+
+    def token_ids(self, request_id: str) -> list[int]:
+        return [t for output in self.outputs[request_id] for t in output.new_token_ids]
+
+    def final(self, request_id: str) -> RequestOutput:
+        assert self.finished(request_id), f"{request_id} has not finished"
+        return self.outputs[request_id][-1]
