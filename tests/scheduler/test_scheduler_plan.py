@@ -1,0 +1,209 @@
+"""What schedule() puts in a plan: admission, chunked prefill, mixed steps, limits.
+
+In the style of vLLM's tests/v1/core/test_scheduler.py: the real scheduler with
+a small pool, a plan, a (fake) worker result into update_from_output, then
+assertions on queues, computed counts, block tables and the plan itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cbserve.worker.v1 import worker_pb2 as wpb
+from scheduler_svc.request import RequestStatus
+
+from .harness import EOS, Harness, make_request
+
+
+def _scheduled(plan: wpb.StepPlan) -> dict[int, int]:
+    sequences = [*plan.new_sequences, *plan.continuing_sequences]
+    return {seq.seq_id: seq.num_scheduled_tokens for seq in sequences}
+
+
+def test_schedule_returns_none_when_idle(harness):
+    assert harness.scheduler.schedule() is None
+    assert not harness.scheduler.has_unfinished_requests()
+
+
+def test_new_requests_are_all_admitted_in_one_step(harness):
+    requests = [harness.add(make_request(prompt=5, max_tokens=3, seed=7)) for _ in range(3)]
+    assert harness.scheduler.num_waiting == 3
+    plan = harness.step()
+    assert plan.step_id == 1
+    assert harness.scheduler.num_running == 3 and harness.scheduler.num_waiting == 0
+    assert [seq.seq_id for seq in plan.new_sequences] == [r.seq_id for r in requests]
+    for request, seq in zip(requests, plan.new_sequences, strict=True):
+        assert list(seq.prompt_token_ids) == request.prompt_token_ids
+        assert seq.num_computed_tokens == 0
+        assert seq.num_scheduled_tokens == 5
+        assert list(seq.block_ids) == list(harness.block_manager.block_table(request.seq_id))
+        assert len(seq.block_ids) == 2  # 5 tokens in blocks of 4
+        assert seq.sampling == request.sampling.to_worker_proto((EOS,))
+        assert request.status is RequestStatus.RUNNING
+        assert request.num_computed_tokens == 5
+        assert request.num_output_tokens == 1
+
+
+def test_continuing_sequences_carry_only_counts_and_new_blocks(harness):
+    request = harness.add(make_request(prompt=7, max_tokens=5))
+    harness.step()  # prefill 7 tokens in 2 blocks, samples token 8
+    plan = harness.step()  # decode token 8: still fits block 2
+    assert plan.step_id == 2 and not plan.new_sequences
+    [seq] = plan.continuing_sequences
+    assert (seq.seq_id, seq.num_scheduled_tokens, list(seq.new_block_ids)) == (
+        request.seq_id,
+        1,
+        [],
+    )
+    plan = harness.step()  # decode token 9: needs a third block
+    [seq] = plan.continuing_sequences
+    assert len(seq.new_block_ids) == 1
+    assert harness.block_manager.block_table(request.seq_id)[-1] == seq.new_block_ids[0]
+
+
+def test_budget_splits_a_long_prompt_over_several_steps():
+    harness = Harness(max_num_batched_tokens=16, max_num_seqs=4)
+    request = harness.add(make_request(prompt=40, max_tokens=2))
+    chunks = []
+    for _ in range(3):
+        plan = harness.step()
+        chunks.append(_scheduled(plan)[request.seq_id])
+        # Blocks follow the computed tokens, not the whole prompt.
+        assert len(harness.block_manager.block_table(request.seq_id)) == -(
+            -request.num_computed_tokens // 4
+        )
+    assert chunks == [16, 16, 8]
+    assert len(plan.new_sequences) == 0
+    # No token and no output until the last chunk.
+    assert request.num_output_tokens == 1
+    assert len(harness.outputs[request.request_id]) == 1
+
+
+def test_decodes_keep_flowing_beside_a_chunked_prefill():
+    harness = Harness(max_num_batched_tokens=16, max_num_seqs=4)
+    decoder = harness.add(make_request(prompt=4, max_tokens=20))
+    harness.step()
+    long = harness.add(make_request(prompt=50, max_tokens=2))
+    for _ in range(3):
+        plan = harness.step()
+        # One step mixes a decode and a prefill chunk that takes the rest of the budget.
+        assert _scheduled(plan) == {decoder.seq_id: 1, long.seq_id: 15}
+    plan = harness.step()
+    assert _scheduled(plan) == {decoder.seq_id: 1, long.seq_id: 5}
+    # The decoder got a token in every step.
+    assert len(harness.outputs[decoder.request_id]) == 5
+    assert long.num_output_tokens == 1
+
+
+def test_waiting_requests_are_admitted_in_arrival_order_inside_the_budget():
+    harness = Harness(max_num_batched_tokens=10, max_num_seqs=4)
+    first = harness.add(make_request(prompt=6, max_tokens=4))
+    second = harness.add(make_request(prompt=6, max_tokens=4))
+    third = harness.add(make_request(prompt=6, max_tokens=4))
+    plan = harness.step()
+    # The second is admitted with the 4 tokens left; the third must wait.
+    assert _scheduled(plan) == {first.seq_id: 6, second.seq_id: 4}
+    assert third.status is RequestStatus.WAITING
+    plan = harness.step()
+    assert _scheduled(plan) == {first.seq_id: 1, second.seq_id: 2, third.seq_id: 6}
+
+
+def test_max_num_seqs_caps_the_running_requests():
+    harness = Harness(max_num_seqs=2, max_num_batched_tokens=64)
+    first = harness.add(make_request(prompt=4, max_tokens=2))
+    second = harness.add(make_request(prompt=4, max_tokens=5))
+    third = harness.add(make_request(prompt=4, max_tokens=2))
+    plan = harness.step()
+    assert set(_scheduled(plan)) == {first.seq_id, second.seq_id}
+    assert harness.scheduler.num_running == 2 and harness.scheduler.num_waiting == 1
+    harness.step()  # first finishes on its second token
+    assert harness.final(first.request_id).finish_reason is not None
+    plan = harness.step()
+    assert set(_scheduled(plan)) == {second.seq_id, third.seq_id}
+    assert list(plan.finished_seq_ids) == [first.seq_id]
+
+
+def test_a_request_that_does_not_fit_beside_the_running_ones_waits_then_runs():
+    # 8 blocks of 4 tokens. The first request may grow to 4 + 19 = 23 KV tokens
+    # (6 blocks) but holds 1 block now; the second needs 3 blocks. Only 2 are
+    # not reserved, so the second waits although 7 blocks are free.
+    harness = Harness(num_blocks=8, block_size=4)
+    first = harness.add(make_request(prompt=4, max_tokens=20))
+    second = harness.add(make_request(prompt=4, max_tokens=8))
+    harness.step()
+    assert harness.block_manager.num_free_blocks == 7
+    assert second.status is RequestStatus.WAITING
+    # It waits as long as the first runs, then gets in.
+    steps = 1
+    while first.status is RequestStatus.RUNNING:
+        plan = harness.step()
+        steps += 1
+        assert second.seq_id not in _scheduled(plan)
+    assert steps == 20
+    plan = harness.step()
+    assert second.seq_id in _scheduled(plan)
+    harness.run()
+    assert harness.final(second.request_id).completion_tokens == 8
+    assert harness.block_manager.num_free_blocks == 8
+
+
+def test_the_head_of_the_queue_blocks_later_requests_that_would_fit():
+    harness = Harness(num_blocks=8, block_size=4)
+    harness.add(make_request(prompt=4, max_tokens=20))
+    big = harness.add(make_request(prompt=4, max_tokens=12))
+    small = harness.add(make_request(prompt=1, max_tokens=1))
+    harness.step()
+    # First come, first served: `small` would fit, but waits behind `big`.
+    assert big.status is RequestStatus.WAITING
+    assert small.status is RequestStatus.WAITING
+
+
+def test_step_ids_increase_and_a_plan_must_be_answered_before_the_next():
+    harness = Harness()
+    harness.add(make_request(prompt=4, max_tokens=3))
+    first = harness.scheduler.schedule()
+    with pytest.raises(RuntimeError, match="still in flight"):
+        harness.scheduler.schedule()
+    harness.deliver(harness.scheduler.update_from_output(first, harness.worker.step(first)))
+    assert harness.step().step_id == first.step_id + 1
+
+
+def _planned_step() -> tuple[Harness, wpb.StepPlan]:
+    harness = Harness()
+    harness.add(make_request(prompt=4, max_tokens=3))
+    return harness, harness.scheduler.schedule()
+
+
+def test_results_that_break_the_protocol_are_refused():
+    harness, plan = _planned_step()
+    with pytest.raises(RuntimeError, match="do not match"):
+        harness.scheduler.update_from_output(plan, wpb.StepResult(step_id=plan.step_id + 1))
+    harness, plan = _planned_step()
+    # The prompt's last token was scheduled, so the sequence must sample.
+    with pytest.raises(RuntimeError, match="must sample exactly when"):
+        harness.scheduler.update_from_output(plan, wpb.StepResult(step_id=plan.step_id))
+    harness, plan = _planned_step()
+    result = wpb.StepResult(step_id=plan.step_id, seq_ids=[10**9], token_ids=[5])
+    with pytest.raises(RuntimeError, match="unscheduled"):
+        harness.scheduler.update_from_output(plan, result)
+
+
+def test_add_request_refuses_what_could_never_run(harness):
+    harness.add(make_request(prompt=4, request_id="dup"))
+    with pytest.raises(ValueError, match="already scheduled"):
+        harness.add(make_request(prompt=4, request_id="dup"))
+    with pytest.raises(ValueError, match="prompt must have"):
+        harness.add(make_request(prompt=[]))
+    with pytest.raises(ValueError, match="KV blocks"):
+        Harness(num_blocks=2, block_size=4).add(make_request(prompt=4, max_tokens=6))
+    # Exactly the whole pool is fine: the last sampled token needs no KV.
+    Harness(num_blocks=2, block_size=4).add(make_request(prompt=4, max_tokens=5))
+
+
+def test_a_finished_id_can_be_reused(harness):
+    harness.add(make_request(prompt=4, max_tokens=1, request_id="again"))
+    harness.run()
+    harness.outputs.clear()
+    harness.add(make_request(prompt=4, max_tokens=1, request_id="again"))
+    harness.run()
+    assert harness.final("again").completion_tokens == 1
