@@ -25,6 +25,8 @@ PROMPT_CONTEXT_TOKENS = 5
 
 
 class Decoder(Protocol):
+    special_token_ids: frozenset[int]
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
@@ -37,25 +39,34 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
+        # Skipped ids never reach the decoder (it filters them before decoding), so
+        # leaving them out of the window changes no text. It keeps a run of them
+        # (EOS after EOS under ignore_eos) from growing the window without bound.
+        self._skipped_ids = tokenizer.special_token_ids if skip_special_tokens else frozenset()
         # Only the ids from the window's start on are kept: older ones never matter again.
-        self._window_ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
+        self._window_ids = self._without_skipped(prompt_token_ids)[-PROMPT_CONTEXT_TOKENS:]
         # _window_ids[:_read_offset] is already emitted (or is prompt): the context
         # whose text each new decode is compared to.
         self._read_offset = len(self._window_ids)
 
     def add_token(self, token_id: int) -> str:
         """Returns the text this token completes; "" while a character is incomplete."""
+        if token_id in self._skipped_ids:
+            return ""
         self._window_ids.append(token_id)
         context_text = self._decode(self._window_ids[: self._read_offset])
         full_text = self._decode(self._window_ids)
         if len(full_text) <= len(context_text) or full_text.endswith(REPLACEMENT_CHARACTER):
-            # A skipped special token, or bytes still waiting for the rest of their character.
+            # Nothing new yet, or bytes still waiting for the rest of their character.
             return ""
         new_text = full_text[len(context_text) :]
         # The next window starts where this one's new part began.
         del self._window_ids[: self._read_offset]
         self._read_offset = len(self._window_ids)
         return new_text
+
+    def _without_skipped(self, token_ids: Sequence[int]) -> list[int]:
+        return [token_id for token_id in token_ids if token_id not in self._skipped_ids]
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)

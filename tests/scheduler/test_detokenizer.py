@@ -62,3 +62,28 @@ def test_a_character_left_incomplete_is_never_emitted(tokenizer):
 
 def test_single_token_prompt(tokenizer):
     assert _stream(tokenizer, [EOS], encode(" a b")) == [" a", " b"]
+
+
+class _RecordingDecoder:
+    """The real tokenizer, noting the longest id list it was asked to decode."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.special_token_ids = tokenizer.special_token_ids
+        self.longest = 0
+
+    def decode(self, token_ids, skip_special_tokens=True):
+        self.longest = max(self.longest, len(token_ids))
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def test_a_long_run_of_skipped_tokens_does_not_grow_the_window(tokenizer):
+    decoder = _RecordingDecoder(tokenizer)
+    deltas = _stream(decoder, encode("Hello"), [EOS] * 500 + encode(" again"))
+    assert "".join(deltas) == " again"
+    assert decoder.longest <= 8
+
+
+def test_special_tokens_are_kept_when_not_skipped(tokenizer):
+    detokenizer = IncrementalDetokenizer(tokenizer, encode("Hi"), skip_special_tokens=False)
+    assert detokenizer.add_token(EOS) == "<|im_end|>"
