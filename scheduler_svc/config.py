@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    # Most sequences admitted (running) at once, hence most sequences in one step.
+    # Most sequences admitted (running) at once, hence most sequences in one step
+    # (see max_running_seqs).
     max_num_seqs: int = 128
     # Token budget of one step: decodes take one token each, prefills take what is
     # left, split over several steps when a prompt is longer (chunked prefill).
@@ -18,11 +19,14 @@ class SchedulerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        # Every running sequence must be able to decode in every step; a smaller
-        # budget would starve the sequences at the back of the running queue.
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({self.max_num_seqs}) so that every running sequence can "
-                "decode in every step"
-            )
+
+    @property
+    def max_running_seqs(self) -> int:
+        """The cap on running sequences that the scheduler applies.
+
+        A step must be able to give every running sequence its decode token, or
+        the sequences at the back of the running queue would starve; so a budget
+        smaller than max_num_seqs (handy to force chunking in tests) also caps
+        the sequences. vLLM refuses such a config instead.
+        """
+        return min(self.max_num_seqs, self.max_num_batched_tokens)

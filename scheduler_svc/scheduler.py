@@ -124,7 +124,7 @@ class Scheduler:
             if budget == 0:
                 break
             budget -= self._schedule_tokens(request, budget, plan)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_seqs:
             request = self.waiting[0]
             if not self._can_admit(request):
                 break

@@ -123,6 +123,18 @@ def test_max_num_seqs_caps_the_running_requests():
     assert list(plan.finished_seq_ids) == [first.seq_id]
 
 
+def test_a_budget_smaller_than_max_num_seqs_caps_the_running_requests_too():
+    # Otherwise a third running request could never get its decode token.
+    harness = Harness(max_num_seqs=4, max_num_batched_tokens=2)
+    requests = [harness.add(make_request(prompt=1, max_tokens=5)) for _ in range(3)]
+    for _ in range(4):
+        plan = harness.step()
+        assert set(_scheduled(plan)) == {requests[0].seq_id, requests[1].seq_id}
+    assert requests[2].status is RequestStatus.WAITING
+    harness.run()
+    assert all(harness.final(r.request_id).completion_tokens == 5 for r in requests)
+
+
 def test_a_request_that_does_not_fit_beside_the_running_ones_waits_then_runs():
     # 8 blocks of 4 tokens. The first request may grow to 4 + 19 = 23 KV tokens
     # (6 blocks) but holds 1 block now; the second needs 3 blocks. Only 2 are

@@ -43,7 +43,7 @@ def workloads(draw):
     block_size = draw(st.integers(1, 6))
     num_blocks = draw(st.integers(2, 20))
     max_num_seqs = draw(st.integers(1, 5))
-    budget = draw(st.integers(max_num_seqs, 24))
+    budget = draw(st.integers(1, 24))
     max_model_len = draw(st.integers(3, 48))
     # Largest prompt + max_tokens whose KV (all but the last token) fits the pool.
     longest = min(max_model_len, num_blocks * block_size + 1)
@@ -89,7 +89,7 @@ def _check_bookkeeping(harness: Harness) -> None:
         assert request.status is RequestStatus.RUNNING
         assert len(tables[request.seq_id]) == manager.blocks_needed(request.num_computed_tokens)
     assert all(request.status is RequestStatus.WAITING for request in scheduler.waiting)
-    assert len(scheduler.running) <= scheduler.config.max_num_seqs
+    assert len(scheduler.running) <= scheduler.config.max_running_seqs
     # The reservation: every running request can still reach its worst case.
     worst_case = sum(
         manager.blocks_needed(scheduler._max_kv_tokens(request)) for request in scheduler.running
@@ -101,7 +101,7 @@ def _check_plan(harness: Harness, plan) -> None:
     sequences = [*plan.new_sequences, *plan.continuing_sequences]
     config = harness.scheduler.config
     assert sum(seq.num_scheduled_tokens for seq in sequences) <= config.max_num_batched_tokens
-    assert len(sequences) <= config.max_num_seqs
+    assert len(sequences) <= config.max_running_seqs
 
 
 def _check_text(harness: Harness, request: Request, spec: Spec) -> None:
