@@ -44,6 +44,9 @@ def _add_generate(subparsers) -> None:
     )
     for name, kind in SAMPLING_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    # A terminal user wants a repeatable, sensible answer: greedy unless asked to
+    # sample. The API's default stays vLLM's (1.0) for programs.
+    parser.set_defaults(temperature=0.0)
     parser.add_argument(
         "--stop", action="append", default=None, help="stop string; repeat for several"
     )
