@@ -1,0 +1,63 @@
+"""Fixtures for the worker tests: the default model, loaded once per session, on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.defaults import default_model_path
+from worker_svc.attention import TorchAttentionBackend
+from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.model_loader import LoadedModel, load_model
+from worker_svc.model_runner import ModelRunner
+from worker_svc.sampler import Sampler
+
+
+@pytest.fixture(scope="session")
+def loaded_model() -> LoadedModel:
+    torch.set_num_threads(2)
+    return load_model(default_model_path(), torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """transformers' own model (stock sdpa attention), for comparing against `generate`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        default_model_path(), dtype=torch.float32, attn_implementation="sdpa"
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path())
+
+
+def build_runner(
+    loaded: LoadedModel, num_blocks: int = 128, block_size: int = 16, seed: int = 0
+) -> ModelRunner:
+    """A fresh runner (own pool, empty state) over a shared model."""
+    spec = KVPoolSpec(
+        num_layers=loaded.num_layers,
+        num_kv_heads=loaded.num_kv_heads,
+        head_dim=loaded.head_dim,
+        block_size=block_size,
+        dtype=loaded.dtype,
+    )
+    return ModelRunner(
+        loaded, KVPool(spec, num_blocks), TorchAttentionBackend(), Sampler(seed=seed)
+    )
+
+
+@pytest.fixture(scope="session")
+def make_runner(loaded_model):
+    """`make_runner(num_blocks=..., block_size=..., seed=...)`: a fresh runner each call."""
+
+    def make(**kwargs) -> ModelRunner:
+        return build_runner(loaded_model, **kwargs)
+
+    return make

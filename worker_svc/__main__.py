@@ -1,0 +1,87 @@
+"""python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH] [--dtype float32|bfloat16]
+[--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
+[--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+
+import structlog
+
+from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
+from worker_svc.config import ATTENTION_BACKENDS, DEFAULT_DTYPE, DTYPES, WorkerConfig
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """`1073741824`, `1G`, `1GiB` and `1gb` are all 2**30 bytes: KV budgets are binary."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r}")
+    number, unit = int(match.group(1)), match.group(2).lower()
+    return number * 1024 ** "_kmgt".index(unit or "_")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker_svc", description="cbserve model worker (gRPC)"
+    )
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=DEFAULT_WORKER_PORT)
+    parser.add_argument("--model", default=None, help="HF directory or .gguf file")
+    parser.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE)
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument("--num-kv-blocks", type=int, default=None)
+    pool.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="BYTES")
+    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    return parser
+
+
+def configure_logging() -> None:
+    # stdout carries only the ready line; every log goes to stderr.
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.format_exc_info,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = WorkerConfig(
+            model=args.model or default_model_path(),
+            dtype=args.dtype,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            kv_cache_memory=args.kv_cache_memory,
+            attention_backend=args.attention_backend,
+            device=args.device,
+            threads=args.threads,
+            host=args.host,
+            port=args.port,
+        )
+    except ValueError as exc:
+        print(f"worker_svc: invalid arguments: {exc}", file=sys.stderr)
+        return 2
+    configure_logging()
+    from worker_svc.server import run
+
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

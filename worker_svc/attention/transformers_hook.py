@@ -1,0 +1,58 @@
+"""Plugs the paged backends into transformers' attention interface.
+
+transformers calls the registered function from every attention layer with
+`(module, query, key, value, attention_mask, **kwargs)`, and forwards the
+model call's extra keyword arguments into `kwargs`. The runner passes one
+`PagedAttentionContext` under CONTEXT_KWARG, so the per-step metadata is
+built once and every layer finds it there.
+
+A matching entry in `AttentionMaskInterface` returns None, so that
+transformers never builds a dense T x T mask for the flat batch: the backends
+know each sequence's boundaries from the metadata.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from worker_svc.attention.base import PagedAttentionContext
+
+ATTN_IMPLEMENTATION = "cbserve_paged"
+CONTEXT_KWARG = "cbserve_attention"
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    context = kwargs.get(CONTEXT_KWARG)
+    if not isinstance(context, PagedAttentionContext):
+        raise RuntimeError(
+            f"the {ATTN_IMPLEMENTATION!r} attention needs a PagedAttentionContext "
+            f"passed to the model call as {CONTEXT_KWARG}="
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = context.backend.forward(
+        module.layer_idx, query, key, value, context.pool, context.metadata, scale
+    )
+    return out, None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def register_with_transformers() -> str:
+    """Register (idempotently) and return the name to pass as `attn_implementation`."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _no_mask)
+    return ATTN_IMPLEMENTATION

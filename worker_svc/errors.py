@@ -1,0 +1,8 @@
+"""Exceptions the server maps to gRPC status codes; kept free of heavy imports so that the
+server can bind its port before torch and transformers are loaded."""
+
+from __future__ import annotations
+
+
+class PlanError(ValueError):
+    """The plan contradicts the worker's state or pool; the server answers INVALID_ARGUMENT."""

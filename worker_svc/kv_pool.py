@@ -1,0 +1,94 @@
+"""The KV pool: one tensor allocated at start-up, addressed by scheduler-chosen block ids.
+
+Layout `[layers, 2, num_blocks, block_size, kv_heads, head_dim]`: for one layer,
+`[num_blocks, block_size, kv_heads, head_dim]` is what flash-attn's paged
+kernels take as `k_cache`/`v_cache`, and its flat view
+`[num_blocks * block_size, kv_heads, head_dim]` is indexed by slot
+(`block_id * block_size + offset`) by the torch backend. The worker never picks
+a block id; it only checks that the ids it is given are in range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVPoolSpec:
+    """Shape and element type of one block, the unit of the pool."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def bytes_per_block(self) -> int:
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        per_layer = 2 * self.block_size * self.num_kv_heads * self.head_dim * element_size
+        return self.num_layers * per_layer
+
+    def blocks_for_memory(self, memory_bytes: int) -> int:
+        blocks = memory_bytes // self.bytes_per_block
+        if blocks <= 0:
+            raise ValueError(
+                f"kv_cache_memory={memory_bytes} bytes is less than one block "
+                f"({self.bytes_per_block} bytes)"
+            )
+        return blocks
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+
+class KVPool:
+    def __init__(self, spec: KVPoolSpec, num_blocks: int, device: torch.device | str = "cpu"):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.spec = spec
+        self.num_blocks = num_blocks
+        # Zeros, not empty: attention multiplies masked-out slots by a zero
+        # weight, and uninitialised memory may hold NaN, which survives that.
+        self.cache = torch.zeros(
+            (
+                spec.num_layers,
+                2,
+                num_blocks,
+                spec.block_size,
+                spec.num_kv_heads,
+                spec.head_dim,
+            ),
+            dtype=spec.dtype,
+            device=device,
+        )
+
+    @property
+    def block_size(self) -> int:
+        return self.spec.block_size
+
+    @property
+    def num_bytes(self) -> int:
+        return self.cache.numel() * self.cache.element_size()
+
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer, each `[num_blocks, block_size, kv_heads, head_dim]`."""
+        return self.cache[layer_idx, 0], self.cache[layer_idx, 1]
+
+    def layer_slots(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer as slot arrays `[num_blocks * block_size, kv_heads, head_dim]`."""
+        k, v = self.layer(layer_idx)
+        shape = (self.num_blocks * self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
+        return k.view(shape), v.view(shape)
+
+    def out_of_range(self, block_ids: Iterable[int]) -> list[int]:
+        """The given ids that do not name a block of this pool."""
+        return [b for b in block_ids if not 0 <= b < self.num_blocks]

@@ -1,0 +1,64 @@
+"""What the worker keeps about one sequence between steps of a stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker_svc.sampler import PenaltyCounts
+from worker_svc.sampling_params import SamplingParams
+
+
+@dataclass
+class SequenceState:
+    """Tokens = prompt + outputs; the first `num_computed_tokens` have KV in `block_ids`.
+
+    After a sample, the new token is appended but not yet computed: the next
+    decode step computes it (the plan carries no token id).
+    """
+
+    seq_id: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    block_ids: list[int]
+    sampling: SamplingParams
+    penalties: PenaltyCounts | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        seq_id: int,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        num_computed_tokens: int,
+        block_ids: list[int],
+        sampling: SamplingParams,
+        vocab_size: int,
+    ) -> SequenceState:
+        penalties = None
+        if sampling.uses_penalties:
+            penalties = PenaltyCounts(vocab_size, prompt_token_ids, output_token_ids)
+        return cls(
+            seq_id=seq_id,
+            token_ids=prompt_token_ids + output_token_ids,
+            num_prompt_tokens=len(prompt_token_ids),
+            num_computed_tokens=num_computed_tokens,
+            block_ids=block_ids,
+            sampling=sampling,
+            penalties=penalties,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        # Outputs generated before a recompute count: penalties and seeded
+        # sampling continue where they were.
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        if self.penalties is not None:
+            self.penalties.append(token_id)

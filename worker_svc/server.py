@@ -1,0 +1,209 @@
+"""The worker's gRPC server: Describe, the Step stream, and grpc.health.v1.
+
+The forward pass runs in one dedicated thread, never on the event loop, so
+that stream reads and health checks are answered during a long prefill. That
+thread is also the only one that touches the runner's state: resetting it for
+a new stream and executing plans are queued on it in order.
+
+A new Step stream supersedes the previous one: the runner is reset, and the
+old stream is ended with ABORTED as soon as it is not in the middle of a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from worker_svc.config import WorkerConfig
+from worker_svc.errors import PlanError
+
+if TYPE_CHECKING:
+    from worker_svc.startup import Worker
+
+log = structlog.get_logger("worker_svc.server")
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+# A plan can carry many full-length prompts; the default 4 MiB would cap that.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Without this, a second server could bind the same port and steal half the
+    # connections instead of failing to start.
+    ("grpc.so_reuseport", 0),
+]
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class _Superseded(Exception):
+    pass
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._worker: Worker | None = None
+        # Event-loop side: the newest stream's number and its "superseded" signal.
+        self._latest_stream = 0
+        self._superseded: asyncio.Event | None = None
+        # Forward-thread side: the stream the runner's state belongs to.
+        self._runner_stream = 0
+
+    def set_ready(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def _require_worker(self, context: grpc.aio.ServicerContext) -> Worker:
+        if self._worker is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is still loading its model")
+        return self._worker
+
+    async def Describe(self, request, context):  # noqa: N802 (gRPC method name)
+        return (await self._require_worker(context)).description
+
+    async def Step(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[worker_pb2.StepPlan], context
+    ) -> AsyncIterator[worker_pb2.StepResult]:
+        worker = await self._require_worker(context)
+        loop = asyncio.get_running_loop()
+        self._latest_stream += 1
+        stream = self._latest_stream
+        if self._superseded is not None:
+            self._superseded.set()
+        superseded = self._superseded = asyncio.Event()
+        await loop.run_in_executor(self.executor, self._reset, worker, stream)
+        log.info("step_stream_opened", stream=stream, peer=context.peer())
+
+        plans = request_iterator.__aiter__()
+        superseded_wait = asyncio.ensure_future(superseded.wait())
+        try:
+            while True:
+                next_plan = asyncio.ensure_future(plans.__anext__())
+                await asyncio.wait(
+                    {next_plan, superseded_wait}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if superseded.is_set():
+                    next_plan.cancel()
+                    await self._abort_superseded(context, stream)
+                try:
+                    plan = next_plan.result()
+                except StopAsyncIteration:
+                    log.info("step_stream_closed", stream=stream)
+                    return
+                try:
+                    result = await loop.run_in_executor(
+                        self.executor, self._execute, worker, stream, plan
+                    )
+                except _Superseded:
+                    await self._abort_superseded(context, stream)
+                except PlanError as exc:
+                    log.warning(
+                        "plan_rejected", stream=stream, step_id=plan.step_id, error=str(exc)
+                    )
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                except Exception as exc:
+                    log.exception("step_failed", stream=stream, step_id=plan.step_id)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"step failed: {exc!r}")
+                yield result
+        finally:
+            superseded_wait.cancel()
+
+    async def _abort_superseded(self, context, stream: int) -> None:
+        log.info("step_stream_superseded", stream=stream)
+        await context.abort(grpc.StatusCode.ABORTED, "superseded by a newer Step stream")
+
+    # Run on the forward thread only.
+    def _reset(self, worker: Worker, stream: int) -> None:
+        worker.runner.reset()
+        self._runner_stream = stream
+
+    def _execute(
+        self, worker: Worker, stream: int, plan: worker_pb2.StepPlan
+    ) -> worker_pb2.StepResult:
+        if stream != self._runner_stream:
+            raise _Superseded
+        return worker.runner.execute(plan)
+
+
+def ready_line(config: WorkerConfig, port: int, worker: Worker) -> str:
+    d = worker.description
+    return (
+        f"worker ready on {config.host}:{port} model={d.model_name} dtype={d.dtype} "
+        f"device={d.device} kv_blocks={d.num_kv_blocks} block_size={d.block_size} "
+        f"backend={d.attention_backend}"
+    )
+
+
+async def serve(config: WorkerConfig) -> None:
+    """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError."""
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    servicer = WorkerServicer()
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    # Bind before loading, so that a taken port fails in a second, not after the load.
+    try:
+        port = server.add_insecure_port(config.address)
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen on {config.address}: {exc}") from None
+    if port == 0:
+        raise StartupError(f"cannot listen on {config.address}: port in use or address invalid")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    await server.start()
+    # Imported only now: torch and transformers take seconds to import, and a
+    # taken port should fail before that.
+    from worker_svc.startup import build_worker
+
+    try:
+        loading = loop.run_in_executor(servicer.executor, build_worker, config)
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not loading.done():
+            log.info("worker_stopping", during="model load")
+            return
+        try:
+            worker = loading.result()
+        except Exception as exc:
+            raise StartupError(str(exc)) from exc
+        servicer.set_ready(worker)
+        for service in ("", SERVICE_NAME):
+            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        print(ready_line(config, port, worker), flush=True)
+        await stop.wait()
+        log.info("worker_stopping")
+        await health.enter_graceful_shutdown()
+    finally:
+        await server.stop(grace=1.0)
+        servicer.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def run(config: WorkerConfig) -> int:
+    import uvloop
+
+    try:
+        uvloop.run(serve(config))
+    except StartupError as exc:
+        print(f"worker_svc: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0

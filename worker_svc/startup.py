@@ -1,0 +1,85 @@
+"""Builds a ready ModelRunner from a WorkerConfig: model, KV pool, attention backend.
+
+Used by the server, and usable in-process (tests, benchmarks) without gRPC.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from cbserve.worker.v1 import worker_pb2
+from worker_svc.attention import select_backend
+from worker_svc.config import DEFAULT_KV_TOKENS, WorkerConfig
+from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
+from worker_svc.model_runner import ModelRunner
+
+log = structlog.get_logger("worker_svc.startup")
+
+
+@dataclass(frozen=True)
+class Worker:
+    runner: ModelRunner
+    description: worker_pb2.WorkerDescription
+
+
+def pool_blocks(config: WorkerConfig, spec: KVPoolSpec) -> int:
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if config.kv_cache_memory is not None:
+        return spec.blocks_for_memory(config.kv_cache_memory)
+    return spec.blocks_for_tokens(DEFAULT_KV_TOKENS)
+
+
+def build_worker(config: WorkerConfig) -> Worker:
+    """Load everything; raises ModelLoadError, BackendUnavailableError or ValueError.
+
+    Call it on the thread that will run the forward passes: torch's intra-op
+    thread count (OpenMP) is a per-thread setting there.
+    """
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    loaded = load_model(config.model, resolve_dtype(config.dtype), device)
+    sliding = getattr(loaded.model.config.get_text_config(), "sliding_window", None)
+    if sliding:
+        # The paged backends attend over the whole context; say so rather than
+        # silently differ from the model's own attention past the window.
+        log.warning("sliding_window_ignored", sliding_window=sliding)
+    backend, why = select_backend(
+        config.attention_backend, device, loaded.dtype, config.block_size, loaded.head_dim
+    )
+    spec = KVPoolSpec(
+        num_layers=loaded.num_layers,
+        num_kv_heads=loaded.num_kv_heads,
+        head_dim=loaded.head_dim,
+        block_size=config.block_size,
+        dtype=loaded.dtype,
+    )
+    pool = KVPool(spec, pool_blocks(config, spec), device)
+    log.info(
+        "worker_built",
+        model=loaded.name,
+        dtype=config.dtype,
+        device=str(device),
+        backend=backend.name,
+        backend_choice=why,
+        kv_blocks=pool.num_blocks,
+        kv_bytes=pool.num_bytes,
+    )
+    description = worker_pb2.WorkerDescription(
+        model_name=loaded.name,
+        dtype=config.dtype,
+        device=str(device),
+        num_kv_blocks=pool.num_blocks,
+        block_size=config.block_size,
+        max_model_len=loaded.max_model_len,
+        vocab_size=loaded.vocab_size,
+        attention_backend=backend.name,
+        instance_id=uuid.uuid4().hex,
+    )
+    return Worker(ModelRunner(loaded, pool, backend), description)
