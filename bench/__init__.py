@@ -1,0 +1,1 @@
+"""Benchmarks: the cbserve serving benchmark and transformers' static-batch baseline."""
