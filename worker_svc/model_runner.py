@@ -58,7 +58,8 @@ class ModelRunner:
         sampling = self._validate(plan)
         scheduled = self._apply(plan, sampling)
         result = worker_pb2.StepResult(step_id=plan.step_id)
-        work = [(seq, n) for seq, n in scheduled if n > 0]
+        # Decodes first: the attention backends then see them as one slice.
+        work = sorted(((seq, n) for seq, n in scheduled if n > 0), key=lambda w: w[1] != 1)
         if work:
             self._run(work, result)
         result.num_tokens = sum(n for _, n in work)

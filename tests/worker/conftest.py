@@ -1,6 +1,13 @@
-"""Fixtures for the worker tests: the default model, loaded once per session, on CPU."""
+"""Fixtures for the worker tests: the default model, loaded once per session, on CPU.
+
+CBSERVE_WORKER_TEST_DTYPE=bfloat16 runs the model tests (ours and transformers'
+reference) in bfloat16 instead of float32: that is how the default dtype is
+chosen (see worker_svc/measure_dtype.py).
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -12,11 +19,13 @@ from worker_svc.model_loader import LoadedModel, load_model
 from worker_svc.model_runner import ModelRunner
 from worker_svc.sampler import Sampler
 
+TEST_DTYPE = getattr(torch, os.environ.get("CBSERVE_WORKER_TEST_DTYPE", "float32"))
+
 
 @pytest.fixture(scope="session")
 def loaded_model() -> LoadedModel:
     torch.set_num_threads(2)
-    return load_model(default_model_path(), torch.float32, torch.device("cpu"))
+    return load_model(default_model_path(), TEST_DTYPE, torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +34,7 @@ def reference_model():
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        default_model_path(), dtype=torch.float32, attn_implementation="sdpa"
+        default_model_path(), dtype=TEST_DTYPE, attn_implementation="sdpa"
     )
     return model.eval()
 

@@ -50,8 +50,8 @@ def run_step(backend, pool, chunks):
     return out[0].split(list(layout.query_lens))
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_mixed_prefill_chunks_and_decodes_match_dense(seed):
+@pytest.mark.parametrize(("seed", "decodes_first"), [(0, False), (1, True)])
+def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first):
     gen = torch.Generator().manual_seed(seed)
     spec = KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, torch.float32)
     pool = KVPool(spec, 64)
@@ -71,6 +71,8 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(seed):
     backend = TorchAttentionBackend()
     step1 = [(a, 0, 16), (b, 0, 9), (c, 0, 29), (e, 0, 3), (f, 0, 1)]
     step2 = [(b, 9, 1), (a, 16, 7), (c, 29, 1), (d, 0, 5), (e, 3, 10), (f, 1, 1)]
+    if decodes_first:  # the runner's order; the other order takes the indexed path
+        step2.sort(key=lambda chunk: chunk[2] != 1)
     for step in (step1, step2):
         for (seq, start, n), got in zip(step, run_step(backend, pool, step), strict=True):
             torch.testing.assert_close(got, seq.expected[start : start + n], rtol=1e-5, atol=1e-5)
