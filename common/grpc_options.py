@@ -22,8 +22,10 @@ KEEPALIVE_OPTIONS = [
 
 SERVER_OPTIONS = [
     *MESSAGE_SIZE_OPTIONS,
-    # Let clients ping as often as our own channels do.
+    # Accept the keepalive pings our own channels send (every 10 s, also
+    # between calls); the default policy answers them with GOAWAY too_many_pings.
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
     # A port held by another process must fail the start, not be shared.
     ("grpc.so_reuseport", 0),
 ]

@@ -80,11 +80,24 @@ class WorkerEngine:
             sampling=validated.sampling,
             arrival_time=time.monotonic(),
         )
+        try:
+            self.scheduler.add_request(request)
+        except ValueError as error:
+            # Validation makes this unreachable for well-formed requests; keep
+            # the engine alive and tell the client if it ever happens.
+            raise ServiceError(str(error), grpc.StatusCode.INVALID_ARGUMENT) from error
         queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self._queues[request.request_id] = queue
-        self.scheduler.add_request(request)
         self._wakeup.set()
         return queue
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether a request that may hold num_tokens of KV fits this worker's pool."""
+        description = self.client.description
+        return (
+            description is not None
+            and num_tokens <= description.num_kv_blocks * description.block_size
+        )
 
     def abort(self, request_id: str) -> None:
         """The client is gone: free its blocks at the next step."""
@@ -107,11 +120,16 @@ class WorkerEngine:
                 continue
             try:
                 result = await self.client.step(plan)
+                outputs = self.scheduler.update_from_output(plan, result)
             except WorkerLost as error:
                 await self._recover(error)
                 continue
+            except RuntimeError as error:
+                # The worker broke the protocol: its state cannot be trusted.
+                await self._recover(WorkerLost(f"protocol error: {error}"))
+                continue
             self.steps += 1
-            for output in self.scheduler.update_from_output(plan, result):
+            for output in outputs:
                 self._deliver(output)
 
     def _deliver(self, output: RequestOutput) -> None:

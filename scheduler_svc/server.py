@@ -75,7 +75,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                     f"request_id {validated.request_id!r} is already in flight; use a unique id",
                     grpc.StatusCode.ALREADY_EXISTS,
                 )
-            engine = self.pool.pick()
+            engine = self.pool.pick(len(validated.prompt_token_ids) + validated.sampling.max_tokens)
             queue = engine.submit(validated)
         except ServiceError as error:
             await context.abort(error.code, error.message)

@@ -29,14 +29,20 @@ class WorkerPool:
     def connected_engines(self) -> list[WorkerEngine]:
         return [engine for engine in self.engines if engine.connected]
 
-    def pick(self) -> WorkerEngine:
-        """The connected worker with the fewest requests in flight."""
+    def pick(self, num_tokens: int) -> WorkerEngine:
+        """Of the connected workers whose pool can hold num_tokens, the least loaded."""
         engines = self.connected_engines()
         if not engines:
             raise ServiceError(
                 "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
             )
-        return min(engines, key=lambda engine: engine.load)
+        fitting = [engine for engine in engines if engine.fits(num_tokens)]
+        if not fitting:
+            raise ServiceError(
+                f"no connected worker's KV pool holds {num_tokens} tokens; lower max_tokens",
+                grpc.StatusCode.UNAVAILABLE,
+            )
+        return min(fitting, key=lambda engine: engine.load)
 
     def _descriptions(self):
         return [engine.client.description for engine in self.engines if engine.client.description]
