@@ -1,18 +1,16 @@
 """python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH] [--dtype float32|bfloat16]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
-[--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0]
+[--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0] [--log-level info]
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 
-import structlog
-
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
+from common.logging import configure_logging
 from worker_svc.config import ATTENTION_BACKENDS, DEFAULT_DTYPE, DTYPES, WorkerConfig
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
@@ -42,21 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     return parser
-
-
-def configure_logging() -> None:
-    # stdout carries only the ready line; every log goes to stderr.
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"worker_svc: invalid arguments: {exc}", file=sys.stderr)
         return 2
-    configure_logging()
+    configure_logging(args.log_level)
     from worker_svc.server import run
 
     return run(config)

@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 import structlog
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from common.grpc_options import SERVER_OPTIONS
+from common.grpc_server import enable_reflection, set_serving
+from common.logging import announce_ready
 from worker_svc.config import WorkerConfig
 from worker_svc.errors import PlanError
 
@@ -33,15 +36,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("worker_svc.server")
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-# A plan can carry many full-length prompts; the default 4 MiB would cap that.
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Without this, a second server could bind the same port and steal half the
-    # connections instead of failing to start.
-    ("grpc.so_reuseport", 0),
-]
 
 
 class StartupError(RuntimeError):
@@ -148,21 +142,23 @@ def ready_line(config: WorkerConfig, port: int, worker: Worker) -> str:
 
 async def serve(config: WorkerConfig) -> None:
     """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
-    servicer = WorkerServicer()
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    # The shared options turn SO_REUSEPORT off: a second worker on a taken port
+    # must fail, not share it. (common.grpc_server.create_server would do, but
+    # it does not return the bound port, which `--port 0` needs for the ready line.)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    for service in ("", SERVICE_NAME):
-        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-
     # Bind before loading, so that a taken port fails in a second, not after the load.
     try:
         port = server.add_insecure_port(config.address)
     except RuntimeError as exc:
         raise StartupError(f"cannot listen on {config.address}: {exc}") from None
     if port == 0:
-        raise StartupError(f"cannot listen on {config.address}: port in use or address invalid")
+        raise StartupError(f"cannot listen on {config.address}: port in use or not allowed")
+    servicer = WorkerServicer()
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    enable_reflection(server, [SERVICE_NAME])
+    await set_serving(health, [SERVICE_NAME], serving=False)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -187,9 +183,8 @@ async def serve(config: WorkerConfig) -> None:
         except Exception as exc:
             raise StartupError(str(exc)) from exc
         servicer.set_ready(worker)
-        for service in ("", SERVICE_NAME):
-            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        print(ready_line(config, port, worker), flush=True)
+        await set_serving(health, [SERVICE_NAME], serving=True)
+        announce_ready(ready_line(config, port, worker))
         await stop.wait()
         log.info("worker_stopping")
         await health.enter_graceful_shutdown()
