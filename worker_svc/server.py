@@ -82,9 +82,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         plans = request_iterator.__aiter__()
         superseded_wait = asyncio.ensure_future(superseded.wait())
+        next_plan: asyncio.Future | None = None
         try:
             while True:
                 next_plan = asyncio.ensure_future(plans.__anext__())
+                # The read may end (e.g. StopAsyncIteration at shutdown) after this
+                # handler stopped looking; mark its outcome seen so asyncio stays quiet.
+                next_plan.add_done_callback(_mark_retrieved)
                 await asyncio.wait(
                     {next_plan, superseded_wait}, return_when=asyncio.FIRST_COMPLETED
                 )
@@ -113,6 +117,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield result
         finally:
             superseded_wait.cancel()
+            if next_plan is not None:
+                next_plan.cancel()
 
     async def _abort_superseded(self, context, stream: int) -> None:
         log.info("step_stream_superseded", stream=stream)
@@ -129,6 +135,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if stream != self._runner_stream:
             raise _Superseded
         return worker.runner.execute(plan)
+
+
+def _mark_retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def ready_line(config: WorkerConfig, port: int, worker: Worker) -> str:

@@ -158,6 +158,35 @@ def test_step_stream_and_reset_on_new_stream(worker):
     second.close()
 
 
+def test_health_answers_during_a_long_prefill(worker):
+    _, _, _, channel = worker
+    feed = PlanFeed()
+    results = worker_pb2_grpc.WorkerStub(channel).Step(iter(feed), timeout=120)
+    prompt = [100 + i % 1000 for i in range(500)]
+    feed.send(
+        pb.StepPlan(
+            step_id=1,
+            new_sequences=[
+                pb.NewSequence(
+                    seq_id=1,
+                    prompt_token_ids=prompt,
+                    num_scheduled_tokens=len(prompt),
+                    block_ids=list(range(32)),
+                    sampling=GREEDY,
+                )
+            ],
+        )
+    )
+    time.sleep(0.05)  # let the prefill start on the forward thread
+    started = time.monotonic()
+    health = health_pb2_grpc.HealthStub(channel)
+    status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert time.monotonic() - started < 1.0
+    assert next(results).num_tokens == 500
+    feed.close()
+
+
 def test_port_taken_exits_with_message(worker):
     _, port, _, _ = worker
     proc = start_worker("--port", str(port), "--num-kv-blocks", "4")
