@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker_svc.attention import BatchLayout, TorchAttentionBackend
 from worker_svc.kv_pool import KVPool, KVPoolSpec
@@ -92,3 +94,32 @@ def test_writes_land_in_the_given_slots():
     torch.testing.assert_close(k_cache[5], seq.k[:4])
     torch.testing.assert_close(v_cache[2, :2], seq.v[4:])
     assert pool.layer(0)[0].abs().sum() == 0  # other layers untouched
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_random_schedules_match_dense(data):
+    """Any split of any sequences into chunks, in any batch order, equals dense attention."""
+    seed = data.draw(st.integers(0, 2**16), label="seed")
+    gen = torch.Generator().manual_seed(seed)
+    lengths = data.draw(st.lists(st.integers(1, 40), min_size=1, max_size=4), label="lengths")
+    pool = KVPool(KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, torch.float32), 64)
+    free = torch.randperm(64, generator=gen).tolist()
+    seqs = [Sequence(n, [free.pop() for _ in range(-(-n // BLOCK))], gen) for n in lengths]
+    done = [0] * len(seqs)
+    while any(d < len(s.q) for d, s in zip(done, seqs, strict=True)):
+        step = []
+        for i, seq in enumerate(seqs):
+            left = len(seq.q) - done[i]
+            n = data.draw(st.integers(0, left), label="chunk") if left else 0  # 0: not this step
+            if n:
+                step.append((seq, done[i], n))
+                done[i] += n
+        if not step:  # guarantee progress: the first unfinished sequence, to its end
+            i = next(i for i, s in enumerate(seqs) if done[i] < len(s.q))
+            step.append((seqs[i], done[i], len(seqs[i].q) - done[i]))
+            done[i] = len(seqs[i].q)
+        step = data.draw(st.permutations(step), label="order")
+        outputs = run_step(TorchAttentionBackend(), pool, step)
+        for (seq, start, n), got in zip(step, outputs, strict=True):
+            torch.testing.assert_close(got, seq.expected[start : start + n], rtol=1e-5, atol=1e-5)

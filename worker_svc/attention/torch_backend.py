@@ -39,7 +39,6 @@ class DecodeBatch:
     # first (the runner's order), else an index tensor.
     tokens: slice | torch.Tensor
     block_ids: torch.Tensor  # [D * max_blocks], padded with block 0
-    max_blocks: int
     mask: torch.Tensor  # [D, 1, 1, max_blocks * block_size], True where the key is real
 
 
@@ -102,7 +101,6 @@ class TorchAttentionBackend(AttentionBackend):
         return DecodeBatch(
             tokens=tokens,
             block_ids=table.flatten().to(device),
-            max_blocks=max_blocks,
             mask=(key_pos[None, :] < lens[:, None])[:, None, None, :],
         )
 
