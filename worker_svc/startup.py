@@ -45,8 +45,13 @@ def build_worker(config: WorkerConfig) -> Worker:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     loaded = load_model(config.model, resolve_dtype(config.dtype), device)
-    sliding = getattr(loaded.model.config.get_text_config(), "sliding_window", None)
-    if sliding:
+    text_config = loaded.model.config.get_text_config()
+    sliding = getattr(text_config, "sliding_window", None)
+    layer_types = getattr(text_config, "layer_types", None) or []
+    # Qwen2-style configs carry a window they do not use (use_sliding_window=False).
+    if sliding and (
+        "sliding_attention" in layer_types or getattr(text_config, "use_sliding_window", True)
+    ):
         # The paged backends attend over the whole context; say so rather than
         # silently differ from the model's own attention past the window.
         log.warning("sliding_window_ignored", sliding_window=sliding)
