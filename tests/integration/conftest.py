@@ -17,7 +17,7 @@ from tests.integration.prompts import mixed_prompts
 GREEDY_TOKENS = 32
 # Small enough that every prompt above 32 tokens is prefilled over several steps.
 CHUNK_BUDGET = 32
-CHUNKED_POOL_BLOCKS = 160
+CHUNKED_POOL_BLOCKS = 256
 
 
 @pytest.fixture(scope="session")

@@ -23,13 +23,17 @@ _QUESTIONS = [
 
 
 def mixed_prompts(tokenizer: Tokenizer, count: int = 16) -> list[list[int]]:
-    """`count` prompts from a few tokens to a few hundred, plain and chat-formatted."""
+    """`count` prompts of distinct lengths, from a few tokens to a few hundred,
+    plain and chat-formatted."""
+    words = (_PASSAGE * 4).split()
     prompts: list[list[int]] = []
     for index in range(count):
         question = _QUESTIONS[index % len(_QUESTIONS)]
+        # 17 more words each time: every prompt has its own length.
+        context = " ".join(words[: 17 * index])
         if index % 3 == 0:
-            prompts.append(tokenizer.encode_chat([ChatTurn("user", question)]))
+            turn = ChatTurn("user", f"{context}\n{question}".strip())
+            prompts.append(tokenizer.encode_chat([turn]))
         else:
-            context = _PASSAGE * (index % 6)
-            prompts.append(tokenizer.encode(f"{context}Question {index}: {question}\nAnswer:"))
+            prompts.append(tokenizer.encode(f"{context}\nQuestion {index}: {question}\nAnswer:"))
     return prompts

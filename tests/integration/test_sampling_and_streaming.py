@@ -7,7 +7,14 @@ import time
 
 from cbserve.client import AsyncClient, Completion
 
-SEEDED = {"temperature": 0.9, "top_p": 0.95, "top_k": 50, "seed": 1234, "max_tokens": 24}
+SEEDED = {
+    "temperature": 0.9,
+    "top_p": 0.95,
+    "top_k": 50,
+    "seed": 1234,
+    "max_tokens": 24,
+    "ignore_eos": True,
+}
 
 
 async def _seeded_alone_then_in_batch(address: str) -> tuple[list[int], list[int]]:
@@ -17,7 +24,8 @@ async def _seeded_alone_then_in_batch(address: str) -> tuple[list[int], list[int
             client.complete(
                 f"Describe a city number {i}.",
                 temperature=1.0,
-                max_tokens=24,
+                max_tokens=32,
+                ignore_eos=True,
                 seed=i if i % 2 else None,
             )
             for i in range(8)
