@@ -13,18 +13,20 @@ class PortUnavailable(Exception):
     pass
 
 
-def create_server(host: str, port: int) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+def create_server(address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """A server bound to `address` with the health service, and the port it bound
+    (the real one when `address` asks for port 0). Binding happens here, before
+    any slow start-up work, so that a taken port fails at once."""
     server = grpc.aio.server(options=SERVER_OPTIONS)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as error:
         raise PortUnavailable(f"cannot listen on {address}: {error}") from error
     if bound == 0:
         raise PortUnavailable(f"cannot listen on {address}: port in use or not allowed")
-    return server, health_servicer
+    return server, health_servicer, bound
 
 
 def enable_reflection(server: grpc.aio.Server, service_names: list[str]) -> None:

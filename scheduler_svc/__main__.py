@@ -78,7 +78,7 @@ async def serve(args: argparse.Namespace) -> None:
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
         )
         tokenizer = Tokenizer(args.tokenizer or default_model_path())
-        server, health = create_server(args.host, args.port)
+        server, health, _ = create_server(f"{args.host}:{args.port}")
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
     pool = WorkerPool(args.worker, config, tokenizer)
@@ -96,7 +96,7 @@ async def serve(args: argparse.Namespace) -> None:
     announce_ready(
         f"scheduler ready on {args.host}:{args.port} workers={','.join(args.worker)} "
         f"model={engines[0].client.description.model_name} "
-        f"kv_capacity_tokens={sum(e.num_blocks * e.client.description.block_size for e in engines)}"
+        f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}"
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

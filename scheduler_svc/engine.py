@@ -44,8 +44,10 @@ class WorkerEngine:
         self._task: asyncio.Task | None = None
 
     @property
-    def num_blocks(self) -> int:
-        return self.client.description.num_kv_blocks if self.client.description else 0
+    def capacity_tokens(self) -> int:
+        """Tokens of KV the worker's pool holds (0 before it has described itself)."""
+        description = self.client.description
+        return description.num_kv_blocks * description.block_size if description else 0
 
     @property
     def load(self) -> int:
@@ -93,11 +95,7 @@ class WorkerEngine:
 
     def fits(self, num_tokens: int) -> bool:
         """Whether a request that may hold num_tokens of KV fits this worker's pool."""
-        description = self.client.description
-        return (
-            description is not None
-            and num_tokens <= description.num_kv_blocks * description.block_size
-        )
+        return num_tokens <= self.capacity_tokens
 
     def abort(self, request_id: str) -> None:
         """The client is gone: free its blocks at the next step."""

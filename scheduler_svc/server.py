@@ -108,6 +108,6 @@ class GenerationService(pb_grpc.GenerationServicer):
             vocab_size=self.pool.vocab_size,
             eos_token_ids=self.tokenizer.eos_token_ids,
             block_size=description.block_size,
-            kv_capacity_tokens=sum(e.num_blocks * e.client.description.block_size for e in engines),
+            kv_capacity_tokens=sum(engine.capacity_tokens for engine in engines),
             num_workers=len(engines),
         )

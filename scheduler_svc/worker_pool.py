@@ -57,4 +57,4 @@ class WorkerPool:
 
     @property
     def max_worker_capacity_tokens(self) -> int:
-        return max(d.num_kv_blocks * d.block_size for d in self._descriptions())
+        return max(engine.capacity_tokens for engine in self.engines)

@@ -20,12 +20,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 import structlog
-from grpc_health.v1 import health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
-from common.grpc_options import SERVER_OPTIONS
-from common.grpc_server import enable_reflection, set_serving
+from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready
 from worker_svc.config import WorkerConfig
 from worker_svc.errors import PlanError
@@ -153,19 +150,12 @@ def ready_line(config: WorkerConfig, port: int, worker: Worker) -> str:
 
 async def serve(config: WorkerConfig) -> None:
     """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError."""
-    # The shared options turn SO_REUSEPORT off: a second worker on a taken port
-    # must fail, not share it. (common.grpc_server.create_server would do, but
-    # it does not return the bound port, which `--port 0` needs for the ready line.)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    health = health_aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    # Bind before loading, so that a taken port fails in a second, not after the load.
+    # Bound before the model loads, so that a taken port fails in a second;
+    # the bound port is the real one under `--port 0`, for the ready line.
     try:
-        port = server.add_insecure_port(config.address)
-    except RuntimeError as exc:
-        raise StartupError(f"cannot listen on {config.address}: {exc}") from None
-    if port == 0:
-        raise StartupError(f"cannot listen on {config.address}: port in use or not allowed")
+        server, health, port = create_server(config.address)
+    except PortUnavailable as exc:
+        raise StartupError(str(exc)) from None
     servicer = WorkerServicer()
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     enable_reflection(server, [SERVICE_NAME])
