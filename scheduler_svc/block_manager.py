@@ -1,48 +1,75 @@
-"""Paged-KV bookkeeping for one worker's pool: which block belongs to whom.
+"""Paged-KV bookkeeping for one worker's pool, with prefix caching.
 
 The scheduler is the only allocator of KV blocks; a worker writes where the
-block tables say. This is plain bookkeeping in nano-vllm's spirit: a free
-list, a reference count per block and a block table per sequence, with the
-verbs can_allocate / allocate, can_append_slots / append_slots and free.
+block tables say. Each block has a reference count (how many live sequences
+hold it in their block table). A block that is full and computed is also
+registered under its chained hash (see prefix_hash), so that a later sequence
+with the same leading tokens can take it instead of recomputing it.
 
-Blocks carry reference counts so that prefix caching (a later issue) can share
-a full block between sequences and keep freed blocks findable by a chained
-hash until they are reused: freed blocks go to the back of the free list and
-allocation takes from the front, which is already least-recently-freed order.
+Freed blocks keep their contents and hash: they sit in one free list in
+least-recently-freed order and are either found again by hash (a hit takes
+them off the list) or, when fresh blocks are needed, evicted from the front
+of the list. So every block is exactly one of:
+  used    ref_count > 0 (held by live sequences, possibly several),
+  cached  free, still findable by hash,
+  empty   free, no hash.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
 @dataclass
 class Block:
     block_id: int
-    # Sequences whose block table holds this block; 0 means it is on the free list.
     ref_count: int = 0
+    # Set while the block is registered in the prefix cache: its chained hash,
+    # the hash of the block before it, and its tokens (checked on every hit, so
+    # that a hash collision can never hand out the wrong KV).
+    block_hash: int | None = None
+    parent_hash: int | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}"
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self._blocks = [Block(block_id) for block_id in range(num_blocks)]
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
+        # Free blocks, least recently freed first (evicted first).
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}  # block hash -> block id
         self._block_tables: dict[int, list[int]] = {}
+        # Per sequence: how many leading blocks of its table are registered (or
+        # were hits), so that each step registers only the newly filled ones.
+        self._num_hashed: dict[int, int] = {}
+
+    # -- counts --------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        """Blocks a sequence can get now: empty ones and cached ones (by eviction)."""
+        return len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a findable prefix."""
+        return sum(1 for block_id in self._free if self._blocks[block_id].block_hash is not None)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_block_ids)
+        """Blocks held by live sequences."""
+        return self.num_blocks - len(self._free)
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold num_tokens tokens of KV."""
@@ -62,20 +89,85 @@ class BlockManager:
     def ref_count(self, block_id: int) -> int:
         return self._blocks[block_id].ref_count
 
+    def block_hash(self, block_id: int) -> int | None:
+        return self._blocks[block_id].block_hash
+
+    def num_hashed_blocks(self, seq_id: int) -> int:
+        """Leading blocks of the sequence's table that are in the prefix cache (or hits)."""
+        return self._num_hashed.get(seq_id, 0)
+
     def num_missing_blocks(self, seq_id: int, num_tokens: int) -> int:
         """Blocks a sequence still lacks to hold num_tokens tokens of KV."""
         have = len(self._block_tables.get(seq_id, ()))
         return max(0, self.blocks_needed(num_tokens) - have)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= self.num_free_blocks
+    # -- prefix cache lookups ------------------------------------------------------------
 
-    def allocate(self, seq_id: int, num_tokens: int) -> list[int]:
-        """Starts a block table that holds num_tokens tokens; returns its block ids."""
+    def find_cached_prefix(
+        self, token_ids: Sequence[int], block_hashes: Sequence[int], max_tokens: int
+    ) -> list[int]:
+        """Ids of the cached blocks that hold the longest prefix of token_ids.
+
+        Only whole blocks within the first max_tokens tokens count; the caller
+        passes one less than the tokens it must compute, because the last
+        token's logits are needed and only a forward pass gives them.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        parent: int | None = None
+        for index in range(min(max_tokens // self.block_size, len(block_hashes))):
+            block_id = self._cached.get(block_hashes[index])
+            if block_id is None:
+                break
+            block = self._blocks[block_id]
+            start = index * self.block_size
+            if block.parent_hash != parent or block.token_ids != tuple(
+                token_ids[start : start + self.block_size]
+            ):
+                break  # a hash collision: treat as a miss
+            hits.append(block_id)
+            parent = block.block_hash
+        return hits
+
+    def can_allocate(self, num_tokens: int, cached_block_ids: Sequence[int] = ()) -> bool:
+        return self._num_new_blocks(num_tokens, cached_block_ids) <= self._num_free_after_hits(
+            cached_block_ids
+        )
+
+    def _num_new_blocks(self, num_tokens: int, cached_block_ids: Sequence[int]) -> int:
+        return max(0, self.blocks_needed(num_tokens) - len(cached_block_ids))
+
+    def _num_free_after_hits(self, cached_block_ids: Sequence[int]) -> int:
+        # Taking a hit that sits on the free list uses up one free block too.
+        return len(self._free) - sum(1 for b in cached_block_ids if self._blocks[b].ref_count == 0)
+
+    # -- allocation ----------------------------------------------------------------------
+
+    def allocate(
+        self, seq_id: int, num_tokens: int, cached_block_ids: Sequence[int] = ()
+    ) -> list[int]:
+        """Starts a block table: the cached prefix blocks, then fresh ones up to num_tokens.
+
+        Returns the whole table.
+        """
         if seq_id in self._block_tables:
             raise ValueError(f"sequence {seq_id} already has a block table")
-        self._block_tables[seq_id] = []
-        return self.append_slots(seq_id, num_tokens)
+        if not self.can_allocate(num_tokens, cached_block_ids):
+            raise RuntimeError(
+                f"sequence {seq_id} needs {self._num_new_blocks(num_tokens, cached_block_ids)} "
+                f"fresh blocks but only {self._num_free_after_hits(cached_block_ids)} are free"
+            )
+        for block_id in cached_block_ids:
+            block = self._blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+        table = list(cached_block_ids)
+        table += [self._take_free_block() for _ in range(self._num_new_blocks(num_tokens, table))]
+        self._block_tables[seq_id] = table
+        self._num_hashed[seq_id] = len(cached_block_ids)
+        return list(table)
 
     def can_append_slots(self, seq_id: int, num_tokens: int) -> bool:
         return self.num_missing_blocks(seq_id, num_tokens) <= self.num_free_blocks
@@ -95,23 +187,53 @@ class BlockManager:
         table.extend(new_block_ids)
         return new_block_ids
 
+    def cache_full_blocks(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        num_computed_tokens: int,
+    ) -> None:
+        """Registers the sequence's blocks that are now full and computed."""
+        if not self.enable_prefix_caching:
+            return
+        table = self._block_tables[seq_id]
+        num_full = min(num_computed_tokens // self.block_size, len(block_hashes), len(table))
+        for index in range(self._num_hashed[seq_id], num_full):
+            block_hash = block_hashes[index]
+            if block_hash in self._cached:
+                continue  # computed twice concurrently; the first copy stays the cached one
+            block = self._blocks[table[index]]
+            start = index * self.block_size
+            block.block_hash = block_hash
+            block.parent_hash = block_hashes[index - 1] if index else None
+            block.token_ids = tuple(token_ids[start : start + self.block_size])
+            self._cached[block_hash] = block.block_id
+        self._num_hashed[seq_id] = max(self._num_hashed[seq_id], num_full)
+
     def free(self, seq_id: int) -> None:
         """Drops a sequence's table; blocks nobody else holds return to the free list."""
         table = self._block_tables.pop(seq_id, None)
         if table is None:
             raise KeyError(f"sequence {seq_id} has no block table")
-        # Reversed, so that a sequence's tail (the least likely to be shared by a
-        # future prefix) is reused before its head.
+        del self._num_hashed[seq_id]
+        # Tail first, so that the tail (the part least likely to be shared by a
+        # later request) is evicted before the head.
         for block_id in reversed(table):
             block = self._blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free_block_ids.append(block_id)
+                self._free[block_id] = None
 
     def _take_free_block(self) -> int:
-        block_id = self._free_block_ids.popleft()
+        block_id, _ = self._free.popitem(last=False)
         block = self._blocks[block_id]
         # A free block with holders would be handed out twice.
         assert block.ref_count == 0, f"block {block_id} is on the free list with holders"
+        if block.block_hash is not None:
+            # Evicted: its old contents are about to be overwritten.
+            if self._cached.get(block.block_hash) == block_id:
+                del self._cached[block.block_hash]
+            block.block_hash, block.parent_hash, block.token_ids = None, None, ()
         block.ref_count = 1
         return block_id

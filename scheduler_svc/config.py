@@ -1,8 +1,10 @@
-"""Scheduler limits: how much work one model step may carry."""
+"""Scheduler limits and policies, validated once at construction."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+BATCHING_MODES = ("continuous", "static")
 
 
 @dataclass(frozen=True)
@@ -13,12 +15,35 @@ class SchedulerConfig:
     # Token budget of one step: decodes take one token each, prefills take what is
     # left, split over several steps when a prompt is longer (chunked prefill).
     max_num_batched_tokens: int = 512
+    # Requests queued (not yet running) across all workers; past it Generate
+    # answers RESOURCE_EXHAUSTED at once instead of growing an unbounded queue.
+    max_waiting_requests: int = 1024
+    # Share full KV blocks between requests with equal prefixes.
+    enable_prefix_caching: bool = True
+    # How often requests behind a waiting request may be admitted while it does
+    # not fit, before the queue stops at it until it does (no starvation).
+    max_bypasses: int = 16
+    # Fraction of the pool kept free when admitting beside running requests, so
+    # that their decodes do not need a preemption at every block boundary.
+    watermark: float = 0.01
+    # "continuous": requests join and leave at every step. "static": a batch is
+    # admitted only when the previous one has completely finished (the
+    # pre-continuous-batching baseline the benchmark compares against).
+    batching: str = "continuous"
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.max_bypasses, bool) or not isinstance(self.max_bypasses, int):
+            raise ValueError(f"max_bypasses must be an integer, got {self.max_bypasses!r}")
+        if self.max_bypasses < 0:
+            raise ValueError(f"max_bypasses must be >= 0, got {self.max_bypasses}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 
     @property
     def max_running_seqs(self) -> int:

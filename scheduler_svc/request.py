@@ -6,6 +6,8 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+import grpc
+
 from cbserve.v1 import generation_pb2 as pb
 from scheduler_svc.sampling_params import SamplingConfig
 
@@ -46,6 +48,10 @@ class Request:
     prompt_token_ids: list[int]
     sampling: SamplingConfig
     arrival_time: float = 0.0
+    # Lower runs first; equal priorities run in arrival order.
+    priority: int = 0
+    # time.monotonic() past which the request is dropped (its gRPC deadline).
+    deadline: float | None = None
     seq_id: int = field(default_factory=lambda: next(_next_seq_id), init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
     # Leading tokens (prompt, then output) whose KV the worker has written.
@@ -55,8 +61,19 @@ class Request:
     # Whether a plan that carried this sequence has gone out: from then on the
     # worker holds its state and must be told to drop it.
     seen_by_worker: bool = field(default=False, init=False)
-    # Prompt tokens whose KV came from the prefix cache (a later issue).
+    # Prompt tokens whose KV came from the prefix cache at first admission.
     cached_prompt_tokens: int = field(default=0, init=False)
+    # Chained hashes of the full blocks of prompt + output (see prefix_hash).
+    block_hashes: list[int] = field(default_factory=list, init=False)
+    # Preemption state. A request that has not sampled a token since it was
+    # last admitted cannot be a victim: every preemption is paid for by progress.
+    num_preemptions: int = field(default=0, init=False)
+    sampled_since_admission: bool = field(default=False, init=False)
+    # Times a request behind this one in the waiting queue was admitted while
+    # this one did not fit (see Scheduler, no head-of-line blocking).
+    num_bypassed: int = field(default=0, init=False)
+    # The scheduler ended the request with an error (deadline, does not fit).
+    error: RequestError | None = field(default=None, init=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,12 +88,34 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def running_order(self) -> tuple[int, float, int]:
+        """Sort key of the running queue: best first; victims come from the end."""
+        return (self.priority, self.arrival_time, self.seq_id)
+
+    @property
+    def waiting_order(self) -> tuple[int, int, float, int]:
+        """Sort key of the waiting queue: by priority, preempted ones first, then FCFS."""
+        return (self.priority, 0 if self.num_preemptions else 1, self.arrival_time, self.seq_id)
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
     @property
     def is_prefilling(self) -> bool:
         return self.num_computed_tokens < self.num_prompt_tokens
+
+
+@dataclass(frozen=True)
+class RequestError:
+    """Why the scheduler ended a request itself; the service maps it to a gRPC status."""
+
+    code: grpc.StatusCode
+    message: str
 
 
 @dataclass(frozen=True)

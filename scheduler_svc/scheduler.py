@@ -1,23 +1,36 @@
 """The per-step plan: which sequences compute how many tokens, in which KV blocks.
 
 One Scheduler per worker. Each step, `schedule()` fills a token budget
-(`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`): running
-requests first, one decode token each or their next prefill chunk, then
-waiting requests in arrival order. A prompt longer than what is left of the
-budget is split over several steps (chunked prefill), so decodes keep flowing
-beside it, and one step may mix prefill chunks and decodes. The plan is a diff
-(vLLM's SchedulerOutput idea): a sequence the worker has not seen carries its
-tokens, sampling settings and block table; one it holds carries only how many
-tokens to compute and its new blocks. `update_from_output()` then appends the
-sampled tokens, detokenizes, checks stops and frees what finished.
+(`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`) in three passes:
 
-There is no preemption yet, so KV must never run out in the middle of a
-request: a waiting request is admitted only when the blocks for its whole
-life fit beside the blocks the running requests may still claim (see
-`_can_admit`). Blocks are still allocated lazily, as tokens are scheduled.
-Admission is strictly first come, first served: a head request that does not
-fit waits, and so does everything behind it (head-of-line blocking). The
-preemption-by-recompute issue replaces `_can_admit` and lifts that.
+1. Priority: a waiting request of strictly better priority than some running
+   ones, that does not fit, preempts enough of them to fit and is admitted.
+2. Running requests, best first (priority, then arrival): one decode token
+   each or their next prefill chunk (chunked prefill, so decodes keep flowing
+   beside a long prompt). A request that needs a block when none is free
+   preempts the worst running request that may be preempted, possibly itself.
+3. Waiting requests, best first, while the budget and the cap allow (see
+   AdmissionQueue in admission.py for the order and the no-starvation rule).
+
+The plan is a diff (vLLM's SchedulerOutput idea): a sequence the worker has
+not seen carries its tokens, sampling settings and block table; one it holds
+carries only how many tokens to compute and its new blocks.
+`update_from_output()` then appends the sampled tokens, detokenizes, checks
+stops, registers newly full blocks in the prefix cache and frees what finished.
+
+Preemption is by recompute: the victim's blocks are freed (they stay in the
+prefix cache, so a prompt that was not evicted in the meantime is found there
+again), the worker drops the sequence, and the request goes back to the
+waiting queue with its output so far; when readmitted it is prefilled over its
+prompt plus that output and continues where it stopped. Its client never sees
+a token twice.
+
+Bounds (checked by the randomized simulation): a request is admitted with
+blocks for all its current tokens, so it needs no block until it samples; and
+only a request that has sampled since its last admission may be preempted. So
+every preemption of a request follows a token generated for it:
+num_preemptions <= num_output_tokens, and no two requests can keep evicting
+each other without progress.
 
 The engine alternates `schedule()` and `update_from_output()`: one step in
 flight at a time. `add_request` and `abort_request` may come at any moment.
@@ -25,21 +38,27 @@ flight at a time. `add_request` and `abort_request` may come at any moment.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
 
 from cbserve.worker.v1 import worker_pb2 as wpb
+from scheduler_svc.admission import AdmissionQueue
 from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.detokenizer import Decoder
 from scheduler_svc.output_processor import RequestOutputProcessor
+from scheduler_svc.prefix_hash import extend_block_hashes
 from scheduler_svc.request import (
     FinishReason,
     Request,
+    RequestError,
     RequestOutput,
     RequestStatus,
     TokenLogprob,
 )
+from scheduler_svc.stats import SchedulerStats
 
 
 class Scheduler:
@@ -51,23 +70,36 @@ class Scheduler:
         max_model_len: int,
         tokenizer: Decoder,
         eos_token_ids: Sequence[int],
+        stats: SchedulerStats | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         self.config = config
         self.max_model_len = max_model_len
-        self.block_manager = BlockManager(num_blocks, block_size)
+        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.stats = stats if stats is not None else SchedulerStats()
+        self._clock = clock
         self._tokenizer = tokenizer
         self._eos_token_ids = tuple(eos_token_ids)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.queue = AdmissionQueue(config, self.block_manager, self.stats)
         # Unfinished requests, for abort by id, with their output processors.
         self._requests: dict[str, Request] = {}
         self._processors: dict[str, RequestOutputProcessor] = {}
         # Sequences the worker must drop, sent with the next plan.
         self._finished_seq_ids: list[int] = []
+        # Requests the scheduler ended with an error, until the engine takes them.
+        self._failed: list[Request] = []
         self._next_step_id = 1
         self._step_in_flight: int | None = None
+
+    @property
+    def waiting(self) -> list[Request]:
+        return self.queue.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        return self.queue.running
 
     @property
     def num_running(self) -> int:
@@ -91,17 +123,17 @@ class Scheduler:
                 f"request {request.request_id!r}: a prompt must have 1 to "
                 f"{self.max_model_len - 1} tokens, got {request.num_prompt_tokens}"
             )
-        needed = self.block_manager.blocks_needed(self._max_kv_tokens(request))
+        needed = self.block_manager.blocks_needed(request.num_prompt_tokens)
         if needed > self.block_manager.num_blocks:
             raise ValueError(
-                f"request {request.request_id!r} needs {needed} KV blocks, "
+                f"request {request.request_id!r}: its prompt needs {needed} KV blocks, "
                 f"the pool has {self.block_manager.num_blocks}"
             )
         self._requests[request.request_id] = request
         self._processors[request.request_id] = RequestOutputProcessor(
             request, self._tokenizer, self._eos_token_ids, self.max_model_len
         )
-        self.waiting.append(request)
+        self.queue.add_waiting(request)
 
     def abort_request(self, request_id: str) -> None:
         """Drops a request wherever it is; a no-op for unknown or finished ids.
@@ -112,26 +144,50 @@ class Scheduler:
         if request is not None:
             self._finish(request, FinishReason.ABORT)
 
+    def take_failed(self) -> list[Request]:
+        """Requests the scheduler ended with an error (request.error) since the last call."""
+        failed, self._failed = self._failed, []
+        return failed
+
     def schedule(self) -> wpb.StepPlan | None:
         """The next step's plan; None when there is nothing to compute or tell the worker."""
         if self._step_in_flight is not None:
             raise RuntimeError(
                 f"step {self._step_in_flight} is still in flight: call update_from_output first"
             )
+        self._expire_deadlines()
         plan = wpb.StepPlan(step_id=self._next_step_id)
         budget = self.config.max_num_batched_tokens
-        for request in self.running:
+        step = self.queue.begin_step()
+        if self.config.batching == "continuous":
+            self.queue.admit_by_priority(step)
+        for request in self.queue.running_in_order():
             if budget == 0:
                 break
-            budget -= self._schedule_tokens(request, budget, plan)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_seqs:
-            request = self.waiting[0]
-            if not self._can_admit(request):
-                break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            budget -= self._schedule_tokens(request, budget, plan)
+            num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
+            end = request.num_computed_tokens + num_scheduled
+            if not self.queue.make_room(request, end, step):
+                continue  # preempted, or failed because it can never fit
+            self._add_to_plan(request, num_scheduled, plan)
+            budget -= num_scheduled
+        # Continuous batching admits only what this step can start; static
+        # batching admits its whole batch at once and prefills it over the
+        # next steps.
+        static = self.config.batching == "static"
+        if budget > 0 or static:
+            for request in self.queue.admit_waiting(step):
+                if budget > 0:
+                    num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
+                    self._add_to_plan(request, num_scheduled, plan)
+                    budget -= num_scheduled
+                if budget == 0 and not static:
+                    break
+        for request in step.failed:
+            self._fail(request, request.error)
+        for request in step.preempted:
+            if request.seen_by_worker:
+                self._finished_seq_ids.append(request.seq_id)
+                request.seen_by_worker = False
         plan.finished_seq_ids.extend(self._finished_seq_ids)
         self._finished_seq_ids.clear()
         if not (plan.new_sequences or plan.continuing_sequences or plan.finished_seq_ids):
@@ -140,53 +196,41 @@ class Scheduler:
         self._step_in_flight = plan.step_id
         return plan
 
-    def _schedule_tokens(self, request: Request, budget: int, plan: wpb.StepPlan) -> int:
-        """Puts the request's next tokens (up to budget) into the plan; returns how many."""
-        num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
+    def _add_to_plan(self, request: Request, num_scheduled: int, plan: wpb.StepPlan) -> None:
         end = request.num_computed_tokens + num_scheduled
-        # Cannot fail: _can_admit reserved every block a running request may need.
-        if self.block_manager.has_blocks(request.seq_id):
-            new_block_ids = self.block_manager.append_slots(request.seq_id, end)
-        else:
-            new_block_ids = self.block_manager.allocate(request.seq_id, end)
+        # Cannot fail: make_room or admission secured the blocks.
+        new_block_ids = self.block_manager.append_slots(request.seq_id, end)
         if request.seen_by_worker:
             plan.continuing_sequences.add(
                 seq_id=request.seq_id,
                 num_scheduled_tokens=num_scheduled,
                 new_block_ids=new_block_ids,
             )
-        else:
-            plan.new_sequences.add(
-                seq_id=request.seq_id,
-                prompt_token_ids=request.prompt_token_ids,
-                output_token_ids=request.output_token_ids,
-                num_computed_tokens=request.num_computed_tokens,
-                num_scheduled_tokens=num_scheduled,
-                block_ids=self.block_manager.block_table(request.seq_id),
-                sampling=request.sampling.to_worker_proto(self._eos_token_ids),
-            )
-            request.seen_by_worker = True
-        return num_scheduled
-
-    def _can_admit(self, request: Request) -> bool:
-        """The admission rule while nothing can be preempted: a reservation.
-
-        A request is admitted only if every block it could ever need fits in the
-        free blocks minus those the running requests may still claim (up to their
-        own worst case: prompt plus max_tokens, within the model length). So a
-        running request can always get its next block and the pool never
-        deadlocks, at the price of admitting fewer requests than would usually fit.
-        """
-        reserved = sum(
-            self.block_manager.num_missing_blocks(running.seq_id, self._max_kv_tokens(running))
-            for running in self.running
+            return
+        plan.new_sequences.add(
+            seq_id=request.seq_id,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_scheduled,
+            block_ids=self.block_manager.block_table(request.seq_id),
+            sampling=request.sampling.to_worker_proto(self._eos_token_ids),
         )
-        needed = self.block_manager.num_missing_blocks(request.seq_id, self._max_kv_tokens(request))
-        return needed <= self.block_manager.num_free_blocks - reserved
+        request.seen_by_worker = True
 
-    def _max_kv_tokens(self, request: Request) -> int:
-        # The last sampled token ends the request before anyone computes its KV.
-        return min(request.num_prompt_tokens + request.sampling.max_tokens, self.max_model_len) - 1
+    def _expire_deadlines(self) -> None:
+        now = self._clock()
+        for request in [*self.waiting, *self.running]:
+            if request.deadline is not None and request.deadline <= now:
+                where = "waiting" if request.status is RequestStatus.WAITING else "running"
+                self._fail(
+                    request,
+                    RequestError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"deadline exceeded while {where} after "
+                        f"{request.num_output_tokens} generated tokens",
+                    ),
+                )
 
     def update_from_output(self, plan: wpb.StepPlan, result: wpb.StepResult) -> list[RequestOutput]:
         """Applies a step's result; returns one output per request that got a token."""
@@ -217,6 +261,7 @@ class Scheduler:
             if request is None:
                 continue  # aborted while its step was in flight
             request.num_computed_tokens += num_scheduled
+            self._cache_full_blocks(request)
             index = sampled_index.get(seq_id)
             if (index is not None) != (request.num_computed_tokens == request.num_tokens):
                 raise RuntimeError(
@@ -228,12 +273,27 @@ class Scheduler:
                 continue  # a prefill chunk that is not the last
             token_id = result.token_ids[index]
             request.output_token_ids.append(token_id)
+            request.sampled_since_admission = True
             logprob = self._token_logprob(request, token_id, logprobs_by_index.get(index))
             output = self._processors[request.request_id].process_token(request, logprob)
             if output.finish_reason is not None:
                 self._finish(request, output.finish_reason)
             outputs.append(output)
         return outputs
+
+    def _cache_full_blocks(self, request: Request) -> None:
+        """Registers the blocks this step filled, so that later requests can share them."""
+        manager = self.block_manager
+        num_full = request.num_computed_tokens // manager.block_size
+        if not manager.enable_prefix_caching or num_full <= manager.num_hashed_blocks(
+            request.seq_id
+        ):
+            return
+        token_ids = request.all_token_ids
+        extend_block_hashes(request.block_hashes, token_ids, manager.block_size)
+        manager.cache_full_blocks(
+            request.seq_id, token_ids, request.block_hashes, request.num_computed_tokens
+        )
 
     @staticmethod
     def _token_logprob(
@@ -244,12 +304,14 @@ class Scheduler:
         top = tuple(zip(entry.top_token_ids, entry.top_logprobs, strict=True))
         return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=top)
 
+    def _fail(self, request: Request, error: RequestError) -> None:
+        request.error = error
+        self._finish(request, FinishReason.ABORT)
+        self._failed.append(request)
+
     def _finish(self, request: Request, reason: FinishReason) -> None:
         """Takes a request out of the queues, frees its blocks, tells the worker."""
-        if request.status is RequestStatus.WAITING:
-            self.waiting.remove(request)
-        else:
-            self.running.remove(request)
+        self.queue.remove(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         if self.block_manager.has_blocks(request.seq_id):

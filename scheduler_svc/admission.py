@@ -1,0 +1,217 @@
+"""Who runs, who waits, who is preempted: the scheduler's queues and their policy.
+
+Both queues are kept sorted. Running: by (priority, arrival), so the victim of
+a preemption is taken from the end: the lowest priority, then the latest
+arrival. Waiting: by priority, then preempted requests before fresh ones (a
+victim goes back to the front of its priority), then arrival (FCFS).
+
+No head-of-line blocking, and no starvation: when a waiting request does not
+fit, the requests behind it are tried. Each time one of them is admitted past
+it, its `num_bypassed` grows; once that reaches `max_bypasses`, the queue
+stops at it: nothing behind it is admitted until it fits, which happens as
+running requests finish (every request has a bounded length). So a request
+waits behind at most `max_bypasses` later ones plus what was running.
+
+A request is admitted with blocks for all its current tokens (prompt, plus
+output when it resumes after a preemption), minus the prefix-cache hits. Until
+it samples a token it needs no new block, and it may not be preempted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from scheduler_svc.block_manager import BlockManager
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.prefix_hash import extend_block_hashes
+from scheduler_svc.request import Request, RequestError, RequestStatus
+from scheduler_svc.stats import SchedulerStats
+
+
+@dataclass
+class StepState:
+    """What one schedule() call did to the queues besides admitting."""
+
+    had_running: bool
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)
+
+
+class AdmissionQueue:
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, stats: SchedulerStats
+    ) -> None:
+        self.config = config
+        self.blocks = block_manager
+        self.stats = stats
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self._watermark_blocks = int(config.watermark * block_manager.num_blocks)
+
+    def add_waiting(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        bisect.insort(self.waiting, request, key=lambda r: r.waiting_order)
+
+    def remove(self, request: Request) -> None:
+        """Takes a request out of whichever queue holds it (a no-op if none does)."""
+        for queue in (self.waiting, self.running):
+            if request in queue:
+                queue.remove(request)
+                return
+
+    def begin_step(self) -> StepState:
+        return StepState(had_running=bool(self.running))
+
+    def running_in_order(self) -> Iterator[Request]:
+        """Running requests best first; tolerates removals at or after the current one."""
+        index = 0
+        while index < len(self.running):
+            request = self.running[index]
+            yield request
+            if index < len(self.running) and self.running[index] is request:
+                index += 1
+
+    # -- preemption ----------------------------------------------------------------------
+
+    def make_room(self, request: Request, num_tokens: int, step: StepState) -> bool:
+        """Secures blocks for the running request's first num_tokens tokens.
+
+        Preempts the worst preemptible running request until they fit; when that
+        is the request itself, it is preempted (False), or failed if it could
+        not fit even alone in the pool (False).
+        """
+        while not self.blocks.can_append_slots(request.seq_id, num_tokens):
+            victim = self._victim()
+            if victim is None or victim is request:
+                # (victim is None cannot happen: a request that needs a block has
+                # sampled since admission, so it is preemptible itself.)
+                if self.blocks.blocks_needed(num_tokens) > self.blocks.num_blocks:
+                    self._fail(request, step, num_tokens)
+                else:
+                    self._preempt(request, step)
+                return False
+            self._preempt(victim, step)
+        return True
+
+    def _victim(self) -> Request | None:
+        for request in reversed(self.running):
+            if request.sampled_since_admission:
+                return request
+        return None
+
+    def _preempt(self, request: Request, step: StepState) -> None:
+        self.running.remove(request)
+        self.blocks.free(request.seq_id)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.num_bypassed = 0
+        self.stats.num_preemptions += 1
+        step.preempted.append(request)
+        self.add_waiting(request)
+
+    def _fail(self, request: Request, step: StepState, num_tokens: int) -> None:
+        self.remove(request)
+        if self.blocks.has_blocks(request.seq_id):
+            self.blocks.free(request.seq_id)
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        request.error = RequestError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the request grew to {num_tokens} tokens but the worker's KV pool holds "
+            f"{capacity}; lower max_tokens",
+        )
+        step.failed.append(request)
+
+    def admit_by_priority(self, step: StepState) -> None:
+        """Admits waiting requests that outrank running ones, preempting those."""
+        while True:
+            candidate = next((r for r in self.waiting if r not in step.preempted), None)
+            if candidate is None or not self.running:
+                return
+            if self.running[-1].priority <= candidate.priority:
+                return  # nothing running has a lower priority
+            hits = self._cached_prefix(candidate)
+            if self._fits(candidate, hits) and len(self.running) < self.config.max_running_seqs:
+                return  # admitted the ordinary way, in this step's last pass
+            victims = []
+            freeable = self.blocks.num_free_blocks
+            for request in reversed(self.running):
+                if request.priority <= candidate.priority:
+                    break
+                if request.sampled_since_admission:
+                    victims.append(request)
+                    table = self.blocks.block_table(request.seq_id)
+                    freeable += sum(1 for b in table if self.blocks.ref_count(b) == 1)
+            seats = self.config.max_running_seqs - len(self.running) + len(victims)
+            needed = self.blocks.blocks_needed(candidate.num_tokens) - len(hits)
+            if seats < 1 or freeable < needed + self._watermark_blocks:
+                return  # preempting everything allowed would still not make room
+            for victim in victims:
+                self._preempt(victim, step)
+                if self._fits(candidate, hits) and len(self.running) < (
+                    self.config.max_running_seqs
+                ):
+                    break
+            if not self._fits(candidate, hits):
+                return
+            self._admit(candidate, hits)
+
+    # -- admission -----------------------------------------------------------------------
+
+    def admit_waiting(self, step: StepState) -> Iterator[Request]:
+        """Admits waiting requests best first, yielding each; stop iterating to stop."""
+        if self.config.batching == "static" and step.had_running:
+            return
+        bypassed: list[Request] = []
+        for request in list(self.waiting):
+            if len(self.running) >= self.config.max_running_seqs:
+                return
+            if request in step.preempted:
+                continue  # not back in the same step it was preempted in
+            if self.blocks.blocks_needed(request.num_tokens) > self.blocks.num_blocks:
+                self._fail(request, step, request.num_tokens)
+                continue
+            hits = self._cached_prefix(request)
+            if not self._fits(request, hits):
+                bypassed.append(request)
+                if request.num_bypassed >= self.config.max_bypasses:
+                    return  # its turn: nothing behind it may pass any more
+                continue
+            self._admit(request, hits)
+            for waiting in bypassed:
+                waiting.num_bypassed += 1
+            yield request
+
+    def _cached_prefix(self, request: Request) -> list[int]:
+        if not self.blocks.enable_prefix_caching:
+            return []
+        token_ids = request.all_token_ids
+        extend_block_hashes(request.block_hashes, token_ids, self.blocks.block_size)
+        # Never the last token: its logits are what the prefill is for.
+        return self.blocks.find_cached_prefix(token_ids, request.block_hashes, len(token_ids) - 1)
+
+    def _fits(self, request: Request, hits: list[int]) -> bool:
+        if not self.blocks.can_allocate(request.num_tokens, hits):
+            return False
+        if not self.running:
+            return True
+        # Beside running requests, keep a little room for their next decodes.
+        return self.blocks.can_allocate(
+            request.num_tokens + self._watermark_blocks * self.blocks.block_size, hits
+        )
+
+    def _admit(self, request: Request, hits: list[int]) -> None:
+        self.waiting.remove(request)
+        self.blocks.allocate(request.seq_id, request.num_tokens, hits)
+        num_cached_tokens = len(hits) * self.blocks.block_size
+        request.num_computed_tokens = num_cached_tokens
+        if request.num_preemptions == 0:
+            request.cached_prompt_tokens = num_cached_tokens
+        self.stats.prefix_cache_queries += request.num_tokens
+        self.stats.prefix_cache_hits += num_cached_tokens
+        request.status = RequestStatus.RUNNING
+        request.sampled_since_admission = False
+        bisect.insort(self.running, request, key=lambda r: r.running_order)
