@@ -1,13 +1,13 @@
-"""The benchmark workload, shared by bench.throughput and bench.hf_baseline.
+"""The benchmark's requests: ShareGPT pairs or random token ids, the same for every system.
 
-The issue's closing-note workload: N requests (64), prompt lengths uniform in
-16..128 tokens, output lengths uniform in 16..256 tokens, EOS ignored, all drawn
-from one fixed seed so that every run and every baseline sees the same requests.
+Every system in one run (cbserve, its `--batching static` baseline, transformers'
+generate) is given this one list, so that their numbers compare like for like.
+Prompts are sent as `prompt_token_ids`, so the lengths counted here are exactly the
+lengths the server and the baselines process.
 
-Prompts are real English, not random ids: windows of exact length cut at random
-offsets from the token ids of the public-domain passages below, so the model
-attends over text it can make sense of, as it would in service. They are sent as
-`prompt_token_ids`, so the lengths are exact on the server side too.
+`--dataset random` follows vLLM's random dataset in spirit: prompt and output lengths
+drawn uniformly from the given ranges, prompt tokens drawn uniformly from the
+vocabulary (special tokens left out), so that no two prompts share a prefix.
 """
 
 from __future__ import annotations
@@ -16,46 +16,12 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from bench import sharegpt
 
-from common.defaults import converted_model_dir
-
-PROMPT_LEN = (16, 128)
-OUTPUT_LEN = (16, 256)
-
-# Public domain: Austen (1813), Dickens (1859), Lincoln (1863), Melville (1851).
-CORPUS = """\
-It is a truth universally acknowledged, that a single man in possession of a good fortune,
-must be in want of a wife. However little known the feelings or views of such a man may be
-on his first entering a neighbourhood, this truth is so well fixed in the minds of the
-surrounding families, that he is considered the rightful property of some one or other of
-their daughters. "My dear Mr. Bennet," said his lady to him one day, "have you heard that
-Netherfield Park is let at last?" Mr. Bennet replied that he had not. "But it is," returned
-she; "for Mrs. Long has just been here, and she told me all about it."
-
-It was the best of times, it was the worst of times, it was the age of wisdom, it was the
-age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the
-season of Light, it was the season of Darkness, it was the spring of hope, it was the winter
-of despair, we had everything before us, we had nothing before us, we were all going direct
-to Heaven, we were all going direct the other way. There were a king with a large jaw and a
-queen with a plain face, on the throne of England; there were a king with a large jaw and a
-queen with a fair face, on the throne of France.
-
-Four score and seven years ago our fathers brought forth on this continent, a new nation,
-conceived in Liberty, and dedicated to the proposition that all men are created equal. Now we
-are engaged in a great civil war, testing whether that nation, or any nation so conceived and
-so dedicated, can long endure. We are met on a great battle-field of that war. We have come
-to dedicate a portion of that field, as a final resting place for those who here gave their
-lives that that nation might live. It is altogether fitting and proper that we should do this.
-
-Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in
-my purse, and nothing particular to interest me on shore, I thought I would sail about a
-little and see the watery part of the world. It is a way I have of driving off the spleen and
-regulating the circulation. Whenever I find myself growing grim about the mouth; whenever it
-is a damp, drizzly November in my soul; whenever I find myself involuntarily pausing before
-coffin warehouses, and bringing up the rear of every funeral I meet, then, I account it high
-time to get to sea as soon as I can. This is my substitute for pistol and ball.
-"""
+DATASETS = ("sharegpt", "random")
+# The old bench.workload's lengths: short prompts, outputs up to the issue's 256 cap.
+RANDOM_INPUT_LEN = (16, 128)
+RANDOM_OUTPUT_LEN = (16, 256)
 
 
 @dataclass(frozen=True)
@@ -63,6 +29,7 @@ class BenchRequest:
     index: int
     prompt_token_ids: list[int]
     max_tokens: int
+    # Per-request sampling seed: a run at temperature > 0 is repeatable too.
     seed: int
 
     @property
@@ -70,54 +37,108 @@ class BenchRequest:
         return len(self.prompt_token_ids)
 
 
-def corpus_token_ids(tokenizer_dir: Path) -> list[int]:
-    tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
-    return tokenizer.encode(CORPUS, add_special_tokens=False).ids
+def parse_range(text: str) -> tuple[int, int]:
+    """`128` or `16:128` (inclusive); used by --random-input-len/--random-output-len."""
+    low, _, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise ValueError(f"expected N or LOW:HIGH, got {text!r}") from None
+    if bounds[0] < 1 or bounds[0] > bounds[1]:
+        raise ValueError(f"expected 1 <= LOW <= HIGH, got {text!r}")
+    return bounds
 
 
-def make_workload(
-    num_prompts: int = 64,
-    seed: int = 0,
-    tokenizer_dir: Path | None = None,
-    prompt_len: tuple[int, int] = PROMPT_LEN,
-    output_len: tuple[int, int] = OUTPUT_LEN,
+def _request_seeds(seed: int, count: int) -> list[int]:
+    # A stream of its own, so that the seeds do not move when sampling changes.
+    rng = random.Random(f"request-seeds-{seed}")
+    return [rng.randrange(2**31) for _ in range(count)]
+
+
+def random_requests(
+    num_prompts: int,
+    seed: int,
+    vocab_ids: list[int],
+    input_len: tuple[int, int] = RANDOM_INPUT_LEN,
+    output_len: tuple[int, int] = RANDOM_OUTPUT_LEN,
 ) -> list[BenchRequest]:
-    """The same list for the same arguments, on any machine."""
-    ids = corpus_token_ids(tokenizer_dir or converted_model_dir())
-    if len(ids) <= prompt_len[1]:
-        raise ValueError(f"corpus has {len(ids)} tokens, fewer than a {prompt_len[1]}-token prompt")
     rng = random.Random(seed)
+    seeds = _request_seeds(seed, num_prompts)
     requests = []
-    starts: set[int] = set()
     for index in range(num_prompts):
-        length = rng.randint(*prompt_len)
-        # Distinct offsets: no two prompts share a first block, so a prefix cache
-        # cannot turn this into a cache benchmark.
-        start = rng.randrange(len(ids) - length + 1)
-        while start in starts and len(starts) < len(ids) - prompt_len[1]:
-            start = rng.randrange(len(ids) - length + 1)
-        starts.add(start)
+        length = rng.randint(*input_len)
         requests.append(
             BenchRequest(
                 index=index,
-                prompt_token_ids=ids[start : start + length],
+                prompt_token_ids=[rng.choice(vocab_ids) for _ in range(length)],
                 max_tokens=rng.randint(*output_len),
-                seed=rng.randrange(2**31),
+                seed=seeds[index],
             )
         )
     return requests
 
 
-def describe(requests: list[BenchRequest], seed: int) -> dict:
+def sharegpt_requests(
+    num_prompts: int,
+    seed: int,
+    tokenizer,
+    max_output_tokens: int | None,
+    conversations: list[dict] | None = None,
+) -> list[BenchRequest]:
+    if conversations is None:
+        conversations = sharegpt.load_conversations()
+    pairs = sharegpt.sample_pairs(
+        conversations,
+        lambda text, special: tokenizer.encode(text, add_special_tokens=special),
+        num_prompts,
+        seed,
+        max_output_tokens,
+    )
+    seeds = _request_seeds(seed, num_prompts)
+    return [
+        BenchRequest(index, pair.prompt_token_ids, pair.max_tokens, seeds[index])
+        for index, pair in enumerate(pairs)
+    ]
+
+
+def make_workload(
+    dataset: str,
+    num_prompts: int,
+    seed: int,
+    tokenizer_dir: Path,
+    *,
+    max_output_tokens: int | None = None,
+    input_len: tuple[int, int] = RANDOM_INPUT_LEN,
+    output_len: tuple[int, int] = RANDOM_OUTPUT_LEN,
+) -> list[BenchRequest]:
+    """The same list for the same arguments, on any machine."""
+    # The scheduler's own tokenizer class: the benchmark counts tokens as the server
+    # does, and never imports torch for it.
+    from scheduler_svc.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(tokenizer_dir)
+    if dataset == "sharegpt":
+        return sharegpt_requests(num_prompts, seed, tokenizer, max_output_tokens)
+    if dataset == "random":
+        special = tokenizer.special_token_ids
+        vocab = [i for i in range(tokenizer.vocab_size) if i not in special]
+        return random_requests(num_prompts, seed, vocab, input_len, output_len)
+    raise ValueError(f"unknown dataset {dataset!r}; choose from {DATASETS}")
+
+
+def describe(requests: list[BenchRequest], dataset: str, seed: int, **settings) -> dict:
     """What a result file records about its workload, so runs can be compared."""
+    prompt_lens = [r.prompt_len for r in requests]
+    output_lens = [r.max_tokens for r in requests]
     return {
+        "dataset": dataset,
         "num_prompts": len(requests),
         "seed": seed,
-        "prompt_len_range": list(PROMPT_LEN),
-        "output_len_range": list(OUTPUT_LEN),
-        "total_prompt_tokens": sum(r.prompt_len for r in requests),
-        "total_output_tokens": sum(r.max_tokens for r in requests),
-        "ignore_eos": True,
+        **settings,
+        "prompt_len_min_max": [min(prompt_lens), max(prompt_lens)] if requests else [],
+        "output_len_min_max": [min(output_lens), max(output_lens)] if requests else [],
+        "total_prompt_tokens": sum(prompt_lens),
+        "total_output_tokens": sum(output_lens),
     }
 
 
