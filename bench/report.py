@@ -1,120 +1,120 @@
-"""Latency and throughput statistics of one benchmark run, and how they are printed.
+"""How results are shown: one markdown table (a column per run, ratio columns beside
+them) and one JSON file.
 
-Definitions follow vLLM's serving benchmark:
-- TTFT: from sending a request to receiving its first output token.
-- TPOT: per request, (last token time - first token time) / (output tokens - 1);
-  requests with one output token have none.
-- ITL: the gaps between consecutive streamed messages that carry tokens, over all
-  requests (one message per model step, so normally one token each).
-Times are reported in milliseconds, rates per second of wall time.
+A ratio column compares cbserve with a baseline on the same prompts and arrivals. It
+reads "times better": throughput divided by the baseline's throughput, and the
+baseline's latency divided by cbserve's, so every ratio above 1 means cbserve wins
+by that factor (the issue's targets are all of that form: "2x the throughput",
+"a median TTFT 5x lower").
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-from dataclasses import dataclass, field
-from itertools import pairwise
+import math
 from pathlib import Path
 
-
-@dataclass
-class RequestTiming:
-    """What one streamed request saw, in seconds on the client's monotonic clock."""
-
-    prompt_tokens: int
-    sent_at: float
-    # (arrival time, number of tokens) per message that carried tokens.
-    chunks: list[tuple[float, int]] = field(default_factory=list)
-    finish_reason: str = ""
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(count for _, count in self.chunks)
-
-    @property
-    def ttft(self) -> float | None:
-        return self.chunks[0][0] - self.sent_at if self.chunks else None
-
-    @property
-    def tpot(self) -> float | None:
-        if self.output_tokens < 2:
-            return None
-        return (self.chunks[-1][0] - self.chunks[0][0]) / (self.output_tokens - 1)
-
-    def itls(self) -> list[float]:
-        return [later[0] - earlier[0] for earlier, later in pairwise(self.chunks)]
+# (summary key, row label); latencies are expanded per statistic below.
+COUNTS = [
+    ("completed", "Successful requests"),
+    ("failed", "Failed requests"),
+    ("duration_s", "Duration (s)"),
+    ("total_input_tokens", "Total input tokens"),
+    ("total_output_tokens", "Total output tokens"),
+]
+RATES = [
+    ("request_throughput", "Request throughput (req/s)"),
+    ("request_goodput", "Request goodput (req/s)"),
+    ("output_throughput", "Output token throughput (tok/s)"),
+    ("total_token_throughput", "Total token throughput (tok/s)"),
+]
+LATENCIES = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E")]
+HIGHER_IS_BETTER = {key for key, _ in RATES}
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as numpy's default does."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def rows(summary: dict) -> list[tuple[str, str, object]]:
+    """(key, label, value) in table order; absent metrics are left out."""
+    out = [(key, label, summary[key]) for key, label in COUNTS + RATES if key in summary]
+    for key, name in LATENCIES:
+        for stat, value in summary.get(key, {}).items():
+            out.append((key, f"{name} {stat} (ms)", value))
+    return out
 
 
-def _ms(values: list[float], *stats: str) -> dict[str, float]:
-    summary = {}
-    for stat in stats:
-        if stat == "mean":
-            value = statistics.fmean(values) if values else float("nan")
-        else:
-            value = percentile(values, 50 if stat == "median" else float(stat[1:]))
-        summary[stat] = round(value * 1000, 2)
-    return summary
+def ratio(key: str, ours: object, theirs: object) -> float | None:
+    """How many times better `ours` is than `theirs` on this metric, if that means anything."""
+    if not isinstance(ours, int | float) or not isinstance(theirs, int | float):
+        return None
+    if key in HIGHER_IS_BETTER:
+        top, bottom = ours, theirs
+    elif key.endswith("_ms"):
+        top, bottom = theirs, ours
+    else:
+        return None
+    if bottom <= 0 or math.isnan(top) or math.isnan(bottom):
+        return None
+    return top / bottom
 
 
-def summarize(timings: list[RequestTiming], wall_s: float) -> dict:
-    output_tokens = sum(t.output_tokens for t in timings)
-    prompt_tokens = sum(t.prompt_tokens for t in timings)
-    ttfts = [t.ttft for t in timings if t.ttft is not None]
-    tpots = [t.tpot for t in timings if t.tpot is not None]
-    itls = [gap for t in timings for gap in t.itls()]
-    return {
-        "wall_s": round(wall_s, 3),
-        "requests": len(timings),
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "requests_per_s": round(len(timings) / wall_s, 3),
-        "output_tokens_per_s": round(output_tokens / wall_s, 2),
-        "total_tokens_per_s": round((prompt_tokens + output_tokens) / wall_s, 2),
-        "ttft_ms": _ms(ttfts, "mean", "median", "p99"),
-        "tpot_ms": _ms(tpots, "mean", "median", "p99"),
-        "itl_ms": _ms(itls, "median", "p99"),
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return "n/a" if math.isnan(value) else f"{value:g}"
+    return str(value)
+
+
+def markdown_table(
+    columns: dict[str, dict], ratios: list[tuple[str, str, str]] | None = None
+) -> str:
+    """columns: label -> summary; ratios: (header, cbserve label, baseline label)."""
+    ratios = [r for r in ratios or [] if r[1] in columns and r[2] in columns]
+    labelled = {
+        label: {row_label: (key, value) for key, row_label, value in rows(summary)}
+        for label, summary in columns.items()
     }
-
-
-def _flatten(summary: dict) -> dict[str, object]:
-    flat = {}
-    for key, value in summary.items():
-        if isinstance(value, dict):
-            unit = key.rsplit("_", 1)[-1]
-            name = key.rsplit("_", 1)[0].upper()
-            for stat, number in value.items():
-                flat[f"{name} {stat} ({unit})"] = number
-        else:
-            flat[key] = value
-    return flat
-
-
-def markdown_table(runs: dict[str, dict]) -> str:
-    """One column per run (e.g. per dtype), one row per metric."""
-    flat = {label: _flatten(summary) for label, summary in runs.items()}
-    metrics = list(dict.fromkeys(key for run in flat.values() for key in run))
+    order = list(dict.fromkeys(row for cells in labelled.values() for row in cells))
+    headers = [*columns, *(header for header, _, _ in ratios)]
     lines = [
-        "| metric | " + " | ".join(flat) + " |",
-        "| --- | " + " | ".join("---:" for _ in flat) + " |",
+        "| metric | " + " | ".join(headers) + " |",
+        "| --- | " + " | ".join("---:" for _ in headers) + " |",
     ]
-    for metric in metrics:
-        cells = [str(run.get(metric, "")) for run in flat.values()]
-        lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    for row in order:
+        cells = [_cell(labelled[label].get(row, ("", ""))[1]) for label in columns]
+        for _, ours, theirs in ratios:
+            key, mine = labelled[ours].get(row, ("", None))
+            _, base = labelled[theirs].get(row, ("", None))
+            value = ratio(key, mine, base)
+            cells.append("" if value is None else f"{value:.2f}x")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def ratio_summary(columns: dict[str, dict], ratios: list[tuple[str, str, str]]) -> dict:
+    """The ratios again, for the JSON file: header -> metric label -> factor."""
+    out: dict[str, dict[str, float]] = {}
+    for header, ours, theirs in ratios:
+        if ours not in columns or theirs not in columns:
+            continue
+        base = {label: value for _, label, value in rows(columns[theirs])}
+        factors = {}
+        for key, label, value in rows(columns[ours]):
+            factor = ratio(key, value, base.get(label))
+            if factor is not None:
+                factors[label] = round(factor, 3)
+        out[header] = factors
+    return out
 
 
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    # NaN is not JSON: an empty statistic is written as null.
+    path.write_text(json.dumps(_no_nan(payload), indent=2) + "\n")
+
+
+def _no_nan(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _no_nan(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(item) for item in value]
+    return value
