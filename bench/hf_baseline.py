@@ -1,33 +1,50 @@
-"""Baseline: transformers' own static batched `generate` on the benchmark workload.
+"""Baseline: transformers' own batched `generate` on the benchmark's requests, in this process.
 
-    python -m bench.hf_baseline                          # float32 and bfloat16, one batch of 64
-    python -m bench.hf_baseline --dtype float32 --batch-size 16 --out out/hf.json
+What serving without any scheduler does: the requests (all arrived at once) are cut
+into batches in arrival order, each batch is left-padded and decodes until its
+longest request is done, and the next batch starts only then. A request that asked
+for 16 tokens rides along for up to 256 steps; only the tokens each request asked
+for count as output. Greedy, EOS ignored (min_new_tokens), the same prompt token ids.
 
-What a server without continuous batching does: the prompts are left-padded into
-batches, and each batch decodes until its longest request is done, so a request
-that asked for 16 tokens rides along for up to 256 steps. Only the tokens each
-request asked for count as useful output; the rest is reported as `generated`.
-Greedy, EOS ignored, the same prompts as bench.throughput.
+Per-request times come from a streamer that stamps every decode step, so TTFT, TPOT,
+ITL and E2E are measured exactly as for cbserve, from the moment all requests
+arrived (the start of the run): a request in the third batch waits for two batches.
+
+    python -m bench.hf_baseline --dataset random --num-prompts 8 --dtype float32
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from bench.metrics import RequestTiming
+from bench.progress import Progress
+from bench.workload import BenchRequest
 
-from bench.report import markdown_table, write_json
-from bench.workload import BenchRequest, describe, make_workload
-from common.defaults import converted_model_dir
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "bfloat16")
 
 
-def _left_padded(batch: list[BenchRequest], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+class _StepClock:
+    """A generate() streamer: the first put() is the prompt, each later one a step."""
+
+    def __init__(self) -> None:
+        self.step_times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if self._prompt_seen:
+            self.step_times.append(time.perf_counter())
+        self._prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+def _left_padded(batch: list[BenchRequest], pad_id: int):
+    import torch
+
     width = max(r.prompt_len for r in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -37,94 +54,99 @@ def _left_padded(batch: list[BenchRequest], pad_id: int) -> tuple[torch.Tensor, 
     return input_ids, attention_mask
 
 
-def _generate(model, batch: list[BenchRequest], pad_id: int, max_new_tokens: int) -> int:
+def _generate(model, batch: list[BenchRequest], pad_id: int, new_tokens: int) -> list[float]:
+    """Runs one batch for exactly `new_tokens` steps; returns each step's finish time."""
+    import torch
+    from transformers import GenerationConfig
+
     input_ids, attention_mask = _left_padded(batch, pad_id)
-    # EOS ignored: generate fills an unset eos_token_id from the model's config, so
-    # min_new_tokens is what keeps every row going for exactly max_new_tokens.
+    # generate fills an unset eos_token_id from the model's config, so min_new_tokens
+    # is what keeps every row going (EOS ignored, as the cbserve requests do).
     config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=pad_id,
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id
     )
+    clock = _StepClock()
     with torch.inference_mode():
-        output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, generation_config=config
+        model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            streamer=clock,
         )
-    return (output.shape[1] - input_ids.shape[1]) * len(batch)
+    if len(clock.step_times) != new_tokens:
+        raise RuntimeError(f"generate ran {len(clock.step_times)} steps, not {new_tokens}")
+    return clock.step_times
 
 
-def run(model_dir: Path, dtype: str, requests: list[BenchRequest], batch_size: int) -> dict:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype])
-    model.eval()
+def load_model(model_dir: Path, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
     pad_id = model.generation_config.pad_token_id
     if pad_id is None:
         eos = model.generation_config.eos_token_id
         pad_id = eos[0] if isinstance(eos, list) else (eos or 0)
-    # Warm-up outside the timing, as bench.throughput does.
-    _generate(model, requests[:2], pad_id, 4)
+    return model, pad_id
+
+
+def run(
+    model_dir: Path,
+    dtype: str,
+    requests: list[BenchRequest],
+    batch_size: int,
+    progress: bool = True,
+) -> tuple[list[RequestTiming], float, dict]:
+    """Timings in request order, wall seconds, and what was run."""
+    import torch
+
+    model, pad_id = load_model(model_dir, dtype)
+    _generate(model, requests[:2], pad_id, 4)  # warm-up outside the timing
     batches = [requests[i : i + batch_size] for i in range(0, len(requests), batch_size)]
-    generated = 0
+    bar = Progress(len(requests), f"transformers generate ({dtype})") if progress else None
+    timings: list[RequestTiming] = []
     started = time.perf_counter()
     for batch in batches:
-        longest = max(r.max_tokens for r in batch)
-        produced = _generate(model, batch, pad_id, longest)
-        if produced != longest * len(batch):
-            raise RuntimeError(f"generate stopped early: {produced} of {longest * len(batch)}")
-        generated += produced
+        step_times = _generate(model, batch, pad_id, max(r.max_tokens for r in batch))
+        for request in batch:
+            chunks = [(at, 1) for at in step_times[: request.max_tokens]]
+            timings.append(RequestTiming(request.prompt_len, started, chunks, "LENGTH"))
+        if bar:
+            bar.update(len(batch))
     wall = time.perf_counter() - started
-    useful = sum(r.max_tokens for r in requests)
-    prompt = sum(r.prompt_len for r in requests)
-    return {
-        "dtype": dtype,
-        "batch_size": batch_size,
-        "torch_threads": torch.get_num_threads(),
-        "wall_s": round(wall, 3),
-        "requests_per_s": round(len(requests) / wall, 3),
-        "useful_output_tokens": useful,
-        "generated_tokens": generated,
-        "useful_output_tokens_per_s": round(useful / wall, 2),
-        "generated_tokens_per_s": round(generated / wall, 2),
-        "total_tokens_per_s": round((prompt + useful) / wall, 2),
-    }
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.hf_baseline", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument(
-        "--dtype", action="append", choices=list(DTYPES), help="repeatable; default: both"
-    )
-    parser.add_argument("--model", type=Path, default=None, help="HF model directory")
-    parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="workload seed")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: all prompts")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
-    return parser.parse_args(argv)
+    if bar:
+        bar.close()
+    info = {"dtype": dtype, "batch_size": batch_size, "torch_threads": torch.get_num_threads()}
+    return timings, wall, info
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    import argparse
+
+    from bench.metrics import summarize
+    from bench.report import markdown_table
+    from bench.workload import make_workload
+    from common.defaults import converted_model_dir
+
+    parser = argparse.ArgumentParser(prog="python -m bench.hf_baseline")
+    parser.add_argument("--dataset", choices=("sharegpt", "random"), default="random")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-output-tokens", type=int, default=256)
+    parser.add_argument("--model", type=Path, default=None)
+    args = parser.parse_args(argv)
     model_dir = args.model or converted_model_dir()
-    requests = make_workload(args.num_prompts, args.seed, model_dir)
-    batch_size = args.batch_size or len(requests)
-    runs = {}
-    for dtype in args.dtype or list(DTYPES):
-        print(f"transformers generate, {dtype}, batch {batch_size} ...", file=sys.stderr)
-        runs[dtype] = run(model_dir, dtype, requests, batch_size)
-    print(markdown_table(runs))
-    if args.out:
-        payload = {
-            "benchmark": "transformers static batched generate",
-            "command": " ".join(["python -m bench.hf_baseline", *(argv or sys.argv[1:])]),
-            "workload": describe(requests, args.seed),
-            "runs": runs,
-        }
-        write_json(args.out, payload)
+    requests = make_workload(
+        args.dataset,
+        args.num_prompts,
+        args.seed,
+        model_dir,
+        max_output_tokens=args.max_output_tokens,
+    )
+    timings, wall, _ = run(model_dir, args.dtype, requests, args.batch_size)
+    print(markdown_table({f"hf {args.dtype}": summarize(timings, wall)}))
     return 0
 
 

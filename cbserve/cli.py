@@ -4,6 +4,7 @@ cbserve generate "Once upon a time" --max-tokens 64
 cbserve generate --chat "What is the capital of France?"
 cbserve info
 cbserve serve            # the same as `make run`
+cbserve bench --baselines static,hf   # the serving benchmark (bench/, in a source checkout)
 """
 
 from __future__ import annotations
@@ -105,6 +106,22 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_options():
+    """bench/ lives in the source tree, beside the installed packages: from the
+    `cbserve` script it is importable only once the checkout is on sys.path."""
+    import importlib.util
+
+    if importlib.util.find_spec("bench") is None:
+        from common.defaults import REPO_ROOT
+
+        if not (REPO_ROOT / "bench" / "serve.py").exists():
+            return None
+        sys.path.insert(0, str(REPO_ROOT))
+    from bench import options
+
+    return options
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -116,11 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(
         subparsers.add_parser("serve", help="run scheduler and worker here (make run)")
     )
+    bench_options = _bench_options()
+    if bench_options is not None:
+        bench_options.add_arguments(
+            subparsers.add_parser("bench", help="serving benchmark (like `vllm bench serve`)")
+        )
     args = parser.parse_args(argv)
     if args.command == "generate":
         return _generate(args)
     if args.command == "info":
         return _info(args)
+    if args.command == "bench":
+        import shlex
+
+        from bench.serve import run
+
+        given = sys.argv[1:] if argv is None else argv
+        return run(args, shlex.join(["cbserve", *given]))
     from cbserve.launch import serve
 
     return serve(args)

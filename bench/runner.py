@@ -1,0 +1,132 @@
+"""The client side of a run: send the workload to a cbserve scheduler and time every token.
+
+One AsyncClient (one HTTP/2 channel) streams every request, as vLLM's benchmark shares
+one HTTP session. Requests are sent at their arrival offsets (bench.arrivals); with
+--max-concurrency a semaphore holds back the rest, and a request's clock starts only
+when it is really sent, so TTFT does not include time queued inside this client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from bench.arrivals import describe_rate, paced, send_offsets
+from bench.metrics import RequestTiming
+from bench.progress import Progress
+from bench.workload import BenchRequest
+from cbserve.client import AsyncClient
+from cbserve.v1 import generation_pb2 as pb
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    seed: int = 0
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    progress: bool = True
+
+
+@dataclass
+class RateResult:
+    rate: float
+    timings: list[RequestTiming]
+    wall_s: float
+    server: dict = field(default_factory=dict)
+
+
+async def stream_one(
+    client: AsyncClient, request: BenchRequest, settings: ClientSettings
+) -> RequestTiming:
+    timing = RequestTiming(prompt_tokens=request.prompt_len, sent_at=time.perf_counter())
+    try:
+        async for response in client.generate(
+            token_ids=request.prompt_token_ids,
+            max_tokens=request.max_tokens,
+            ignore_eos=settings.ignore_eos,
+            temperature=settings.temperature,
+            seed=request.seed,
+        ):
+            if response.token_ids:
+                timing.chunks.append((time.perf_counter(), len(response.token_ids)))
+            if response.finish_reason:
+                timing.finish_reason = pb.FinishReason.Name(response.finish_reason)
+    except grpc.aio.AioRpcError as error:
+        timing.error = f"{error.code().name}: {error.details()}"
+    return timing
+
+
+async def _run_one_rate(
+    client: AsyncClient,
+    requests: list[BenchRequest],
+    rate: float,
+    settings: ClientSettings,
+    label: str,
+) -> tuple[list[RequestTiming], float]:
+    offsets = send_offsets(len(requests), rate, settings.burstiness, settings.seed)
+    limit = (
+        asyncio.Semaphore(settings.max_concurrency)
+        if settings.max_concurrency
+        else contextlib.nullcontext()
+    )
+    bar = Progress(len(requests), label) if settings.progress else None
+
+    async def limited(request: BenchRequest) -> RequestTiming:
+        async with limit:
+            timing = await stream_one(client, request, settings)
+        if bar:
+            bar.update()
+        return timing
+
+    started = time.perf_counter()
+    tasks = []
+    async for request in paced(requests, offsets):
+        tasks.append(asyncio.create_task(limited(request)))
+    timings = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - started
+    if bar:
+        bar.close()
+    return list(timings), wall
+
+
+async def run_rates(
+    address: str,
+    requests: list[BenchRequest],
+    rates: list[float],
+    settings: ClientSettings,
+    system: str,
+) -> list[RateResult]:
+    """Every rate, one after another, on one connection to one server."""
+    async with AsyncClient(address) as client:
+        info = await client.model_info(timeout=30.0)
+        server = {
+            "model": info.model_name,
+            "num_workers": info.num_workers,
+            "kv_capacity_tokens": info.kv_capacity_tokens,
+        }
+        # One short request first: the first step pays one-time costs that are no
+        # part of serving (allocator growth, lazy imports, thread pools).
+        await client.complete(
+            token_ids=requests[0].prompt_token_ids, max_tokens=4, temperature=0, timeout=120
+        )
+        results = []
+        for rate in rates:
+            label = f"{system}, {describe_rate(rate, settings.burstiness)}"
+            timings, wall = await _run_one_rate(client, requests, rate, settings, label)
+            results.append(RateResult(rate, timings, wall, server))
+    return results
+
+
+def short_outputs(requests: list[BenchRequest], timings: list[RequestTiming]) -> list[tuple]:
+    """(request, got, asked) where a completed request did not produce max_tokens."""
+    return [
+        (r.index, t.output_tokens, r.max_tokens)
+        for r, t in zip(requests, timings, strict=True)
+        if t.ok and t.output_tokens != r.max_tokens
+    ]

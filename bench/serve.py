@@ -1,0 +1,281 @@
+"""`cbserve bench`: the serving benchmark, with its baselines on the same prompts.
+
+    cbserve bench                                     # 200 ShareGPT prompts, all at once
+    cbserve bench --baselines static,hf               # + cbserve --batching static, transformers
+    cbserve bench --request-rate 1 2 4 --goodput ttft:2000 tpot:100
+    cbserve bench --dataset random --num-prompts 3 --server localhost:50051
+
+Without --server every cbserve system gets a fresh local stack (scheduler + worker,
+as `make run` starts them), which serves every request rate in turn. transformers'
+generate runs in this process after the stacks are gone, so no two systems ever
+share the CPU. Prints a markdown table (a column per run, ratio columns after) and
+writes results.json, results.md and PNG plots into --out-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import math
+import os
+import platform
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import options
+
+
+@dataclass
+class Column:
+    label: str
+    system: str
+    rate: float
+    timings: list = field(default_factory=list)
+    wall_s: float = 0.0
+    info: dict = field(default_factory=dict)
+
+
+def _machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+def _rate_label(rate: float) -> str:
+    return "all at once" if math.isinf(rate) else f"{rate:g} req/s"
+
+
+def _workload_line(workload: dict, rates: list[float]) -> str:
+    w = workload
+    parts = [
+        f"{w['num_prompts']} {w['dataset']} prompts (seed {w['seed']})",
+        f"{w['total_prompt_tokens']} prompt tokens",
+        f"{w['total_output_tokens']} output tokens asked"
+        + (f" (replies capped at {w['max_output_tokens']})" if w.get("max_output_tokens") else ""),
+        "EOS ignored" if w["ignore_eos"] else "EOS honoured",
+        "greedy" if w["temperature"] == 0 else f"temperature {w['temperature']}",
+        "arrivals: " + ", ".join(_rate_label(rate) for rate in rates),
+    ]
+    if any(not math.isinf(rate) for rate in rates):
+        parts.append(f"burstiness {w['burstiness']:g}")
+    if w.get("max_concurrency"):
+        parts.append(f"max concurrency {w['max_concurrency']}")
+    return "; ".join(parts)
+
+
+def _label(system: str, rate: float, rates: list[float]) -> str:
+    return system if len(rates) == 1 else f"{system} @ {_rate_label(rate)}"
+
+
+def _cbserve_columns(args, requests, settings, system: str, batching: str | None) -> list[Column]:
+    from bench.runner import run_rates
+    from cbserve.local_stack import LocalStack
+
+    if args.server:
+        results = asyncio.run(run_rates(args.server, requests, args.request_rate, settings, system))
+    else:
+        worker, scheduler = options.stack_args(args, batching)
+        print(f"starting a local stack for {system} ...", file=sys.stderr, flush=True)
+        with LocalStack(worker_args=worker, scheduler_args=scheduler) as stack:
+            results = asyncio.run(
+                run_rates(stack.address, requests, args.request_rate, settings, system)
+            )
+    return [
+        Column(
+            _label(system, r.rate, args.request_rate),
+            system,
+            r.rate,
+            r.timings,
+            r.wall_s,
+            {**r.server, **({"batching": batching} if batching else {})},
+        )
+        for r in results
+    ]
+
+
+def _start_failure(system: str, error: Exception) -> str:
+    message = f"{system} not measured: {error}"
+    if system == "static":
+        message += (
+            " (the static baseline runs the scheduler with `--batching static`; a scheduler "
+            "without that flag exits at start, see its message above)"
+        )
+    return message
+
+
+def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
+    columns: list[Column] = []
+    errors: list[str] = []
+    systems = [("cbserve", None)]
+    if "static" in args.baselines:
+        systems.append(("static", "static"))
+    for system, batching in systems:
+        try:
+            columns += _cbserve_columns(args, requests, settings, system, batching)
+        except (RuntimeError, TimeoutError, OSError) as error:
+            errors.append(_start_failure(system, error))
+    if "hf" in args.baselines:
+        from bench import hf_baseline
+
+        label = f"transformers {args.hf_dtype}"
+        try:
+            timings, wall, info = hf_baseline.run(
+                args.model_dir, args.hf_dtype, requests, args.hf_batch_size, settings.progress
+            )
+            columns.append(Column(label, "hf", math.inf, timings, wall, info))
+        except Exception as error:  # a baseline failing must not lose the other results
+            errors.append(f"{label} not measured: {type(error).__name__}: {error}")
+    if "llamacpp" in args.baselines:
+        from bench import llamacpp_baseline
+
+        try:
+            timings, wall, info = llamacpp_baseline.run(args.model_dir, requests, settings)
+            columns.append(Column("llama.cpp", "llamacpp", math.inf, timings, wall, info))
+        except Exception as error:
+            errors.append(f"llama.cpp not measured: {type(error).__name__}: {error}")
+    return columns, errors
+
+
+def _ratios(columns: list[Column]) -> list[tuple[str, str, str]]:
+    """(header, cbserve column, baseline column) for every comparable pair."""
+    ours = {c.rate: c.label for c in columns if c.system == "cbserve"}
+    several = len(ours) > 1
+    pairs = []
+    for column in columns:
+        if column.system == "cbserve" or column.rate not in ours:
+            continue
+        name = {"static": "static", "hf": "transformers", "llamacpp": "llama.cpp"}[column.system]
+        suffix = f" @ {_rate_label(column.rate)}" if several else ""
+        pairs.append((f"cbserve vs {name}{suffix}", ours[column.rate], column.label))
+    return pairs
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    from bench import metrics, plots, report
+    from bench.runner import ClientSettings, short_outputs
+    from bench.workload import describe, make_workload
+    from common.defaults import converted_model_dir
+
+    problem = options.check(args)
+    if problem:
+        print(f"cbserve bench: {problem}", file=sys.stderr)
+        return 2
+    args.model_dir = args.model or converted_model_dir()
+    settings = ClientSettings(
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        seed=args.seed,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        progress=not args.no_progress,
+    )
+    try:
+        requests = make_workload(
+            args.dataset,
+            args.num_prompts,
+            args.seed,
+            args.model_dir,
+            max_output_tokens=args.max_output_tokens,
+            input_len=args.random_input_len,
+            output_len=args.random_output_len,
+        )
+    except (ValueError, RuntimeError, FileNotFoundError) as error:
+        print(f"cbserve bench: {error}", file=sys.stderr)
+        return 2
+    workload = describe(
+        requests,
+        args.dataset,
+        args.seed,
+        max_output_tokens=args.max_output_tokens if args.dataset == "sharegpt" else None,
+        ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+    )
+    print(
+        f"workload: {workload['num_prompts']} {args.dataset} requests, "
+        f"{workload['total_prompt_tokens']} prompt and up to {workload['total_output_tokens']} "
+        f"output tokens; rates: {', '.join(map(_rate_label, args.request_rate))}",
+        file=sys.stderr,
+    )
+    columns, errors = _measure(args, requests, settings)
+    for column in columns:
+        if column.system in ("cbserve", "static") and args.ignore_eos:
+            short = short_outputs(requests, column.timings)
+            if short:
+                print(
+                    f"warning: {column.label}: (request, got, asked) {short[:5]}", file=sys.stderr
+                )
+
+    summaries = {c.label: metrics.summarize(c.timings, c.wall_s, args.goodput) for c in columns}
+    ratios = _ratios(columns)
+    table = report.markdown_table(summaries, ratios)
+    header = [
+        f"Command: `{command}`",
+        f"Date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        "Machine: {cpu}, {cores} cores, Python {python}".format(**_machine()),
+        "Workload: " + _workload_line(workload, args.request_rate),
+    ]
+    print(table)
+    for message in errors:
+        print(f"cbserve bench: {message}", file=sys.stderr)
+
+    out: Path = args.out_dir
+    payload = {
+        "benchmark": "cbserve bench",
+        "command": command,
+        "date": header[1].removeprefix("Date: "),
+        "machine": _machine(),
+        "workload": workload,
+        "goodput_slos_ms": args.goodput,
+        "runs": [
+            {
+                "label": c.label,
+                "system": c.system,
+                "request_rate": None if math.isinf(c.rate) else c.rate,
+                "info": c.info,
+                "summary": summaries[c.label],
+                "requests": metrics.per_request(c.timings),
+            }
+            for c in columns
+        ],
+        "ratios": report.ratio_summary(summaries, ratios),
+        "errors": errors,
+    }
+    report.write_json(out / "results.json", payload)
+    (out / "results.md").write_text("\n\n".join(["\n".join(header), table]) + "\n")
+    written = [out / "results.json", out / "results.md"]
+    if not args.no_plots and columns:
+        curves: dict[str, list[tuple[float, float]]] = {}
+        for c in columns:
+            curves.setdefault(c.system, []).append(
+                (c.rate, summaries[c.label]["output_throughput"])
+            )
+        written += plots.write_plots(
+            out,
+            curves,
+            {c.label: [t.ttft * 1000 for t in c.timings if t.ok] for c in columns},
+            {c.label: [g * 1000 for t in c.timings if t.ok for g in t.itls()] for c in columns},
+        )
+    print("wrote " + ", ".join(str(path) for path in written), file=sys.stderr)
+    return 1 if errors or not columns else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    options.add_arguments(parser)
+    argv = sys.argv[1:] if argv is None else argv
+    return run(parser.parse_args(argv), shlex.join(["cbserve", "bench", *argv]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
