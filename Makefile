@@ -8,8 +8,16 @@ MODEL_DIR ?= .models/SmolLM2-135M-Instruct
 PROTOS := $(wildcard proto/cbserve/v1/*.proto proto/cbserve/worker/v1/*.proto)
 GENERATED := cbserve/v1/generation_pb2.py cbserve/worker/v1/worker_pb2.py
 PYTEST_ARGS ?=
+# The buf CLI (proto lint and breaking-change check) comes from npm into a repo-local,
+# git-ignored folder: nothing global is installed, and everyone runs the pinned version.
+BUF_VERSION ?= 1.75.0
+TOOLS ?= .tools
+BUF := $(TOOLS)/node_modules/.bin/buf
+BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
-.PHONY: env proto model run test test-slow lint format bench clean
+.PHONY: env proto model run test test-slow lint lint-python lint-proto buf
+.PHONY: compose-config deploy-check
+.PHONY: format bench clean
 
 env: $(STAMP)
 
@@ -43,9 +51,50 @@ test: env proto model
 test-slow: env proto model
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
-lint: env proto
+lint: lint-python lint-proto
+
+lint-python: env proto
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+buf: $(BUF_STAMP)
+
+$(BUF_STAMP):
+	@command -v npm >/dev/null || { echo "make: npm is needed for the buf CLI (apt-get install nodejs npm)" >&2; exit 1; }
+	npm install --prefix $(TOOLS) --no-save --no-audit --no-fund --loglevel=error @bufbuild/buf@$(BUF_VERSION)
+	$(BUF) --version
+	touch $@
+
+# buf lint, then buf breaking against the last release tag (v*). A clone without tags
+# (shallow, or tags not fetched) first tries `git fetch --tags`; when there is still
+# no tag, only the breaking check is skipped, with a notice saying so.
+lint-proto: $(BUF_STAMP)
+	$(BUF) lint
+	@tag=$$(git describe --tags --abbrev=0 --match 'v*' 2>/dev/null || { \
+	    GIT_TERMINAL_PROMPT=0 timeout 60 git fetch --quiet --tags >/dev/null 2>&1; \
+	    git describe --tags --abbrev=0 --match 'v*' 2>/dev/null; }); \
+	if [ -z "$$tag" ]; then \
+	  echo "NOTICE: no release tag (v*) in this clone, even after git fetch --tags:" \
+	       "skipping buf breaking (buf lint ran)"; \
+	else \
+	  against="$$(git rev-parse --git-common-dir)#format=git,tag=$$tag,subdir=proto"; \
+	  echo "$(BUF) breaking proto --against '$$against'"; \
+	  $(BUF) breaking proto --against "$$against"; \
+	fi
+
+# Renders every compose file the way Docker would (interpolation, merges, schema) with
+# Debian's docker-compose; no Docker engine is needed.
+compose-config:
+	docker-compose -f docker-compose.yml config --quiet
+	docker-compose -f docker-compose.yml -f docker-compose.gpu.yml config --quiet
+
+# Everything deploy/ and the compose files promise: both compose variants render, the
+# kustomize base and overlays render and every document passes the Kubernetes schemas,
+# the health probe works. The pip line is a no-op once pyproject's dev extra has them.
+DEPLOY_TESTS := tests/test_compose.py tests/test_k8s_manifests.py tests/test_health_probe.py
+deploy-check: env proto compose-config
+	$(PY) -m pip install -q kubernetes-validate==1.37.0 PyYAML==6.0.3
+	$(PY) -m pytest -q $(DEPLOY_TESTS)
 
 format: env
 	$(VENV)/bin/ruff format .
@@ -55,4 +104,4 @@ bench: env proto model
 	$(PY) -m bench.throughput
 
 clean:
-	rm -rf $(VENV) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*
+	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*
