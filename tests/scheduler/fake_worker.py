@@ -2,15 +2,26 @@
 
 It keeps each sequence's tokens, computed count and block table, and raises
 ProtocolViolation on anything a real worker would have to reject or would
-silently get wrong: unknown or duplicate sequence ids, block ids out of range
-or shared between live sequences, a block table too short for the tokens to
-write, more tokens scheduled than a sequence has, step ids out of order. A
-sequence samples a token only when its scheduled tokens reach its end; the
-token comes from a script: a function of (seq_id, output index).
+silently get wrong: unknown or duplicate sequence ids, block ids out of range,
+a block table too short for the tokens to write, more tokens scheduled than a
+sequence has, step ids out of order. A sequence samples a token only when its
+scheduled tokens reach its end; the token comes from a script: a function of
+(seq_id, output index).
+
+It also models the KV pool's contents, so that prefix caching and recompute
+are checkable. The KV written at a position depends on the token there and
+on every token before it (attention), so each slot records that context
+(`SlotKV`). A step that computes positions [computed, end) of a sequence
+writes them into its blocks; before that, the sequence's positions
+[0, computed) must hold exactly its own context, whether a previous step of
+it wrote them or they came from the prefix cache (a sequence that arrives
+with num_computed_tokens > 0). A block held by several live sequences is
+shared KV: writing into it would corrupt the others, so that is a violation.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +33,17 @@ TokenScript = Callable[[int, int], int]
 
 class ProtocolViolation(AssertionError):
     pass
+
+
+@dataclass(frozen=True)
+class SlotKV:
+    """What one KV slot holds: the token written there and its whole context."""
+
+    token_id: int
+    position: int
+    # Python's hash of the tokens up to and including this one: equal for two
+    # sequences exactly when their KV at this position is equal.
+    context: int
 
 
 @dataclass
@@ -56,6 +78,10 @@ class FakeWorker:
         self.sequences: dict[int, FakeSequence] = {}
         self.last_step_id = 0
         self.plans: list[wpb.StepPlan] = []
+        # The pool: kv[block_id][offset]; None until something is written there.
+        self.kv: list[list[SlotKV | None]] = [[None] * block_size for _ in range(num_blocks)]
+        # Slots written so far, for tests that want to see what was (re)computed.
+        self.num_slots_written = 0
 
     def step(self, plan: wpb.StepPlan) -> wpb.StepResult:
         self.plans.append(plan)
@@ -84,15 +110,29 @@ class FakeWorker:
             scheduled.append((cont.seq_id, cont.num_scheduled_tokens))
         seq_ids = [seq_id for seq_id, _ in scheduled]
         self._check(len(set(seq_ids)) == len(seq_ids), f"a sequence twice in step {plan.step_id}")
-        self._check_no_shared_blocks()
+        holders = self._holders()
         result = wpb.StepResult(step_id=plan.step_id)
         for seq_id, num_scheduled in scheduled:
-            self._compute(seq_id, num_scheduled, result)
+            self._compute(seq_id, num_scheduled, holders, result)
         return result
 
-    def _compute(self, seq_id: int, num_scheduled: int, result: wpb.StepResult) -> None:
+    def _holders(self) -> Counter[int]:
+        """How many live sequences hold each block; a table never holds one twice."""
+        holders: Counter[int] = Counter()
+        for seq_id, seq in self.sequences.items():
+            self._check(
+                len(set(seq.block_ids)) == len(seq.block_ids),
+                f"sequence {seq_id} holds a block twice: {seq.block_ids}",
+            )
+            holders.update(seq.block_ids)
+        return holders
+
+    def _compute(
+        self, seq_id: int, num_scheduled: int, holders: Counter[int], result: wpb.StepResult
+    ) -> None:
         seq = self.sequences[seq_id]
-        end = seq.num_computed_tokens + num_scheduled
+        start = seq.num_computed_tokens
+        end = start + num_scheduled
         self._check(num_scheduled >= 1, f"sequence {seq_id}: nothing scheduled")
         self._check(
             end <= len(seq.token_ids),
@@ -102,6 +142,26 @@ class FakeWorker:
             end <= len(seq.block_ids) * self.block_size,
             f"sequence {seq_id}: {len(seq.block_ids)} blocks cannot hold {end} tokens",
         )
+        contexts = _contexts(seq.token_ids[:end])
+        # Attention reads every earlier position: it must be this sequence's KV.
+        for position in range(start):
+            found = self._slot(seq, position)
+            self._check(
+                found == SlotKV(seq.token_ids[position], position, contexts[position]),
+                f"sequence {seq_id}: position {position} (block "
+                f"{seq.block_ids[position // self.block_size]}) holds {found}, not its own KV",
+            )
+        for position in range(start, end):
+            block_id = seq.block_ids[position // self.block_size]
+            self._check(
+                holders[block_id] == 1,
+                f"sequence {seq_id} writes position {position} into block {block_id}, "
+                f"which {holders[block_id]} live sequences share",
+            )
+            self.kv[block_id][position % self.block_size] = SlotKV(
+                seq.token_ids[position], position, contexts[position]
+            )
+            self.num_slots_written += 1
         seq.num_computed_tokens = end
         result.num_tokens += num_scheduled
         if end < len(seq.token_ids):
@@ -121,22 +181,23 @@ class FakeWorker:
                 top_logprobs=[-0.5 - rank for rank in range(len(top))],
             )
 
+    def _slot(self, seq: FakeSequence, position: int) -> SlotKV | None:
+        return self.kv[seq.block_ids[position // self.block_size]][position % self.block_size]
+
     def _check_blocks(self, block_ids: Sequence[int]) -> None:
         for block_id in block_ids:
             self._check(0 <= block_id < self.num_blocks, f"block {block_id} out of range")
-
-    def _check_no_shared_blocks(self) -> None:
-        # No prefix caching yet: a block written by two live sequences is a bug.
-        owners: dict[int, int] = {}
-        for seq_id, seq in self.sequences.items():
-            for block_id in seq.block_ids:
-                self._check(
-                    block_id not in owners,
-                    f"block {block_id} held by sequences {owners.get(block_id)} and {seq_id}",
-                )
-                owners[block_id] = seq_id
 
     @staticmethod
     def _check(condition: bool, message: str) -> None:
         if not condition:
             raise ProtocolViolation(message)
+
+
+def _contexts(token_ids: Sequence[int]) -> list[int]:
+    """Per position, a fingerprint of the tokens up to and including it."""
+    contexts, running = [], 0
+    for token_id in token_ids:
+        running = hash((running, token_id))
+        contexts.append(running)
+    return contexts

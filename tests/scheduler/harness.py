@@ -1,4 +1,9 @@
-"""Drives the real Scheduler against the FakeWorker, one engine step at a time."""
+"""Drives the real Scheduler against the FakeWorker, one engine step at a time.
+
+Like the engine, it takes the requests the scheduler failed (take_failed)
+after every schedule() and keeps their errors; a request gets either one
+final output or one error, never both, never two.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from collections.abc import Sequence
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.defaults import converted_model_dir
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.request import Request, RequestOutput
+from scheduler_svc.request import Request, RequestError, RequestOutput
 from scheduler_svc.sampling_params import SamplingConfig
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.tokenizer import Tokenizer
@@ -21,6 +26,7 @@ EOS = 2  # SmolLM2's <|im_end|>
 THE = 260  # " the": the token a sequence samples when its script runs out
 
 _request_ids = itertools.count()
+_fresh_token_ids = itertools.count()
 
 
 @functools.cache
@@ -33,16 +39,46 @@ def encode(text: str) -> list[int]:
 
 
 def make_request(
-    prompt: int | Sequence[int] = 8, request_id: str | None = None, **sampling
+    prompt: int | Sequence[int] = 8,
+    request_id: str | None = None,
+    *,
+    priority: int = 0,
+    deadline: float | None = None,
+    arrival_time: float = 0.0,
+    **sampling,
 ) -> Request:
-    """A request with `prompt` ids (or that many filler ids) and the given sampling."""
+    """A request with `prompt` ids (or that many filler ids) and the given sampling.
+
+    Filler prompts of equal length are equal, so they share prefix-cache blocks.
+    """
     prompt_ids = list(range(100, 100 + prompt)) if isinstance(prompt, int) else list(prompt)
     sampling.setdefault("temperature", 0.0)
     return Request(
         request_id=request_id or f"req-{next(_request_ids)}",
         prompt_token_ids=prompt_ids,
         sampling=SamplingConfig(**sampling),
+        arrival_time=arrival_time,
+        priority=priority,
+        deadline=deadline,
     )
+
+
+def unique_prompt(length: int) -> list[int]:
+    """Prompt ids no other unique_prompt shares: no prefix-cache hit between them."""
+    return [1000 + next(_fresh_token_ids) % 40000 for _ in range(length)]
+
+
+class FakeClock:
+    """The scheduler's clock, moved by hand so that deadlines are deterministic."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class Harness:
@@ -54,22 +90,28 @@ class Harness:
         num_blocks: int = 64,
         block_size: int = 4,
         max_model_len: int = 256,
+        **config,
     ) -> None:
+        """`config`: further SchedulerConfig fields (prefix caching, bypasses, ...)."""
+        self.clock = FakeClock()
         self.scheduler = Scheduler(
             SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **config
             ),
             num_blocks=num_blocks,
             block_size=block_size,
             max_model_len=max_model_len,
             tokenizer=load_tokenizer(),
             eos_token_ids=(EOS,),
+            clock=self.clock,
         )
         # Tokens each sequence samples, filled in once its request (and seq id) exists.
         self.scripts: dict[int, list[int]] = {}
         self.worker = FakeWorker(num_blocks, block_size, scripted(self.scripts, lambda *_: THE))
         self.outputs: dict[str, list[RequestOutput]] = defaultdict(list)
         self.requests: dict[str, Request] = {}
+        # Errors of the requests the scheduler ended itself (take_failed).
+        self.errors: dict[str, RequestError] = {}
 
     @property
     def block_manager(self):
@@ -83,16 +125,33 @@ class Harness:
 
     def step(self) -> wpb.StepPlan | None:
         """One engine iteration; returns the plan (None if there was nothing to do)."""
-        plan = self.scheduler.schedule()
+        plan = self.schedule()
         if plan is None:
             return None
         result = self.worker.step(plan)
         self.deliver(self.scheduler.update_from_output(plan, result))
         return plan
 
+    def schedule(self) -> wpb.StepPlan | None:
+        """schedule(), then collect the requests it failed, as the engine does."""
+        plan = self.scheduler.schedule()
+        self.collect_failed()
+        return plan
+
+    def collect_failed(self) -> None:
+        for request in self.scheduler.take_failed():
+            assert request.error is not None, f"{request.request_id} failed without an error"
+            assert request.request_id not in self.errors, f"{request.request_id} failed twice"
+            assert not self.finished(request.request_id), f"{request.request_id} had finished"
+            assert request.is_finished and not self.scheduler.block_manager.has_blocks(
+                request.seq_id
+            )
+            self.errors[request.request_id] = request.error
+
     def deliver(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             assert not self.finished(output.request_id), "output after the final one"
+            assert output.request_id not in self.errors, "output after an error"
             self.outputs[output.request_id].append(output)
 
     def run(self, max_steps: int = 1000) -> int:

@@ -33,7 +33,8 @@ def test_abort_mid_prefill_frees_its_blocks_and_tells_the_worker():
     harness = Harness(max_num_batched_tokens=8, num_blocks=16)
     request = harness.add(make_request(prompt=30, max_tokens=4))
     harness.step()
-    assert request.num_computed_tokens == 8 and harness.block_manager.num_used_blocks == 2
+    # Admission took blocks for the whole prompt: 30 tokens in blocks of 4.
+    assert request.num_computed_tokens == 8 and harness.block_manager.num_used_blocks == 8
     harness.scheduler.abort_request(request.request_id)
     _assert_gone(harness, request)
     assert harness.block_manager.num_used_blocks == 0
@@ -112,16 +113,20 @@ def test_abort_is_safe_for_unknown_finished_and_repeated_ids():
 
 
 def test_an_abort_makes_room_for_a_waiting_request():
-    # The reservation keeps `waiting` out until `hog` is gone.
+    # `hog` fills 7 of the 8 blocks with its prompt and takes the last one when
+    # it decodes; `waiting` needs 2 and has the same priority, so nothing is
+    # preempted for it: it waits until the abort gives the blocks back.
     harness = Harness(num_blocks=8, block_size=4)
-    hog = harness.add(make_request(prompt=4, max_tokens=28))
-    waiting = harness.add(make_request(prompt=4, max_tokens=8))
+    hog = harness.add(make_request(prompt=28, max_tokens=4))
+    waiting = harness.add(make_request(prompt=list(range(500, 508)), max_tokens=8))
     harness.step()
     harness.step()
     assert waiting.status is RequestStatus.WAITING
+    assert harness.block_manager.num_free_blocks == 0
     harness.scheduler.abort_request(hog.request_id)
     plan = harness.step()
     assert list(plan.finished_seq_ids) == [hog.seq_id]
     assert [seq.seq_id for seq in plan.new_sequences] == [waiting.seq_id]
     harness.run()
     assert harness.final(waiting.request_id).completion_tokens == 8
+    assert hog.num_preemptions == 0

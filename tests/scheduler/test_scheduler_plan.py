@@ -12,7 +12,7 @@ import pytest
 from cbserve.worker.v1 import worker_pb2 as wpb
 from scheduler_svc.request import RequestStatus
 
-from .harness import EOS, Harness, make_request
+from .harness import EOS, Harness, make_request, unique_prompt
 
 
 def _scheduled(plan: wpb.StepPlan) -> dict[int, int]:
@@ -68,10 +68,10 @@ def test_budget_splits_a_long_prompt_over_several_steps():
     for _ in range(3):
         plan = harness.step()
         chunks.append(_scheduled(plan)[request.seq_id])
-        # Blocks follow the computed tokens, not the whole prompt.
-        assert len(harness.block_manager.block_table(request.seq_id)) == -(
-            -request.num_computed_tokens // 4
-        )
+        # Admission gave blocks for the whole prompt at once, so that a request
+        # in the middle of its prefill never needs a block (nor a preemption).
+        assert len(harness.block_manager.block_table(request.seq_id)) == 10
+        assert all(not seq.new_block_ids for seq in plan.continuing_sequences)
     assert chunks == [16, 16, 8]
     assert len(plan.new_sequences) == 0
     # No token and no output until the last chunk.
@@ -81,9 +81,9 @@ def test_budget_splits_a_long_prompt_over_several_steps():
 
 def test_decodes_keep_flowing_beside_a_chunked_prefill():
     harness = Harness(max_num_batched_tokens=16, max_num_seqs=4)
-    decoder = harness.add(make_request(prompt=4, max_tokens=20))
+    decoder = harness.add(make_request(prompt=unique_prompt(4), max_tokens=20))
     harness.step()
-    long = harness.add(make_request(prompt=50, max_tokens=2))
+    long = harness.add(make_request(prompt=unique_prompt(50), max_tokens=2))
     for _ in range(3):
         plan = harness.step()
         # One step mixes a decode and a prefill chunk that takes the rest of the budget.
@@ -97,9 +97,9 @@ def test_decodes_keep_flowing_beside_a_chunked_prefill():
 
 def test_waiting_requests_are_admitted_in_arrival_order_inside_the_budget():
     harness = Harness(max_num_batched_tokens=10, max_num_seqs=4)
-    first = harness.add(make_request(prompt=6, max_tokens=4))
-    second = harness.add(make_request(prompt=6, max_tokens=4))
-    third = harness.add(make_request(prompt=6, max_tokens=4))
+    first, second, third = (
+        harness.add(make_request(prompt=unique_prompt(6), max_tokens=4)) for _ in range(3)
+    )
     plan = harness.step()
     # The second is admitted with the 4 tokens left; the third must wait.
     assert _scheduled(plan) == {first.seq_id: 6, second.seq_id: 4}
@@ -135,39 +135,28 @@ def test_a_budget_smaller_than_max_num_seqs_caps_the_running_requests_too():
     assert all(harness.final(r.request_id).completion_tokens == 5 for r in requests)
 
 
-def test_a_request_that_does_not_fit_beside_the_running_ones_waits_then_runs():
-    # 8 blocks of 4 tokens. The first request may grow to 4 + 19 = 23 KV tokens
-    # (6 blocks) but holds 1 block now; the second needs 3 blocks. Only 2 are
-    # not reserved, so the second waits although 7 blocks are free.
+def test_a_request_that_does_not_fit_waits_until_blocks_come_back_then_runs():
+    # 8 blocks of 4 tokens: `first` takes 6 of them for its prompt, `second`
+    # needs 3 for its own, so it waits (a request of the same priority is
+    # never preempted to admit another) until `first` finishes.
     harness = Harness(num_blocks=8, block_size=4)
-    first = harness.add(make_request(prompt=4, max_tokens=20))
-    second = harness.add(make_request(prompt=4, max_tokens=8))
+    first = harness.add(make_request(prompt=24, max_tokens=6))
+    second = harness.add(make_request(prompt=list(range(500, 510)), max_tokens=8))
     harness.step()
-    assert harness.block_manager.num_free_blocks == 7
+    assert harness.block_manager.num_free_blocks == 2
     assert second.status is RequestStatus.WAITING
-    # It waits as long as the first runs, then gets in.
     steps = 1
     while first.status is RequestStatus.RUNNING:
         plan = harness.step()
         steps += 1
         assert second.seq_id not in _scheduled(plan)
-    assert steps == 20
+    assert steps == 6 and first.num_preemptions == 0
     plan = harness.step()
     assert second.seq_id in _scheduled(plan)
     harness.run()
     assert harness.final(second.request_id).completion_tokens == 8
-    assert harness.block_manager.num_free_blocks == 8
-
-
-def test_the_head_of_the_queue_blocks_later_requests_that_would_fit():
-    harness = Harness(num_blocks=8, block_size=4)
-    harness.add(make_request(prompt=4, max_tokens=20))
-    big = harness.add(make_request(prompt=4, max_tokens=12))
-    small = harness.add(make_request(prompt=1, max_tokens=1))
-    harness.step()
-    # First come, first served: `small` would fit, but waits behind `big`.
-    assert big.status is RequestStatus.WAITING
-    assert small.status is RequestStatus.WAITING
+    assert harness.block_manager.num_used_blocks == 0
+    assert harness.scheduler.stats.num_preemptions == 0
 
 
 def test_step_ids_increase_and_a_plan_must_be_answered_before_the_next():
@@ -206,10 +195,17 @@ def test_add_request_refuses_what_could_never_run(harness):
         harness.add(make_request(prompt=4, request_id="dup"))
     with pytest.raises(ValueError, match="prompt must have"):
         harness.add(make_request(prompt=[]))
-    with pytest.raises(ValueError, match="KV blocks"):
-        Harness(num_blocks=2, block_size=4).add(make_request(prompt=4, max_tokens=6))
-    # Exactly the whole pool is fine: the last sampled token needs no KV.
-    Harness(num_blocks=2, block_size=4).add(make_request(prompt=4, max_tokens=5))
+    with pytest.raises(ValueError, match="prompt must have"):
+        harness.add(make_request(prompt=256))
+    # Only the prompt is checked here: a prompt that fills the whole pool is
+    # accepted, whatever max_tokens says (the gRPC layer refuses prompt +
+    # max_tokens over the pool; a request that grows too long fails later
+    # with RESOURCE_EXHAUSTED, see test_scheduler_preemption).
+    small = Harness(num_blocks=2, block_size=4)
+    with pytest.raises(ValueError, match="needs 3 KV blocks, the pool has 2"):
+        small.add(make_request(prompt=9, max_tokens=1))
+    request = small.add(make_request(prompt=8, max_tokens=100))
+    assert request.status is RequestStatus.WAITING and small.scheduler.num_waiting == 1
 
 
 def test_a_finished_id_can_be_reused(harness):
