@@ -9,7 +9,9 @@ with the same leading tokens can take it instead of recomputing it.
 Freed blocks keep their contents and hash: they sit in one free list in
 least-recently-freed order and are either found again by hash (a hit takes
 them off the list) or, when fresh blocks are needed, evicted from the front
-of the list. So every block is exactly one of:
+of the list. Freed blocks without a hash (a sequence's partial last block)
+go to the front instead: reusing them loses nothing, so no cached prefix is
+evicted while one of them is left. So every block is exactly one of:
   used    ref_count > 0 (held by live sequences, possibly several),
   cached  free, still findable by hash,
   empty   free, no hash.
@@ -46,7 +48,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks = [Block(block_id) for block_id in range(num_blocks)]
-        # Free blocks, least recently freed first (evicted first).
+        # Free blocks, taken from the front: empty ones, then cached ones least
+        # recently freed first (evicted first).
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._block_tables: dict[int, list[int]] = {}
@@ -224,6 +227,8 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block_id] = None
+                if block.block_hash is None:
+                    self._free.move_to_end(block_id, last=False)
 
     def _take_free_block(self) -> int:
         block_id, _ = self._free.popitem(last=False)
