@@ -11,6 +11,7 @@ table and JSON are still written.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 MISSING = "plots skipped: matplotlib is not installed (.venv/bin/pip install matplotlib)"
@@ -87,7 +88,7 @@ def write_plots(
     """Writes what applies; returns the files written. Prints why when it cannot."""
     plt = _pyplot()
     if plt is None:
-        print(MISSING)
+        print(MISSING, file=sys.stderr)  # stdout carries only the table
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
