@@ -20,6 +20,7 @@ it samples a token it needs no new block, and it may not be preempted.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -126,7 +127,11 @@ class AdmissionQueue:
         step.failed.append(request)
 
     def admit_by_priority(self, step: StepState) -> None:
-        """Admits waiting requests that outrank running ones, preempting those."""
+        """Admits waiting requests that outrank running ones, preempting those.
+
+        Only when that makes room: the fewest victims (worst first) after whose
+        preemption the candidate fits, or none at all.
+        """
         while True:
             candidate = next((r for r in self.waiting if r not in step.preempted), None)
             if candidate is None or not self.running:
@@ -136,28 +141,46 @@ class AdmissionQueue:
             hits = self._cached_prefix(candidate)
             if self._fits(candidate, hits) and len(self.running) < self.config.max_running_seqs:
                 return  # admitted the ordinary way, in this step's last pass
-            victims = []
-            freeable = self.blocks.num_free_blocks
-            for request in reversed(self.running):
-                if request.priority <= candidate.priority:
-                    break
-                if request.sampled_since_admission:
-                    victims.append(request)
-                    table = self.blocks.block_table(request.seq_id)
-                    freeable += sum(1 for b in table if self.blocks.ref_count(b) == 1)
-            seats = self.config.max_running_seqs - len(self.running) + len(victims)
-            needed = self.blocks.blocks_needed(candidate.num_tokens) - len(hits)
-            if seats < 1 or freeable < needed + self._watermark_blocks:
+            victims = self._victims_making_room(candidate, hits)
+            if victims is None:
                 return  # preempting everything allowed would still not make room
             for victim in victims:
                 self._preempt(victim, step)
-                if self._fits(candidate, hits) and len(self.running) < (
-                    self.config.max_running_seqs
-                ):
-                    break
-            if not self._fits(candidate, hits):
-                return
+            assert self._fits(candidate, hits), "preemption did not make the room it counted on"
             self._admit(candidate, hits)
+
+    def _victims_making_room(self, candidate: Request, hits: list[int]) -> list[Request] | None:
+        # Blocks the victims would give back, per block: one is freed once
+        # every holder is a victim (blocks shared by two victims count too).
+        released: Counter[int] = Counter()
+        victims: list[Request] = []
+        for request in reversed(self.running):
+            if request.priority <= candidate.priority:
+                return None
+            if not request.sampled_since_admission:
+                continue  # protected until it has made progress
+            victims.append(request)
+            released.update(self.blocks.block_table(request.seq_id))
+            if self._fits_after_release(candidate, hits, released, len(victims)):
+                return victims
+        return None
+
+    def _fits_after_release(
+        self, request: Request, hits: list[int], released: Counter[int], num_victims: int
+    ) -> bool:
+        """What _fits would answer once the victims' blocks are released."""
+        num_running = len(self.running) - num_victims
+        if num_running >= self.config.max_running_seqs:
+            return False
+        free = self.blocks.num_free_blocks + sum(
+            1 for b, count in released.items() if self.blocks.ref_count(b) == count
+        )
+        # A hit that nobody holds any more is taken off the free list too
+        # (the estimate this replaces forgot that and preempted in vain).
+        free -= sum(1 for b in hits if self.blocks.ref_count(b) == released[b])
+        fresh = self.blocks.blocks_needed(request.num_tokens) - len(hits)
+        watermark = self._watermark_blocks if num_running else 0
+        return fresh + watermark <= free
 
     # -- admission -----------------------------------------------------------------------
 
@@ -176,14 +199,18 @@ class AdmissionQueue:
                 continue
             hits = self._cached_prefix(request)
             if not self._fits(request, hits):
-                bypassed.append(request)
                 if request.num_bypassed >= self.config.max_bypasses:
                     return  # its turn: nothing behind it may pass any more
+                bypassed.append(request)
                 continue
             self._admit(request, hits)
             for waiting in bypassed:
                 waiting.num_bypassed += 1
             yield request
+            # Checked after every admission, not only when the pass reaches a
+            # bypassed request: else one pass could admit any number past it.
+            if any(w.num_bypassed >= self.config.max_bypasses for w in bypassed):
+                return
 
     def _cached_prefix(self, request: Request) -> list[int]:
         if not self.blocks.enable_prefix_caching:

@@ -4,7 +4,8 @@ One Scheduler per worker. Each step, `schedule()` fills a token budget
 (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`) in three passes:
 
 1. Priority: a waiting request of strictly better priority than some running
-   ones, that does not fit, preempts enough of them to fit and is admitted.
+   ones, that does not fit, preempts the fewest of them (worst first) that
+   makes it fit and is admitted; if even all of them would not, none is.
 2. Running requests, best first (priority, then arrival): one decode token
    each or their next prefill chunk (chunked prefill, so decodes keep flowing
    beside a long prompt). A request that needs a block when none is free
