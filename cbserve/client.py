@@ -26,15 +26,21 @@ def build_request(
     token_ids: Sequence[int] | None = None,
     chat: Sequence[Message] | None = None,
     request_id: str = "",
+    priority: int = 0,
     **sampling,
 ) -> pb.GenerateRequest:
-    """One of prompt, token_ids or chat; chat turns are (role, content) or {"role", "content"}."""
+    """One of prompt, token_ids or chat; chat turns are (role, content) or {"role", "content"}.
+
+    Lower priority values run first; other keyword arguments are SamplingParams fields.
+    """
     given = [value is not None for value in (prompt, token_ids, chat)]
     if sum(given) != 1:
         raise ValueError("pass exactly one of prompt, token_ids or chat")
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
-    request = pb.GenerateRequest(request_id=request_id, sampling=pb.SamplingParams(**sampling))
+    request = pb.GenerateRequest(
+        request_id=request_id, priority=priority, sampling=pb.SamplingParams(**sampling)
+    )
     if prompt is not None:
         request.prompt = prompt
     elif token_ids is not None:

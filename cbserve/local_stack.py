@@ -14,7 +14,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
+
+from common.metrics import parse_samples
 
 READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 10.0
@@ -91,6 +94,8 @@ class LocalStack:
 
     num_workers: int = 1
     scheduler_port: int = 0
+    # Where the scheduler serves /metrics; a free port unless given.
+    metrics_port: int = 0
     worker_ports: list[int] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
@@ -100,12 +105,22 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.scheduler_port = self.scheduler_port or free_port()
+        self.metrics_port = self.metrics_port or free_port()
         while len(self.worker_ports) < self.num_workers:
             self.worker_ports.append(free_port())
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.scheduler_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def metrics(self, timeout_s: float = 5.0) -> dict[str, float]:
+        """The scheduler's current metrics: sample (with labels, as written) -> value."""
+        with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as response:
+            return parse_samples(response.read().decode())
 
     def start(self) -> LocalStack:
         try:
@@ -124,6 +139,7 @@ class LocalStack:
                 worker.wait_ready()
             argv = [sys.executable, "-m", "scheduler_svc", "--host", self.host]
             argv += ["--port", str(self.scheduler_port)]
+            argv += ["--metrics-port", str(self.metrics_port)]
             for port in self.worker_ports:
                 argv += ["--worker", f"{self.host}:{port}"]
             self.scheduler = ChildProcess("scheduler", argv + self.scheduler_args)

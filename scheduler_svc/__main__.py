@@ -17,10 +17,12 @@ import uvloop
 
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
-from common.defaults import DEFAULT_SCHEDULER_PORT, default_model_path
+from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, default_model_path
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
-from scheduler_svc.config import SchedulerConfig
+from common.metrics_server import MetricsServer
+from scheduler_svc.config import BATCHING_MODES, SchedulerConfig
+from scheduler_svc.metrics import build_scheduler_metrics
 from scheduler_svc.server import GenerationService
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.worker_client import WorkerLost
@@ -63,6 +65,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="token budget of one step; longer prompts are prefilled in chunks",
     )
     parser.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=defaults.max_waiting_requests,
+        help="requests queued across all workers before Generate answers RESOURCE_EXHAUSTED "
+        f"(default {defaults.max_waiting_requests})",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_prefix_caching,
+        help="share the KV of equal prompt prefixes between requests (default on)",
+    )
+    parser.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        default=defaults.batching,
+        help="continuous (default): requests join and leave at every step; static: a batch "
+        "runs until all its requests finish before new ones join (a baseline)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help=f"serve Prometheus metrics at http://HOST:PORT/metrics (default "
+        f"{DEFAULT_METRICS_PORT}; 0 picks a free port, -1 turns metrics off)",
+    )
+    parser.add_argument(
         "--worker-connect-timeout",
         type=float,
         default=120.0,
@@ -75,14 +104,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def serve(args: argparse.Namespace) -> None:
     try:
         config = SchedulerConfig(
-            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_waiting_requests=args.max_waiting_requests,
+            enable_prefix_caching=args.enable_prefix_caching,
+            batching=args.batching,
         )
         tokenizer = Tokenizer(args.tokenizer or default_model_path())
         server, health, _ = create_server(f"{args.host}:{args.port}")
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
     pool = WorkerPool(args.worker, config, tokenizer)
-    pb_grpc.add_GenerationServicer_to_server(GenerationService(pool, tokenizer), server)
+    service = GenerationService(pool, tokenizer, config.max_waiting_requests)
+    pb_grpc.add_GenerationServicer_to_server(service, server)
+    metrics = None
+    if args.metrics_port >= 0:
+        metrics = MetricsServer(build_scheduler_metrics(pool), args.host, args.metrics_port)
+        try:
+            await metrics.start()
+        except OSError as error:
+            raise StartupError(f"metrics port {args.metrics_port}: {error.strerror}") from error
     enable_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
@@ -97,6 +138,7 @@ async def serve(args: argparse.Namespace) -> None:
         f"scheduler ready on {args.host}:{args.port} workers={','.join(args.worker)} "
         f"model={engines[0].client.description.model_name} "
         f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}"
+        + (f" metrics_port={metrics.port}" if metrics else "")
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -106,6 +148,8 @@ async def serve(args: argparse.Namespace) -> None:
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.stop(grace=2.0)
     await pool.stop()
+    if metrics is not None:
+        await metrics.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

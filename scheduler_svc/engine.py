@@ -9,6 +9,7 @@ asyncio.Queue, which its Generate handler drains.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import grpc
@@ -18,6 +19,7 @@ from common.errors import ServiceError
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.request import Request, RequestOutput
 from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.validation import ValidatedRequest
 from scheduler_svc.worker_client import WorkerClient, WorkerLost
@@ -39,6 +41,8 @@ class WorkerEngine:
         self.scheduler: Scheduler | None = None
         self.connected = False
         self.steps = 0
+        # Counters that survive the scheduler being rebuilt after a reconnect.
+        self.stats = SchedulerStats()
         self._queues: dict[str, asyncio.Queue[StreamItem]] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -52,6 +56,26 @@ class WorkerEngine:
     @property
     def load(self) -> int:
         return len(self._queues)
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running if self.scheduler else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting if self.scheduler else 0
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.scheduler.block_manager.num_blocks if self.scheduler else 0
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.scheduler.block_manager.num_used_blocks if self.scheduler else 0
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.scheduler.block_manager.num_cached_blocks if self.scheduler else 0
 
     async def start(self, connect_timeout_s: float) -> None:
         """Connects (raising WorkerLost after the timeout) and starts the loop."""
@@ -68,10 +92,14 @@ class WorkerEngine:
             max_model_len=description.max_model_len,
             tokenizer=self.tokenizer,
             eos_token_ids=self.tokenizer.eos_token_ids,
+            stats=self.stats,
         )
         self.connected = True
 
-    def submit(self, validated: ValidatedRequest) -> asyncio.Queue[StreamItem]:
+    def submit(
+        self, validated: ValidatedRequest, deadline: float | None = None
+    ) -> asyncio.Queue[StreamItem]:
+        """Queues a request; deadline is a time.monotonic() value (its gRPC deadline)."""
         if not self.connected or self.scheduler is None:
             raise ServiceError(
                 f"worker {self.address} is not connected", grpc.StatusCode.UNAVAILABLE
@@ -81,6 +109,8 @@ class WorkerEngine:
             prompt_token_ids=list(validated.prompt_token_ids),
             sampling=validated.sampling,
             arrival_time=time.monotonic(),
+            priority=validated.priority,
+            deadline=deadline,
         )
         try:
             self.scheduler.add_request(request)
@@ -112,9 +142,10 @@ class WorkerEngine:
     async def _run(self) -> None:
         while True:
             plan = self.scheduler.schedule()
+            self._deliver_failures()
             if plan is None:
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                await self._sleep_until_woken_or(self._next_deadline())
                 continue
             try:
                 result = await self.client.step(plan)
@@ -129,6 +160,28 @@ class WorkerEngine:
             self.steps += 1
             for output in outputs:
                 self._deliver(output)
+            self._deliver_failures()
+
+    def _next_deadline(self) -> float | None:
+        deadlines = [
+            request.deadline
+            for request in (*self.scheduler.waiting, *self.scheduler.running)
+            if request.deadline is not None
+        ]
+        return min(deadlines, default=None)
+
+    async def _sleep_until_woken_or(self, deadline: float | None) -> None:
+        """Idle until a request arrives or leaves, or a queued request's deadline passes."""
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    def _deliver_failures(self) -> None:
+        """Ends the streams of requests the scheduler failed (deadline, pool too small)."""
+        for request in self.scheduler.take_failed():
+            queue = self._queues.pop(request.request_id, None)
+            if queue is not None:
+                queue.put_nowait(ServiceError(request.error.message, request.error.code))
 
     def _deliver(self, output: RequestOutput) -> None:
         queue = self._queues.get(output.request_id)

@@ -8,6 +8,8 @@ blocks are freed at the next step.
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import structlog
 
@@ -54,10 +56,21 @@ def to_response(output: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateRespo
     return response
 
 
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's gRPC deadline as a time.monotonic() value, if the client set one."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return time.monotonic() + remaining
+
+
 class GenerationService(pb_grpc.GenerationServicer):
-    def __init__(self, pool: WorkerPool, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self, pool: WorkerPool, tokenizer: Tokenizer, max_waiting_requests: int = 1024
+    ) -> None:
         self.pool = pool
         self.tokenizer = tokenizer
+        self.max_waiting_requests = max_waiting_requests
         self._in_flight: set[str] = set()
 
     def _limits(self) -> ModelLimits:
@@ -75,8 +88,14 @@ class GenerationService(pb_grpc.GenerationServicer):
                     f"request_id {validated.request_id!r} is already in flight; use a unique id",
                     grpc.StatusCode.ALREADY_EXISTS,
                 )
+            if self.pool.num_waiting >= self.max_waiting_requests:
+                raise ServiceError(
+                    f"{self.pool.num_waiting} requests are already queued (the limit, "
+                    "--max-waiting-requests); retry later with backoff",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                )
             engine = self.pool.pick(len(validated.prompt_token_ids) + validated.sampling.max_tokens)
-            queue = engine.submit(validated)
+            queue = engine.submit(validated, _deadline(context))
         except ServiceError as error:
             await context.abort(error.code, error.message)
         request_id = validated.request_id

@@ -36,6 +36,8 @@ class ValidatedRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingConfig
+    # Lower runs first; any int32 is allowed.
+    priority: int = 0
 
 
 def _request_id(request: pb.GenerateRequest) -> str:
@@ -119,4 +121,4 @@ def validate_request(
             )
     prompt_ids = _prompt_token_ids(request, tokenizer, limits.vocab_size)
     sampling = _fit_max_tokens(sampling, len(prompt_ids), limits)
-    return ValidatedRequest(request_id, tuple(prompt_ids), sampling)
+    return ValidatedRequest(request_id, tuple(prompt_ids), sampling, request.priority)

@@ -26,6 +26,11 @@ class WorkerPool:
     async def stop(self) -> None:
         await asyncio.gather(*(engine.stop() for engine in self.engines))
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued on every worker, not yet running."""
+        return sum(engine.num_waiting for engine in self.engines)
+
     def connected_engines(self) -> list[WorkerEngine]:
         return [engine for engine in self.engines if engine.connected]
 
