@@ -1,1 +1,1 @@
-"""Benchmarks: the cbserve serving benchmark and transformers' static-batch baseline."""
+"""The serving benchmark (`cbserve bench`, bench.serve) and its baselines."""

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 BASELINES = ("static", "hf", "llamacpp")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _rates(text: str) -> list[float]:
@@ -87,8 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "hf (transformers generate), llamacpp (if llama_cpp is importable)",
     )
     target.add_argument("--model", type=Path, default=None, help="HF model directory")
-    target.add_argument("--dtype", default="float32", help="worker and transformers dtype")
-    target.add_argument("--hf-dtype", default=None, help="transformers' dtype (default --dtype)")
+    target.add_argument("--dtype", choices=DTYPES, default="float32", help="worker, transformers")
+    target.add_argument("--hf-dtype", choices=DTYPES, default=None, help="default: --dtype")
     target.add_argument("--hf-batch-size", type=int, default=64)
     target.add_argument("--max-num-seqs", type=int, default=None)
     target.add_argument("--max-num-batched-tokens", type=int, default=None)
