@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("what is measured")
     target.add_argument("--server", default=None, metavar="HOST:PORT", help="a running stack")
     target.add_argument(
+        "--metrics-url", default=None, help="its scheduler's /metrics, read around each rate"
+    )
+    target.add_argument(
         "--baselines",
         type=_baselines,
         default=[],

@@ -21,6 +21,7 @@ COUNTS = [
     ("duration_s", "Duration (s)"),
     ("total_input_tokens", "Total input tokens"),
     ("total_output_tokens", "Total output tokens"),
+    ("preemptions", "Preemptions (server)"),
 ]
 RATES = [
     ("request_throughput", "Request throughput (req/s)"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,6 +40,29 @@ class RateResult:
     timings: list[RequestTiming]
     wall_s: float
     server: dict = field(default_factory=dict)
+    # How much each server counter grew during this rate (preemptions, cache hits...).
+    server_counters: dict[str, float] = field(default_factory=dict)
+
+
+Scrape = Callable[[], dict[str, float]]
+
+
+def _safe_scrape(scrape: Scrape | None) -> dict[str, float]:
+    if scrape is None:
+        return {}
+    try:
+        return scrape()
+    except OSError:  # no metrics endpoint: the run is still worth reporting
+        return {}
+
+
+def counter_growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """How much every counter (and histogram sum and count) grew between two scrapes."""
+    grown = {}
+    for name, value in after.items():
+        if name.split("{", 1)[0].endswith(("_total", "_sum", "_count")):
+            grown[name] = value - before.get(name, 0.0)
+    return grown
 
 
 async def stream_one(
@@ -101,8 +125,10 @@ async def run_rates(
     rates: list[float],
     settings: ClientSettings,
     system: str,
+    scrape: Scrape | None = None,
 ) -> list[RateResult]:
-    """Every rate, one after another, on one connection to one server."""
+    """Every rate, one after another, on one connection to one server; `scrape` reads
+    the server's metrics, before and after each rate."""
     async with AsyncClient(address) as client:
         info = await client.model_info(timeout=30.0)
         server = {
@@ -111,15 +137,17 @@ async def run_rates(
             "kv_capacity_tokens": info.kv_capacity_tokens,
         }
         # One short request first: the first step pays one-time costs that are no
-        # part of serving (allocator growth, lazy imports, thread pools).
-        await client.complete(
-            token_ids=requests[0].prompt_token_ids, max_tokens=4, temperature=0, timeout=120
-        )
+        # part of serving (allocator growth, lazy imports, thread pools). Its prompt is
+        # shorter than a KV block, so it leaves nothing in the prefix cache that a
+        # workload prompt could hit (vLLM warms up with the first workload prompt).
+        await client.complete(prompt="Warm-up.", max_tokens=4, temperature=0, timeout=120)
         results = []
         for rate in rates:
             label = f"{system}, {describe_rate(rate, settings.burstiness)}"
+            before = _safe_scrape(scrape)
             timings, wall = await _run_one_rate(client, requests, rate, settings, label)
-            results.append(RateResult(rate, timings, wall, server))
+            grown = counter_growth(before, _safe_scrape(scrape))
+            results.append(RateResult(rate, timings, wall, server, grown))
     return results
 
 

@@ -6,9 +6,10 @@
     cbserve bench --dataset random --num-prompts 3 --server localhost:50051
 
 Without --server every cbserve system gets a fresh local stack (scheduler + worker,
-as `make run` starts them), which serves every request rate in turn. transformers'
-generate runs in this process after the stacks are gone, so no two systems ever
-share the CPU. Prints a markdown table (a column per run, ratio columns after) and
+as `make run` starts them) for each request rate. With --server all rates go to the
+one server in turn, so a later rate may find earlier prompts in its prefix cache.
+transformers' generate runs in this process after the stacks are gone, so no two
+systems ever share the CPU. Prints a markdown table (a column per run, ratio columns after) and
 writes results.json, results.md and PNG plots into --out-dir.
 """
 
@@ -22,10 +23,15 @@ import os
 import platform
 import shlex
 import sys
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import options
+
+# The server counter the table shows: a preempted request is recomputed, so its count
+# explains throughput that a small KV pool lost.
+PREEMPTIONS = "cbserve_num_preemptions_total"
 
 
 @dataclass
@@ -76,19 +82,36 @@ def _label(system: str, rate: float, rates: list[float]) -> str:
     return system if len(rates) == 1 else f"{system} @ {_rate_label(rate)}"
 
 
+def _url_scrape(url: str):
+    def scrape() -> dict[str, float]:
+        from common.metrics import parse_samples
+
+        with urllib.request.urlopen(url, timeout=5.0) as response:
+            return parse_samples(response.read().decode())
+
+    return scrape
+
+
 def _cbserve_columns(args, requests, settings, system: str, batching: str | None) -> list[Column]:
     from bench.runner import run_rates
     from cbserve.local_stack import LocalStack
 
+    rates = args.request_rate
     if args.server:
-        results = asyncio.run(run_rates(args.server, requests, args.request_rate, settings, system))
+        scrape = _url_scrape(args.metrics_url) if args.metrics_url else None
+        results = asyncio.run(run_rates(args.server, requests, rates, settings, system, scrape))
     else:
+        # A fresh stack per rate: the prefix cache (on by default) would otherwise serve
+        # the second rate's prompts from the first rate's blocks.
         worker, scheduler = options.stack_args(args, batching)
-        print(f"starting a local stack for {system} ...", file=sys.stderr, flush=True)
-        with LocalStack(worker_args=worker, scheduler_args=scheduler) as stack:
-            results = asyncio.run(
-                run_rates(stack.address, requests, args.request_rate, settings, system)
-            )
+        results = []
+        for rate in rates:
+            print(f"starting a local stack for {system} ...", file=sys.stderr, flush=True)
+            with LocalStack(worker_args=worker, scheduler_args=scheduler) as stack:
+                scrape = getattr(stack, "metrics", None)
+                results += asyncio.run(
+                    run_rates(stack.address, requests, [rate], settings, system, scrape)
+                )
     return [
         Column(
             _label(system, r.rate, args.request_rate),
@@ -96,7 +119,11 @@ def _cbserve_columns(args, requests, settings, system: str, batching: str | None
             r.rate,
             r.timings,
             r.wall_s,
-            {**r.server, **({"batching": batching} if batching else {})},
+            {
+                **r.server,
+                **({"batching": batching} if batching else {}),
+                "server_counters": r.server_counters,
+            },
         )
         for r in results
     ]
@@ -217,6 +244,10 @@ def run(args: argparse.Namespace, command: str) -> int:
                 )
 
     summaries = {c.label: metrics.summarize(c.timings, c.wall_s, args.goodput) for c in columns}
+    for c in columns:
+        counters = c.info.get("server_counters", {})
+        if PREEMPTIONS in counters:
+            summaries[c.label]["preemptions"] = int(counters[PREEMPTIONS])
     ratios = _ratios(columns)
     table = report.markdown_table(summaries, ratios)
     header = [

@@ -7,7 +7,13 @@ import asyncio
 import grpc
 import pytest
 
-from bench.runner import ClientSettings, _run_one_rate, short_outputs, stream_one
+from bench.runner import (
+    ClientSettings,
+    _run_one_rate,
+    counter_growth,
+    short_outputs,
+    stream_one,
+)
 from bench.workload import BenchRequest
 from cbserve.v1 import generation_pb2 as pb
 
@@ -82,3 +88,13 @@ def test_short_outputs_names_requests_that_stopped_early():
         _run_one_rate(client, requests(2, 2), float("inf"), ClientSettings(progress=False), "x")
     )
     assert short_outputs(requests(2, 3), timings) == [(0, 2, 3), (1, 2, 3)]
+
+
+def test_counter_growth_keeps_counters_and_histogram_totals_only():
+    before = {"a_total": 1.0, 'b_seconds_sum{worker="0"}': 2.0, "queue": 5.0}
+    after = {"a_total": 4.0, 'b_seconds_sum{worker="0"}': 2.5, "b_seconds_count": 3.0, "queue": 1}
+    assert counter_growth(before, after) == {
+        "a_total": 3.0,
+        'b_seconds_sum{worker="0"}': 0.5,
+        "b_seconds_count": 3.0,
+    }

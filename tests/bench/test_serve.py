@@ -34,7 +34,7 @@ class FakeStack:
         pass
 
 
-async def fake_run_rates(address, requests, rates, settings, system):
+async def fake_run_rates(address, requests, rates, settings, system, scrape=None):
     step = 0.01 if system == "cbserve" else 0.03  # static three times slower
     results = []
     for rate in rates:
@@ -43,7 +43,8 @@ async def fake_run_rates(address, requests, rates, settings, system):
             for r in requests
         ]
         wall = max(t.chunks[-1][0] for t in timings)
-        results.append(RateResult(rate, timings, wall, {"model": "fake"}))
+        counters = {"cbserve_num_preemptions_total": 2.0} if system == "static" else {}
+        results.append(RateResult(rate, timings, wall, {"model": "fake"}, counters))
     return results
 
 
@@ -83,6 +84,8 @@ def test_static_beside_cbserve_at_each_rate_with_ratios(fakes, tmp_path, capsys)
     assert [run["request_rate"] for run in results["runs"]] == [2.0, 4.0, 2.0, 4.0]
     ratios = results["ratios"]["cbserve vs static @ 2 req/s"]
     assert ratios["Output token throughput (tok/s)"] == 3.0
+    preemptions = next(line for line in out.splitlines() if line.startswith("| Preemptions"))
+    assert preemptions == "| Preemptions (server) |  |  | 2 | 2 |  |  |"
     markdown = (tmp_path / "results.md").read_text()
     assert markdown.startswith("Command: `cbserve bench --dataset random")
     assert "Machine: " in markdown and "| metric |" in markdown
