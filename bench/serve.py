@@ -27,6 +27,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from bench import options
 
 # The server counter the table shows: a preempted request is recomputed, so its count
@@ -92,6 +94,16 @@ def _url_scrape(url: str):
     return scrape
 
 
+def _start_stack(stack_class, worker: list[str], scheduler: list[str]):
+    """A started stack, trying twice: where several stacks start on one machine, a port
+    picked as free can be taken before the child binds it."""
+    try:
+        return stack_class(worker_args=worker, scheduler_args=scheduler).start()
+    except RuntimeError as error:
+        print(f"the stack did not start ({error}); once more", file=sys.stderr, flush=True)
+    return stack_class(worker_args=worker, scheduler_args=scheduler).start()
+
+
 def _cbserve_columns(args, requests, settings, system: str, batching: str | None) -> list[Column]:
     from bench.runner import run_rates
     from cbserve.local_stack import LocalStack
@@ -107,11 +119,14 @@ def _cbserve_columns(args, requests, settings, system: str, batching: str | None
         results = []
         for rate in rates:
             print(f"starting a local stack for {system} ...", file=sys.stderr, flush=True)
-            with LocalStack(worker_args=worker, scheduler_args=scheduler) as stack:
+            stack = _start_stack(LocalStack, worker, scheduler)
+            try:
                 scrape = getattr(stack, "metrics", None)
                 results += asyncio.run(
                     run_rates(stack.address, requests, [rate], settings, system, scrape)
                 )
+            finally:
+                stack.stop()
     return [
         Column(
             _label(system, r.rate, args.request_rate),
@@ -148,7 +163,7 @@ def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
     for system, batching in systems:
         try:
             columns += _cbserve_columns(args, requests, settings, system, batching)
-        except (RuntimeError, TimeoutError, OSError) as error:
+        except (RuntimeError, TimeoutError, OSError, grpc.RpcError) as error:
             errors.append(_start_failure(system, error))
     if "hf" in args.baselines:
         from bench import hf_baseline

@@ -20,18 +20,21 @@ class FakeStack:
     without that flag does."""
 
     refuse_batching = True
+    starts = 0
+    stops = 0
 
     def __init__(self, worker_args, scheduler_args):
         self.scheduler_args = scheduler_args
         self.address = "fake:1"
 
-    def __enter__(self):
+    def start(self):
+        FakeStack.starts += 1
         if self.refuse_batching and "--batching" in self.scheduler_args:
             raise RuntimeError("scheduler exited with code 2 before ready")
         return self
 
-    def __exit__(self, *exc):
-        pass
+    def stop(self):
+        FakeStack.stops += 1
 
 
 async def fake_run_rates(address, requests, rates, settings, system, scrape=None):
@@ -51,6 +54,8 @@ async def fake_run_rates(address, requests, rates, settings, system, scrape=None
 @pytest.fixture
 def fakes(monkeypatch, model_dir):
     monkeypatch.setattr("cbserve.local_stack.LocalStack", FakeStack)
+    monkeypatch.setattr(FakeStack, "starts", 0)
+    monkeypatch.setattr(FakeStack, "stops", 0)
     monkeypatch.setattr("bench.runner.run_rates", fake_run_rates)
     return FakeStack
 
@@ -69,10 +74,11 @@ def test_a_baseline_that_cannot_start_is_reported_and_the_rest_is_kept(fakes, tm
     assert [run["label"] for run in results["runs"]] == ["cbserve"]
     assert results["runs"][0]["summary"]["completed"] == 4
     assert len(results["errors"]) == 1
+    assert (FakeStack.starts, FakeStack.stops) == (3, 1)  # static was tried twice
 
 
-def test_static_beside_cbserve_at_each_rate_with_ratios(fakes, tmp_path, capsys):
-    fakes.refuse_batching = False
+def test_static_beside_cbserve_at_each_rate_with_ratios(fakes, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(fakes, "refuse_batching", False)
     assert bench(tmp_path, "--baselines", "static", "--request-rate", "2", "4") == 0
     out = capsys.readouterr().out
     header = out.splitlines()[0]
@@ -82,6 +88,7 @@ def test_static_beside_cbserve_at_each_rate_with_ratios(fakes, tmp_path, capsys)
     assert throughput.endswith("| 3.00x | 3.00x |")
     results = json.loads((tmp_path / "results.json").read_text())
     assert [run["request_rate"] for run in results["runs"]] == [2.0, 4.0, 2.0, 4.0]
+    assert FakeStack.starts == FakeStack.stops == 4  # a fresh stack per system and rate
     ratios = results["ratios"]["cbserve vs static @ 2 req/s"]
     assert ratios["Output token throughput (tok/s)"] == 3.0
     preemptions = next(line for line in out.splitlines() if line.startswith("| Preemptions"))
