@@ -17,71 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import math
-import os
-import platform
 import shlex
 import sys
 import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import grpc
 
-from bench import options
-
-# The server counter the table shows: a preempted request is recomputed, so its count
-# explains throughput that a small KV pool lost.
-PREEMPTIONS = "cbserve_num_preemptions_total"
-
-
-@dataclass
-class Column:
-    label: str
-    system: str
-    rate: float
-    timings: list = field(default_factory=list)
-    wall_s: float = 0.0
-    info: dict = field(default_factory=dict)
-
-
-def _machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
-
-
-def _rate_label(rate: float) -> str:
-    return "all at once" if math.isinf(rate) else f"{rate:g} req/s"
-
-
-def _workload_line(workload: dict, rates: list[float]) -> str:
-    w = workload
-    parts = [
-        f"{w['num_prompts']} {w['dataset']} prompts (seed {w['seed']})",
-        f"{w['total_prompt_tokens']} prompt tokens",
-        f"{w['total_output_tokens']} output tokens asked"
-        + (f" (replies capped at {w['max_output_tokens']})" if w.get("max_output_tokens") else ""),
-        "EOS ignored" if w["ignore_eos"] else "EOS honoured",
-        "greedy" if w["temperature"] == 0 else f"temperature {w['temperature']}",
-        "arrivals: " + ", ".join(_rate_label(rate) for rate in rates),
-    ]
-    if any(not math.isinf(rate) for rate in rates):
-        parts.append(f"burstiness {w['burstiness']:g}")
-    if w.get("max_concurrency"):
-        parts.append(f"max concurrency {w['max_concurrency']}")
-    return "; ".join(parts)
-
-
-def _label(system: str, rate: float, rates: list[float]) -> str:
-    return system if len(rates) == 1 else f"{system} @ {_rate_label(rate)}"
+from bench import options, results
+from bench.results import Column, column_label, rate_label
 
 
 def _url_scrape(url: str):
@@ -111,25 +55,25 @@ def _cbserve_columns(args, requests, settings, system: str, batching: str | None
     rates = args.request_rate
     if args.server:
         scrape = _url_scrape(args.metrics_url) if args.metrics_url else None
-        results = asyncio.run(run_rates(args.server, requests, rates, settings, system, scrape))
+        outcomes = asyncio.run(run_rates(args.server, requests, rates, settings, system, scrape))
     else:
         # A fresh stack per rate: the prefix cache (on by default) would otherwise serve
         # the second rate's prompts from the first rate's blocks.
         worker, scheduler = options.stack_args(args, batching)
-        results = []
+        outcomes = []
         for rate in rates:
             print(f"starting a local stack for {system} ...", file=sys.stderr, flush=True)
             stack = _start_stack(LocalStack, worker, scheduler)
             try:
                 scrape = getattr(stack, "metrics", None)
-                results += asyncio.run(
+                outcomes += asyncio.run(
                     run_rates(stack.address, requests, [rate], settings, system, scrape)
                 )
             finally:
                 stack.stop()
     return [
         Column(
-            _label(system, r.rate, args.request_rate),
+            column_label(system, r.rate, args.request_rate),
             system,
             r.rate,
             r.timings,
@@ -140,7 +84,7 @@ def _cbserve_columns(args, requests, settings, system: str, batching: str | None
                 "server_counters": r.server_counters,
             },
         )
-        for r in results
+        for r in outcomes
     ]
 
 
@@ -187,22 +131,7 @@ def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
     return columns, errors
 
 
-def _ratios(columns: list[Column]) -> list[tuple[str, str, str]]:
-    """(header, cbserve column, baseline column) for every comparable pair."""
-    ours = {c.rate: c.label for c in columns if c.system == "cbserve"}
-    several = len(ours) > 1
-    pairs = []
-    for column in columns:
-        if column.system == "cbserve" or column.rate not in ours:
-            continue
-        name = {"static": "static", "hf": "transformers", "llamacpp": "llama.cpp"}[column.system]
-        suffix = f" @ {_rate_label(column.rate)}" if several else ""
-        pairs.append((f"cbserve vs {name}{suffix}", ours[column.rate], column.label))
-    return pairs
-
-
 def run(args: argparse.Namespace, command: str) -> int:
-    from bench import metrics, plots, report
     from bench.runner import ClientSettings, short_outputs
     from bench.workload import describe, make_workload
     from common.defaults import converted_model_dir
@@ -246,7 +175,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     print(
         f"workload: {workload['num_prompts']} {args.dataset} requests, "
         f"{workload['total_prompt_tokens']} prompt and up to {workload['total_output_tokens']} "
-        f"output tokens; rates: {', '.join(map(_rate_label, args.request_rate))}",
+        f"output tokens; rates: {', '.join(map(rate_label, args.request_rate))}",
         file=sys.stderr,
     )
     columns, errors = _measure(args, requests, settings)
@@ -258,60 +187,19 @@ def run(args: argparse.Namespace, command: str) -> int:
                     f"warning: {column.label}: (request, got, asked) {short[:5]}", file=sys.stderr
                 )
 
-    summaries = {c.label: metrics.summarize(c.timings, c.wall_s, args.goodput) for c in columns}
-    for c in columns:
-        counters = c.info.get("server_counters", {})
-        if PREEMPTIONS in counters:
-            summaries[c.label]["preemptions"] = int(counters[PREEMPTIONS])
-    ratios = _ratios(columns)
-    table = report.markdown_table(summaries, ratios)
-    header = [
-        f"Command: `{command}`",
-        f"Date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        "Machine: {cpu}, {cores} cores, Python {python}".format(**_machine()),
-        "Workload: " + _workload_line(workload, args.request_rate),
-    ]
+    table, written = results.write(
+        args.out_dir,
+        command,
+        workload,
+        args.request_rate,
+        columns,
+        args.goodput,
+        errors,
+        with_plots=not args.no_plots,
+    )
     print(table)
     for message in errors:
         print(f"cbserve bench: {message}", file=sys.stderr)
-
-    out: Path = args.out_dir
-    payload = {
-        "benchmark": "cbserve bench",
-        "command": command,
-        "date": header[1].removeprefix("Date: "),
-        "machine": _machine(),
-        "workload": workload,
-        "goodput_slos_ms": args.goodput,
-        "runs": [
-            {
-                "label": c.label,
-                "system": c.system,
-                "request_rate": None if math.isinf(c.rate) else c.rate,
-                "info": c.info,
-                "summary": summaries[c.label],
-                "requests": metrics.per_request(c.timings),
-            }
-            for c in columns
-        ],
-        "ratios": report.ratio_summary(summaries, ratios),
-        "errors": errors,
-    }
-    report.write_json(out / "results.json", payload)
-    (out / "results.md").write_text("\n\n".join(["\n".join(header), table]) + "\n")
-    written = [out / "results.json", out / "results.md"]
-    if not args.no_plots and columns:
-        curves: dict[str, list[tuple[float, float]]] = {}
-        for c in columns:
-            curves.setdefault(c.system, []).append(
-                (c.rate, summaries[c.label]["output_throughput"])
-            )
-        written += plots.write_plots(
-            out,
-            curves,
-            {c.label: [t.ttft * 1000 for t in c.timings if t.ok] for c in columns},
-            {c.label: [g * 1000 for t in c.timings if t.ok for g in t.itls()] for c in columns},
-        )
     print("wrote " + ", ".join(str(path) for path in written), file=sys.stderr)
     return 1 if errors or not columns else 0
 
