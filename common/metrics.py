@@ -58,13 +58,19 @@ class Metric:
         self.name = name
         self.help_text = help_text
         self.labelnames = tuple(labelnames)
-        self._values: dict[Labels, float] = {}
+        # A metric without labels shows 0 from the start, as Prometheus' own clients
+        # do: a scrape before the first event still finds the series.
+        self._values: dict[Labels, float] = {} if self.labelnames else {(): 0.0}
         self._callback: Callable[[], Samples] | None = None
 
     def _key(self, labels: dict[str, str]) -> Labels:
         if set(labels) != set(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {sorted(labels)}")
         return tuple((name, str(labels[name])) for name in self.labelnames)
+
+    def remove(self, **labels: str) -> None:
+        """Drops one label set's series (a worker that left), so label values do not pile up."""
+        self._values.pop(self._key(labels), None)
 
     def set_callback(self, callback: Callable[[], Samples]) -> None:
         """Reads the metric's samples from callback() at every scrape."""
@@ -116,12 +122,20 @@ class Histogram(Metric):
         # Per label set: counts per bucket (not yet cumulative), then sum.
         self._counts: dict[Labels, list[int]] = {}
         self._sums: dict[Labels, float] = {}
+        if not self.labelnames:
+            self._counts[()] = [0] * (len(self.buckets) + 1)
+            self._sums[()] = 0.0
 
     def observe(self, value: float, **labels: str) -> None:
         key = self._key(labels)
         counts = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
         counts[bisect.bisect_left(self.buckets, value)] += 1
         self._sums[key] = self._sums.get(key, 0.0) + value
+
+    def remove(self, **labels: str) -> None:
+        key = self._key(labels)
+        self._counts.pop(key, None)
+        self._sums.pop(key, None)
 
     def samples(self) -> list[tuple[str, Labels, float]]:
         out = []
