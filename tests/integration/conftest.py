@@ -1,7 +1,10 @@
 """Real scheduler and worker processes on loopback, on the default model.
 
 Stacks are started once per session; the transformers reference outputs are
-computed once, in this process, one prompt at a time.
+computed once, in this process, one prompt at a time. After every test, each
+stack started through `started_stack` must come back to an idle state with no
+KV block held (the cbserve_kv_blocks_used gauge at 0): a leaked block fails the
+test that leaked it.
 """
 
 from __future__ import annotations
@@ -9,15 +12,22 @@ from __future__ import annotations
 import pytest
 
 from cbserve.client import Client
-from cbserve.local_stack import LocalStack
 from common.defaults import default_model_path
 from scheduler_svc.tokenizer import Tokenizer
 from tests.integration.prompts import mixed_prompts
+from tests.integration.stacks import running_stacks, started_stack, stop_stack, wait_until_idle
 
 GREEDY_TOKENS = 32
 # Small enough that every prompt above 32 tokens is prefilled over several steps.
 CHUNK_BUDGET = 32
 CHUNKED_POOL_BLOCKS = 256
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_blocks():
+    yield
+    for stack in running_stacks():
+        wait_until_idle(stack)
 
 
 @pytest.fixture(scope="session")
@@ -27,17 +37,24 @@ def tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def stack():
-    with LocalStack(worker_args=["--dtype", "float32"]) as running:
-        yield running
+    running = started_stack(worker_args=["--dtype", "float32"])
+    yield running
+    stop_stack(running)
 
 
 @pytest.fixture(scope="session")
 def chunked_stack():
-    with LocalStack(
+    """Chunked prefill, and no prefix cache: the reference for the cache's outputs."""
+    running = started_stack(
         worker_args=["--dtype", "float32", "--num-kv-blocks", str(CHUNKED_POOL_BLOCKS)],
-        scheduler_args=["--max-num-batched-tokens", str(CHUNK_BUDGET)],
-    ) as running:
-        yield running
+        scheduler_args=[
+            "--max-num-batched-tokens",
+            str(CHUNK_BUDGET),
+            "--no-enable-prefix-caching",
+        ],
+    )
+    yield running
+    stop_stack(running)
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """Cancelled and timed-out requests free their KV blocks at the next step.
 
 A stack of its own with a pool of 64 blocks (1024 tokens). Each request here
-reserves more than half of it at admission, so a second one can only start
-once the first one's blocks are back: a leaked block would make it wait
-forever, and the test's deadline would fail it.
+needs more than half of it, so a leaked block would force preemptions or
+waits; and after every test the conftest checks that the stack is idle with
+no block held.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from cbserve.client import AsyncClient, Client
-from cbserve.local_stack import LocalStack
+from tests.integration.stacks import started_stack, stop_stack
 
 POOL_BLOCKS = 64
 BIG_PROMPT_TOKENS = 560
@@ -24,10 +24,9 @@ DEADLINE_S = 120
 
 @pytest.fixture(scope="module")
 def small_pool_stack():
-    with LocalStack(
-        worker_args=["--dtype", "float32", "--num-kv-blocks", str(POOL_BLOCKS)]
-    ) as running:
-        yield running
+    running = started_stack(worker_args=["--dtype", "float32", "--num-kv-blocks", str(POOL_BLOCKS)])
+    yield running
+    stop_stack(running)
 
 
 def _big_request() -> dict:
