@@ -1,6 +1,7 @@
 """python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH] [--dtype float32|bfloat16]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
-[--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0] [--log-level info]
+[--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
+[--log-level info]
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=-1,
+        help="serve Prometheus metrics (forward time per step) at http://HOST:PORT/metrics; "
+        "0 picks a free port, printed in the ready line (default -1: off, so that several "
+        "workers on one host need no port each)",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     return parser
 
@@ -65,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     from worker_svc.server import run
 
-    return run(config)
+    return run(config, args.metrics_port)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@ import structlog
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready
+from common.metrics_server import MetricsServer
 from worker_svc.config import WorkerConfig
 from worker_svc.errors import PlanError
+from worker_svc.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
     from worker_svc.startup import Worker
@@ -44,7 +46,8 @@ class _Superseded(Exception):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self) -> None:
+    def __init__(self, metrics: WorkerMetrics | None = None) -> None:
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
         self._worker: Worker | None = None
         # Event-loop side: the newest stream's number and its "superseded" signal.
@@ -104,13 +107,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 except _Superseded:
                     await self._abort_superseded(context, stream)
                 except PlanError as exc:
+                    self.metrics.steps_failed.inc()
                     log.warning(
                         "plan_rejected", stream=stream, step_id=plan.step_id, error=str(exc)
                     )
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 except Exception as exc:
+                    self.metrics.steps_failed.inc()
                     log.exception("step_failed", stream=stream, step_id=plan.step_id)
                     await context.abort(grpc.StatusCode.INTERNAL, f"step failed: {exc!r}")
+                self.metrics.observe_step(result)
                 yield result
         finally:
             superseded_wait.cancel()
@@ -139,17 +145,23 @@ def _mark_retrieved(future: asyncio.Future) -> None:
         future.exception()
 
 
-def ready_line(config: WorkerConfig, port: int, worker: Worker) -> str:
+def ready_line(
+    config: WorkerConfig, port: int, worker: Worker, metrics_port: int | None = None
+) -> str:
     d = worker.description
     return (
         f"worker ready on {config.host}:{port} model={d.model_name} dtype={d.dtype} "
         f"device={d.device} kv_blocks={d.num_kv_blocks} block_size={d.block_size} "
         f"backend={d.attention_backend}"
+        + (f" metrics_port={metrics_port}" if metrics_port is not None else "")
     )
 
 
-async def serve(config: WorkerConfig) -> None:
-    """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError."""
+async def serve(config: WorkerConfig, metrics_port: int = -1) -> None:
+    """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError.
+
+    metrics_port: serve /metrics there (0 picks a free port); -1, none.
+    """
     # Bound before the model loads, so that a taken port fails in a second;
     # the bound port is the real one under `--port 0`, for the ready line.
     try:
@@ -157,6 +169,14 @@ async def serve(config: WorkerConfig) -> None:
     except PortUnavailable as exc:
         raise StartupError(str(exc)) from None
     servicer = WorkerServicer()
+    metrics_server = None
+    if metrics_port >= 0:
+        metrics_server = MetricsServer(servicer.metrics.registry, config.host, metrics_port)
+        try:
+            await metrics_server.start()
+        except OSError as exc:
+            await server.stop(grace=None)
+            raise StartupError(f"metrics port {metrics_port}: {exc.strerror}") from None
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     enable_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
@@ -185,20 +205,24 @@ async def serve(config: WorkerConfig) -> None:
             raise StartupError(str(exc)) from exc
         servicer.set_ready(worker)
         await set_serving(health, [SERVICE_NAME], serving=True)
-        announce_ready(ready_line(config, port, worker))
+        announce_ready(
+            ready_line(config, port, worker, metrics_server.port if metrics_server else None)
+        )
         await stop.wait()
         log.info("worker_stopping")
         await health.enter_graceful_shutdown()
     finally:
         await server.stop(grace=1.0)
+        if metrics_server is not None:
+            await metrics_server.stop()
         servicer.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def run(config: WorkerConfig) -> int:
+def run(config: WorkerConfig, metrics_port: int = -1) -> int:
     import uvloop
 
     try:
-        uvloop.run(serve(config))
+        uvloop.run(serve(config, metrics_port))
     except StartupError as exc:
         print(f"worker_svc: cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
