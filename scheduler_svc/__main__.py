@@ -1,9 +1,13 @@
-"""python -m scheduler_svc --port 50051 --worker HOST:PORT [--worker HOST:PORT ...]
+"""python -m scheduler_svc --port 50051 {--worker HOST:PORT ... | --worker-dns NAME:PORT}
 
-Loads the tokenizer, connects to every worker (waiting up to
---worker-connect-timeout for them to come up), then serves cbserve.v1.Generation.
-Prints one line when ready; exits non-zero with one clear message when it
-cannot start.
+Loads the tokenizer, connects to every --worker (waiting up to
+--worker-connect-timeout for them to come up), starts following --worker-dns,
+then serves cbserve.v1.Generation. Prints one line when ready; exits non-zero
+with one clear message when it cannot start.
+
+With --worker-dns the scheduler starts without waiting for any worker: it is
+ready (listening) at once, and its health status turns SERVING when the first
+worker behind the name connects.
 """
 
 from __future__ import annotations
@@ -22,10 +26,17 @@ from common.grpc_server import PortUnavailable, create_server, enable_reflection
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
 from scheduler_svc.config import BATCHING_MODES, SchedulerConfig
-from scheduler_svc.metrics import build_scheduler_metrics
+from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.server import GenerationService
+from scheduler_svc.serving_status import follow_workers
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.worker_client import WorkerLost
+from scheduler_svc.worker_discovery import (
+    WorkerDiscovery,
+    dns_resolver,
+    hosts_file_resolver,
+    parse_target,
+)
 from scheduler_svc.worker_pool import WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -45,9 +56,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--worker",
         action="append",
-        required=True,
+        default=[],
         metavar="HOST:PORT",
-        help="a worker; repeat for several",
+        help="a worker; repeat for several. Each must answer at start; a lost one is "
+        "reconnected for as long as the scheduler runs",
+    )
+    parser.add_argument(
+        "--worker-dns",
+        type=_dns_target,
+        default=None,
+        metavar="NAME:PORT",
+        help="follow every A/AAAA address behind NAME (e.g. a Kubernetes headless Service) "
+        "as a worker on PORT: addresses that appear are added, those that vanish dropped",
+    )
+    parser.add_argument(
+        "--worker-dns-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often --worker-dns is resolved again (default 5)",
+    )
+    parser.add_argument(
+        "--worker-hosts-file",
+        default=None,
+        metavar="PATH",
+        help="resolve --worker-dns from this file of `IP NAME` lines (the /etc/hosts "
+        "format, re-read at every lookup) instead of DNS: for tests and hosts without DNS",
     )
     parser.add_argument(
         "--tokenizer",
@@ -95,10 +129,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--worker-connect-timeout",
         type=float,
         default=120.0,
-        help="seconds to wait at start for each worker to answer (default 120)",
+        help="seconds to wait at start for each --worker to answer (default 120); "
+        "workers found through --worker-dns are retried for as long as they are listed",
     )
     parser.add_argument("--log-level", default="info")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.worker and not args.worker_dns:
+        parser.error("give at least one --worker HOST:PORT or a --worker-dns NAME:PORT")
+    if args.worker_dns_interval <= 0:
+        parser.error(f"--worker-dns-interval must be > 0, got {args.worker_dns_interval}")
+    return args
+
+
+def _dns_target(value: str) -> str:
+    try:
+        parse_target(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return value
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -114,42 +162,67 @@ async def serve(args: argparse.Namespace) -> None:
         server, health, _ = create_server(f"{args.host}:{args.port}")
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
-    pool = WorkerPool(args.worker, config, tokenizer)
-    service = GenerationService(pool, tokenizer, config.max_waiting_requests)
+    metrics = SchedulerMetrics()
+    pool = WorkerPool(config, tokenizer, metrics, connect_timeout_s=args.worker_connect_timeout)
+    metrics.watch(pool)
+    service = GenerationService(pool, tokenizer, config.max_waiting_requests, metrics)
     pb_grpc.add_GenerationServicer_to_server(service, server)
-    metrics = None
+    metrics_server = None
     if args.metrics_port >= 0:
-        metrics = MetricsServer(build_scheduler_metrics(pool), args.host, args.metrics_port)
+        metrics_server = MetricsServer(metrics.registry, args.host, args.metrics_port)
         try:
-            await metrics.start()
+            await metrics_server.start()
         except OSError as error:
             raise StartupError(f"metrics port {args.metrics_port}: {error.strerror}") from error
     enable_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
     try:
-        await pool.start(args.worker_connect_timeout)
+        await pool.start(args.worker, args.worker_connect_timeout)
     except (WorkerLost, ValueError) as error:
         await server.stop(grace=None)
         raise StartupError(str(error)) from error
-    await set_serving(health, [SERVICE_NAME], serving=True)
-    engines = pool.connected_engines()
-    announce_ready(
-        f"scheduler ready on {args.host}:{args.port} workers={','.join(args.worker)} "
-        f"model={engines[0].client.description.model_name} "
-        f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}"
-        + (f" metrics_port={metrics.port}" if metrics else "")
-    )
+    discovery = None
+    if args.worker_dns:
+        resolver = hosts_file_resolver(args.worker_hosts_file) if args.worker_hosts_file else None
+        discovery = WorkerDiscovery(
+            args.worker_dns, pool, args.worker_dns_interval, resolver or dns_resolver
+        )
+        discovery.start()
+    # Set before the ready line, so that whoever waits for it finds the status current;
+    # from then on it follows the workers.
+    await set_serving(health, [SERVICE_NAME], serving=bool(pool.connected_engines()))
+    health_task = asyncio.create_task(follow_workers(pool, health, [SERVICE_NAME]))
+    announce_ready(_ready_line(args, pool, metrics_server))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    health_task.cancel()
+    await asyncio.gather(health_task, return_exceptions=True)
     await set_serving(health, [SERVICE_NAME], serving=False)
+    if discovery is not None:
+        await discovery.stop()
     await server.stop(grace=2.0)
     await pool.stop()
-    if metrics is not None:
-        await metrics.stop()
+    if metrics_server is not None:
+        await metrics_server.stop()
+
+
+def _ready_line(args: argparse.Namespace, pool: WorkerPool, metrics_server) -> str:
+    engines = pool.connected_engines()
+    parts = [f"scheduler ready on {args.host}:{args.port}"]
+    if args.worker:
+        parts.append(f"workers={','.join(args.worker)}")
+    if args.worker_dns:
+        parts.append(f"worker_dns={args.worker_dns}")
+    if engines:
+        parts.append(f"model={engines[0].client.description.model_name}")
+    parts.append(f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}")
+    if metrics_server is not None:
+        parts.append(f"metrics_port={metrics_server.port}")
+    return " ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,10 @@ One WorkerEngine per worker connection, each with its own Scheduler and block
 manager, all on the scheduler process's single event loop. RPC handlers add
 and abort requests between steps; every request's outputs go to its own
 asyncio.Queue, which its Generate handler drains.
+
+The pool reads an engine to place requests (load, prefix-cache hits) and is
+told when its connection comes or goes (on_connection_change), which is what
+the scheduler's health status follows.
 """
 
 from __future__ import annotations
@@ -11,18 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.prefix_hash import extend_block_hashes
 from scheduler_svc.request import Request, RequestOutput
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.validation import ValidatedRequest
 from scheduler_svc.worker_client import WorkerClient, WorkerLost
+
+if TYPE_CHECKING:
+    from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.engine")
 
@@ -33,19 +43,45 @@ StreamItem = RequestOutput | ServiceError
 
 
 class WorkerEngine:
-    def __init__(self, address: str, config: SchedulerConfig, tokenizer: Tokenizer) -> None:
+    def __init__(
+        self,
+        address: str,
+        config: SchedulerConfig,
+        tokenizer: Tokenizer,
+        *,
+        metrics: SchedulerMetrics | None = None,
+        on_connection_change: Callable[[WorkerEngine], None] | None = None,
+    ) -> None:
         self.address = address
         self.config = config
         self.tokenizer = tokenizer
         self.client = WorkerClient(address)
         self.scheduler: Scheduler | None = None
-        self.connected = False
         self.steps = 0
+        # Requests ever placed here: the last tie-break of placement, so that
+        # equal workers take turns, and a per-worker metric.
+        self.num_submitted = 0
         # Counters that survive the scheduler being rebuilt after a reconnect.
         self.stats = SchedulerStats()
+        self._metrics = metrics
+        self._on_connection_change = on_connection_change
+        self._connected = False
         self._queues: dict[str, asyncio.Queue[StreamItem]] = {}
+        # When each in-flight request was first put in a plan (its queue time
+        # ends there); its Generate handler takes the entry when it ends.
+        self._first_scheduled: dict[str, float] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self._connected:
+            self._connected = connected
+            if self._on_connection_change is not None:
+                self._on_connection_change(self)
 
     @property
     def capacity_tokens(self) -> int:
@@ -77,6 +113,24 @@ class WorkerEngine:
     def num_cached_blocks(self) -> int:
         return self.scheduler.block_manager.num_cached_blocks if self.scheduler else 0
 
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of a prompt whose KV this worker's prefix cache holds now.
+
+        Read-only: the same lookup admission makes, without taking the blocks.
+        The last token is left out, as admission does: its logits need a forward.
+        """
+        if not self.connected or self.scheduler is None:
+            return 0
+        manager = self.scheduler.block_manager
+        hashes: list[int] = []
+        extend_block_hashes(hashes, token_ids, manager.block_size)
+        hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1)
+        return len(hits) * manager.block_size
+
+    def take_first_scheduled_time(self, request_id: str) -> float | None:
+        """When the request was first scheduled (time.monotonic()), None if never; forgets it."""
+        return self._first_scheduled.pop(request_id, None)
+
     async def start(self, connect_timeout_s: float) -> None:
         """Connects (raising WorkerLost after the timeout) and starts the loop."""
         await self.client.connect(connect_timeout_s)
@@ -94,7 +148,7 @@ class WorkerEngine:
             eos_token_ids=self.tokenizer.eos_token_ids,
             stats=self.stats,
         )
-        self.connected = True
+        self._set_connected(True)
 
     def submit(
         self, validated: ValidatedRequest, deadline: float | None = None
@@ -120,6 +174,7 @@ class WorkerEngine:
             raise ServiceError(str(error), grpc.StatusCode.INVALID_ARGUMENT) from error
         queue: asyncio.Queue[StreamItem] = asyncio.Queue()
         self._queues[request.request_id] = queue
+        self.num_submitted += 1
         self._wakeup.set()
         return queue
 
@@ -134,10 +189,15 @@ class WorkerEngine:
             self._wakeup.set()
 
     async def stop(self) -> None:
+        """Stops the loop and closes the stream; requests still here end with UNAVAILABLE,
+        as when a worker is lost (the pool stops an engine whose worker left DNS)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
         await self.client.close()
+        self._fail_all(f"worker {self.address} was removed from the pool")
+        self._set_connected(False)
 
     async def _run(self) -> None:
         while True:
@@ -147,8 +207,14 @@ class WorkerEngine:
                 self._wakeup.clear()
                 await self._sleep_until_woken_or(self._next_deadline())
                 continue
+            self._note_first_scheduled(plan)
+            started = time.monotonic()
             try:
                 result = await self.client.step(plan)
+                if self._metrics is not None:
+                    self._metrics.step_duration.observe(
+                        time.monotonic() - started, worker=self.address
+                    )
                 outputs = self.scheduler.update_from_output(plan, result)
             except WorkerLost as error:
                 await self._recover(error)
@@ -161,6 +227,16 @@ class WorkerEngine:
             for output in outputs:
                 self._deliver(output)
             self._deliver_failures()
+
+    def _note_first_scheduled(self, plan) -> None:
+        if not plan.new_sequences:
+            return
+        # A preempted request comes back as a new sequence: keep the first time.
+        now = time.monotonic()
+        new_seq_ids = {sequence.seq_id for sequence in plan.new_sequences}
+        for request in self.scheduler.running:
+            if request.seq_id in new_seq_ids and request.request_id in self._queues:
+                self._first_scheduled.setdefault(request.request_id, now)
 
     def _next_deadline(self) -> float | None:
         deadlines = [
@@ -198,14 +274,8 @@ class WorkerEngine:
         UNAVAILABLE; the reconnected worker starts from an empty state.
         """
         log.error("worker lost", worker=self.address, error=str(error), requests=len(self._queues))
-        self.connected = False
-        failure = ServiceError(
-            f"worker {self.address} failed mid-request ({error}); retry the request",
-            grpc.StatusCode.UNAVAILABLE,
-        )
-        for queue in self._queues.values():
-            queue.put_nowait(failure)
-        self._queues.clear()
+        self._set_connected(False)
+        self._fail_all(f"worker {self.address} failed mid-request ({error})")
         attempt = 0
         while True:
             delay = RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)]
@@ -218,3 +288,9 @@ class WorkerEngine:
             self._reset_scheduler()
             log.info("worker reconnected", worker=self.address, attempts=attempt)
             return
+
+    def _fail_all(self, reason: str) -> None:
+        failure = ServiceError(f"{reason}; retry the request", grpc.StatusCode.UNAVAILABLE)
+        for queue in self._queues.values():
+            queue.put_nowait(failure)
+        self._queues.clear()

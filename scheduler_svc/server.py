@@ -1,28 +1,36 @@
 """The public gRPC service, cbserve.v1.Generation, on the scheduler.
 
-Generate validates the request, hands it to a worker's engine, and streams
-that engine's outputs as GenerateResponses. A client that cancels or
-disconnects ends the handler, whose cleanup aborts the request so that its
-blocks are freed at the next step.
+Generate validates the request, hands it to a worker's engine (the pool
+picks which), and streams that engine's outputs as GenerateResponses. A
+client that cancels or disconnects ends the handler, whose cleanup aborts the
+request so that its blocks are freed at the next step. Each call keeps a
+RequestTrace: its metrics and its one summary log line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+import uuid
 
 import grpc
-import structlog
+from structlog.contextvars import bound_contextvars
 
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.errors import ServiceError
 from scheduler_svc.engine import WorkerEngine
-from scheduler_svc.request import RequestOutput
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.request import FinishReason, RequestOutput
+from scheduler_svc.request_trace import RequestTrace
 from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.validation import ModelLimits, validate_request
+from scheduler_svc.validation import (
+    MAX_REQUEST_ID_CHARS,
+    ModelLimits,
+    ValidatedRequest,
+    validate_request,
+)
 from scheduler_svc.worker_pool import WorkerPool
-
-log = structlog.get_logger("scheduler.server")
 
 
 def to_response(output: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateResponse:
@@ -66,11 +74,16 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(
-        self, pool: WorkerPool, tokenizer: Tokenizer, max_waiting_requests: int = 1024
+        self,
+        pool: WorkerPool,
+        tokenizer: Tokenizer,
+        max_waiting_requests: int = 1024,
+        metrics: SchedulerMetrics | None = None,
     ) -> None:
         self.pool = pool
         self.tokenizer = tokenizer
         self.max_waiting_requests = max_waiting_requests
+        self.metrics = metrics if metrics is not None else SchedulerMetrics()
         self._in_flight: set[str] = set()
 
     def _limits(self) -> ModelLimits:
@@ -80,41 +93,77 @@ class GenerationService(pb_grpc.GenerationServicer):
             kv_capacity_tokens=self.pool.max_worker_capacity_tokens,
         )
 
+    def _place(
+        self, request: pb.GenerateRequest, context, trace: RequestTrace
+    ) -> tuple[ValidatedRequest, WorkerEngine, asyncio.Queue]:
+        """Validates the request and queues it on a worker; raises ServiceError."""
+        if not self.pool.connected_engines():
+            raise ServiceError(
+                "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
+            )
+        validated = validate_request(request, self.tokenizer, self._limits())
+        if validated.request_id in self._in_flight:
+            raise ServiceError(
+                f"request_id {validated.request_id!r} is already in flight; use a unique id",
+                grpc.StatusCode.ALREADY_EXISTS,
+            )
+        if self.pool.num_waiting >= self.max_waiting_requests:
+            raise ServiceError(
+                f"{self.pool.num_waiting} requests are already queued (the limit, "
+                "--max-waiting-requests); retry later with backoff",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            )
+        prompt = validated.prompt_token_ids
+        engine = self.pool.pick(prompt, len(prompt) + validated.sampling.max_tokens)
+        queue = engine.submit(validated, _deadline(context))
+        trace.placed(engine.address, len(prompt))
+        return validated, engine, queue
+
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
-        try:
-            validated = validate_request(request, self.tokenizer, self._limits())
-            if validated.request_id in self._in_flight:
-                raise ServiceError(
-                    f"request_id {validated.request_id!r} is already in flight; use a unique id",
-                    grpc.StatusCode.ALREADY_EXISTS,
-                )
-            if self.pool.num_waiting >= self.max_waiting_requests:
-                raise ServiceError(
-                    f"{self.pool.num_waiting} requests are already queued (the limit, "
-                    "--max-waiting-requests); retry later with backoff",
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                )
-            engine = self.pool.pick(len(validated.prompt_token_ids) + validated.sampling.max_tokens)
-            queue = engine.submit(validated, _deadline(context))
-        except ServiceError as error:
-            await context.abort(error.code, error.message)
-        request_id = validated.request_id
+        trace = RequestTrace(self.metrics)
+        if not request.request_id:
+            # Made up now, not in validation, so that a request refused before
+            # validation still has an id in its log line.
+            request.request_id = uuid.uuid4().hex
+        # Every log line of this call carries its request_id (cut, in the lines
+        # before validation refuses one that is too long).
+        with bound_contextvars(request_id=request.request_id[:MAX_REQUEST_ID_CHARS]):
+            try:
+                validated, engine, queue = self._place(request, context, trace)
+            except ServiceError as error:
+                trace.failed(error.code, error.message)
+                await context.abort(error.code, error.message)
+            async for response in self._stream(validated.request_id, engine, queue, trace):
+                yield response
+            if trace.failure is not None:
+                await context.abort(*trace.failure)
+
+    async def _stream(
+        self, request_id: str, engine: WorkerEngine, queue: asyncio.Queue, trace: RequestTrace
+    ):
+        """Yields the request's responses; records how it ended in trace."""
         self._in_flight.add(request_id)
-        finished = False
+        outcome: ServiceError | FinishReason | None = None
         try:
-            while not finished:
+            while outcome is None:
                 item = await queue.get()
                 if isinstance(item, ServiceError):
-                    finished = True
-                    await context.abort(item.code, item.message)
-                finished = item.finish_reason is not None
+                    outcome = item
+                    break
+                trace.token_sent(item)
+                outcome = item.finish_reason
                 yield to_response(item, self.tokenizer)
         finally:
             self._in_flight.discard(request_id)
-            if not finished:
+            trace.first_scheduled = engine.take_first_scheduled_time(request_id)
+            if outcome is None:
                 # Cancelled, disconnected or past its deadline: free its blocks.
                 engine.abort(request_id)
-                log.info("request cancelled", request_id=request_id)
+                trace.finished(FinishReason.ABORT.value)
+            elif isinstance(outcome, ServiceError):
+                trace.failed(outcome.code, outcome.message)
+            else:
+                trace.finished(outcome.value)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
         engines: list[WorkerEngine] = self.pool.connected_engines()
@@ -129,4 +178,5 @@ class GenerationService(pb_grpc.GenerationServicer):
             block_size=description.block_size,
             kv_capacity_tokens=sum(engine.capacity_tokens for engine in engines),
             num_workers=len(engines),
+            workers=sorted(engine.address for engine in engines),
         )

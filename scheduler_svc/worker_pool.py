@@ -1,41 +1,155 @@
-"""The scheduler's workers, and which one a new request goes to."""
+"""The scheduler's workers, which come and go, and which one a new request goes to.
+
+Two kinds of worker, one engine each: static ones (--worker), which must all
+answer at start and are reconnected forever when lost, and discovered ones
+(--worker-dns, see worker_discovery), added and removed while the scheduler
+runs. A discovered worker is connected in the background, retrying until it
+answers or its address disappears, so the scheduler starts before any worker
+is up and becomes SERVING when the first one connects (`changed` is set on
+every connect and disconnect; the health status follows it).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import grpc
+import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine import WorkerEngine
+from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.worker_client import WorkerLost
+
+if TYPE_CHECKING:
+    from scheduler_svc.metrics import SchedulerMetrics
+
+log = structlog.get_logger("scheduler.pool")
 
 
 class WorkerPool:
-    def __init__(self, addresses: list[str], config: SchedulerConfig, tokenizer: Tokenizer) -> None:
-        self.engines = [WorkerEngine(address, config, tokenizer) for address in addresses]
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        tokenizer: Tokenizer,
+        metrics: SchedulerMetrics | None = None,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        # How long one background connection attempt of a discovered worker lasts
+        # before it is logged and retried.
+        self.connect_timeout_s = connect_timeout_s
+        self.engines: dict[str, WorkerEngine] = {}
+        # Set whenever a worker connects or disconnects.
+        self.changed = asyncio.Event()
+        # Counters of removed engines, so that the totals exported never go down.
+        self.retired_stats = SchedulerStats()
+        self._static: set[str] = set()
+        self._connecting: dict[str, asyncio.Task] = {}
 
-    async def start(self, connect_timeout_s: float) -> None:
-        """Connects every worker; raises WorkerLost naming the first that did not answer."""
-        await asyncio.gather(*(engine.start(connect_timeout_s) for engine in self.engines))
-        models = {engine.client.description.model_name for engine in self.engines}
+    def _new_engine(self, address: str) -> WorkerEngine:
+        engine = WorkerEngine(
+            address,
+            self.config,
+            self.tokenizer,
+            metrics=self.metrics,
+            on_connection_change=self._connection_changed,
+        )
+        self.engines[address] = engine
+        return engine
+
+    def _connection_changed(self, engine: WorkerEngine) -> None:
+        log.info(
+            "worker connected" if engine.connected else "worker disconnected",
+            worker=engine.address,
+            workers_connected=len(self.connected_engines()),
+        )
+        self.changed.set()
+
+    async def start(self, addresses: Sequence[str], connect_timeout_s: float) -> None:
+        """Connects the static workers; raises WorkerLost naming the first that did not answer."""
+        engines = [self._new_engine(address) for address in dict.fromkeys(addresses)]
+        self._static.update(addresses)
+        await asyncio.gather(*(engine.start(connect_timeout_s) for engine in engines))
+        models = {engine.client.description.model_name for engine in engines}
         if len(models) > 1:
             raise ValueError(f"workers serve different models: {sorted(models)}")
 
+    def add(self, address: str) -> None:
+        """A discovered worker: connects in the background until it answers or is removed."""
+        if address in self.engines:
+            return
+        engine = self._new_engine(address)
+        self._connecting[address] = asyncio.create_task(
+            self._connect(engine), name=f"connect {address}"
+        )
+
+    async def _connect(self, engine: WorkerEngine) -> None:
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                await engine.start(self.connect_timeout_s)
+                break
+            except WorkerLost as error:
+                log.warning("worker not answering yet", worker=engine.address, error=str(error))
+        self._connecting.pop(engine.address, None)
+        others = {
+            other.client.description.model_name
+            for other in self.connected_engines()
+            if other is not engine
+        }
+        model = engine.client.description.model_name
+        if others and model not in others:
+            # Refused but kept, so the next lookup does not add it again.
+            log.error("worker serves another model; not used", worker=engine.address, model=model)
+            await engine.stop()
+
+    async def remove(self, address: str) -> None:
+        """Drops a discovered worker; its in-flight requests end with UNAVAILABLE."""
+        if address in self._static or address not in self.engines:
+            return
+        connecting = self._connecting.pop(address, None)
+        if connecting is not None:
+            connecting.cancel()
+            await asyncio.gather(connecting, return_exceptions=True)
+        engine = self.engines.pop(address)
+        await engine.stop()
+        self._retire(engine.stats)
+        if self.metrics is not None:
+            self.metrics.forget_worker(address)
+
+    def _retire(self, stats: SchedulerStats) -> None:
+        for item in dataclasses.fields(SchedulerStats):
+            total = getattr(self.retired_stats, item.name) + getattr(stats, item.name)
+            setattr(self.retired_stats, item.name, total)
+
     async def stop(self) -> None:
-        await asyncio.gather(*(engine.stop() for engine in self.engines))
+        for task in self._connecting.values():
+            task.cancel()
+        await asyncio.gather(*self._connecting.values(), return_exceptions=True)
+        self._connecting.clear()
+        await asyncio.gather(*(engine.stop() for engine in self.engines.values()))
 
     @property
     def num_waiting(self) -> int:
         """Requests queued on every worker, not yet running."""
-        return sum(engine.num_waiting for engine in self.engines)
+        return sum(engine.num_waiting for engine in self.engines.values())
 
     def connected_engines(self) -> list[WorkerEngine]:
-        return [engine for engine in self.engines if engine.connected]
+        return [engine for engine in self.engines.values() if engine.connected]
 
-    def pick(self, num_tokens: int) -> WorkerEngine:
-        """Of the connected workers whose pool can hold num_tokens, the least loaded."""
+    def pick(self, prompt_token_ids: Sequence[int], num_tokens: int) -> WorkerEngine:
+        """Of the connected workers whose pool can hold num_tokens: the longest cached
+        prefix of the prompt, then the fewest requests in flight, then the fewest
+        placed so far (equal workers take turns)."""
         engines = self.connected_engines()
         if not engines:
             raise ServiceError(
@@ -47,10 +161,17 @@ class WorkerPool:
                 f"no connected worker's KV pool holds {num_tokens} tokens; lower max_tokens",
                 grpc.StatusCode.UNAVAILABLE,
             )
-        return min(fitting, key=lambda engine: engine.load)
+        return max(
+            fitting,
+            key=lambda engine: (
+                engine.cached_prefix_tokens(prompt_token_ids),
+                -engine.load,
+                -engine.num_submitted,
+            ),
+        )
 
     def _descriptions(self):
-        return [engine.client.description for engine in self.engines if engine.client.description]
+        return [engine.client.description for engine in self.connected_engines()]
 
     @property
     def max_model_len(self) -> int:
@@ -62,4 +183,4 @@ class WorkerPool:
 
     @property
     def max_worker_capacity_tokens(self) -> int:
-        return max(engine.capacity_tokens for engine in self.engines)
+        return max(engine.capacity_tokens for engine in self.connected_engines())
