@@ -166,6 +166,15 @@ def test_worker_commands_make_a_valid_worker_config(variant):
         )
 
 
+@variants
+def test_workers_serve_metrics_on_an_exposed_port(variant):
+    services = _services(variant)
+    for name, args in _services_running(variant, "worker_svc").items():
+        parsed = _parse_worker(name, args)
+        assert parsed.metrics_port > 0, f"{name}: no --metrics-port"
+        assert str(parsed.metrics_port) in [str(port) for port in services[name]["expose"]], name
+
+
 def test_cpu_workers_do_not_spin_against_each_other():
     for name, args in _services_running("cpu", "worker_svc").items():
         parsed = _parse_worker(name, args)

@@ -176,6 +176,17 @@ def test_every_container_has_native_grpc_probes_on_its_port(variant):
 
 
 @variants
+def test_workers_serve_metrics_where_prometheus_looks(variant):
+    workers = _one(variant, "StatefulSet", "cbserve-worker")
+    metrics_port = _worker_args(variant).metrics_port
+    ports = {port["name"]: port["containerPort"] for port in _container(workers)["ports"]}
+    assert ports["metrics"] == metrics_port
+    annotations = workers["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(metrics_port)
+    assert annotations["prometheus.io/scrape"] == "true"
+
+
+@variants
 def test_resources_are_requested_and_limited(variant):
     for workload in _documents(variant):
         if workload["kind"] not in ("Deployment", "StatefulSet"):
