@@ -1,0 +1,144 @@
+"""Every metric the issue names, on a real stack, with the values a few requests leave.
+
+The scheduler serves its metrics at --metrics-port; the worker, started with
+--metrics-port 0, serves its own forward-time histogram and prints the port in
+its ready line.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import grpc
+import pytest
+
+from cbserve.client import Client
+from cbserve.local_stack import LocalStack
+from tests.integration.ops import per_worker, scrape, wait_for, worker_metrics_url
+
+HISTOGRAMS = [
+    "cbserve_time_to_first_token_seconds",
+    "cbserve_inter_token_latency_seconds",
+    "cbserve_e2e_request_latency_seconds",
+    "cbserve_request_queue_time_seconds",
+    "cbserve_request_prompt_tokens",
+    "cbserve_request_generation_tokens",
+    "cbserve_step_duration_seconds",
+]
+COUNTERS = [
+    "cbserve_requests_finished_total",
+    "cbserve_requests_failed_total",
+    "cbserve_num_preemptions_total",
+    "cbserve_prefix_cache_queries_total",
+    "cbserve_prefix_cache_hits_total",
+    "cbserve_worker_requests_total",
+]
+GAUGES = [
+    "cbserve_num_requests_running",
+    "cbserve_num_requests_waiting",
+    "cbserve_kv_blocks_total",
+    "cbserve_kv_blocks_used",
+    "cbserve_kv_blocks_cached",
+    "cbserve_workers_connected",
+    "cbserve_worker_connected",
+    "cbserve_worker_num_requests_running",
+    "cbserve_worker_num_requests_waiting",
+    "cbserve_worker_kv_blocks_used",
+    "cbserve_worker_kv_blocks_total",
+]
+WORKER_HISTOGRAMS = ["cbserve_worker_forward_seconds", "cbserve_worker_batch_tokens"]
+MAX_TOKENS = 5
+
+
+@pytest.fixture(scope="module")
+def metrics_stack():
+    worker_args = ["--dtype", "float32", "--num-kv-blocks", "128", "--metrics-port", "0"]
+    with LocalStack(worker_args=worker_args) as stack:
+        yield stack
+
+
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return response.read().decode()
+
+
+def _types(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+
+
+def test_finished_failed_and_cancelled_requests_are_counted(metrics_stack):
+    before = metrics_stack.metrics()
+    with Client(metrics_stack.address) as client:
+        done = client.complete("Count to ten.", max_tokens=MAX_TOKENS, ignore_eos=True)
+        assert done.finish_reason == "LENGTH"
+        with pytest.raises(grpc.RpcError) as raised:
+            client.complete("Hi", top_p=2.0)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        stream = client.generate("Tell me a long story.", max_tokens=200, ignore_eos=True)
+        next(stream)
+        stream.close()  # cancels the call
+
+    def delta(name: str) -> float:
+        return metrics_stack.metrics().get(name, 0.0) - before.get(name, 0.0)
+
+    wait_for(
+        "the cancelled request is counted",
+        lambda: delta('cbserve_requests_finished_total{reason="abort"}') == 1,
+        timeout_s=30,
+    )
+    assert delta('cbserve_requests_finished_total{reason="length"}') == 1
+    assert delta('cbserve_requests_failed_total{code="INVALID_ARGUMENT"}') == 1
+    # Only the request that ran to its end is in the per-request histograms...
+    assert delta("cbserve_e2e_request_latency_seconds_count") == 1
+    assert delta("cbserve_request_generation_tokens_sum") == MAX_TOKENS
+    # ...but both that reached a worker were queued and sent a first token.
+    assert delta("cbserve_request_queue_time_seconds_count") == 2
+    assert delta("cbserve_time_to_first_token_seconds_count") == 2
+    assert delta("cbserve_inter_token_latency_seconds_count") >= MAX_TOKENS - 1
+    worker = f"{metrics_stack.host}:{metrics_stack.worker_ports[0]}"
+    assert delta(f'cbserve_worker_requests_total{{worker="{worker}"}}') == 2
+
+
+def test_every_scheduler_metric_is_exposed_with_its_type(metrics_stack):
+    # After the test above, or alone: one request leaves a sample in every histogram.
+    with Client(metrics_stack.address) as client:
+        client.complete("Hello", max_tokens=3, ignore_eos=True)
+    text = _text(metrics_stack.metrics_url)
+    types = _types(text)
+    expected = {
+        **dict.fromkeys(HISTOGRAMS, "histogram"),
+        **dict.fromkeys(COUNTERS, "counter"),
+        **dict.fromkeys(GAUGES, "gauge"),
+    }
+    assert {name: types.get(name) for name in expected} == expected
+    samples = metrics_stack.metrics()
+    for name in HISTOGRAMS:
+        assert any(key.startswith(f"{name}_count") and value > 0 for key, value in samples.items())
+        assert any(key.startswith(f"{name}_bucket") and 'le="+Inf"' in key for key in samples)
+    worker = f"{metrics_stack.host}:{metrics_stack.worker_ports[0]}"
+    assert per_worker(samples, "cbserve_worker_connected", worker) == 1
+    assert per_worker(samples, "cbserve_worker_kv_blocks_total", worker) == 128
+    assert samples["cbserve_workers_connected"] == 1
+
+
+def test_the_worker_exposes_its_forward_time(metrics_stack):
+    url = worker_metrics_url(metrics_stack.workers[0])
+    with Client(metrics_stack.address) as client:
+        before = scrape(url)
+        client.complete("Hello", max_tokens=3, ignore_eos=True)
+    after = scrape(url)
+    types = _types(_text(url))
+    for name in WORKER_HISTOGRAMS:
+        assert types[name] == "histogram"
+    # One prefill step and two decodes at least (the plan that drops the finished
+    # sequence may come after the reply).
+    steps = (
+        after["cbserve_worker_forward_seconds_count"]
+        - before["cbserve_worker_forward_seconds_count"]
+    )
+    assert steps >= 3
+    assert (
+        after["cbserve_worker_forward_seconds_sum"] > before["cbserve_worker_forward_seconds_sum"]
+    )
