@@ -149,7 +149,13 @@ class WorkerPool:
     def pick(self, prompt_token_ids: Sequence[int], num_tokens: int) -> WorkerEngine:
         """Of the connected workers whose pool can hold num_tokens: the longest cached
         prefix of the prompt, then the fewest requests in flight, then the fewest
-        placed so far (equal workers take turns)."""
+        placed so far (equal workers take turns).
+
+        A cached prefix counts only on a worker with nobody waiting: a hit saves a
+        prefill, but queueing behind a backlog costs more, and without this rule
+        every request sharing a popular prefix (a system prompt) would pile onto
+        the one worker that cached it while the others idle.
+        """
         engines = self.connected_engines()
         if not engines:
             raise ServiceError(
@@ -164,7 +170,7 @@ class WorkerPool:
         return max(
             fitting,
             key=lambda engine: (
-                engine.cached_prefix_tokens(prompt_token_ids),
+                engine.cached_prefix_tokens(prompt_token_ids) if engine.num_waiting == 0 else 0,
                 -engine.load,
                 -engine.num_submitted,
             ),

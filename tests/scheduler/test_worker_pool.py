@@ -90,6 +90,15 @@ def test_placement_prefers_the_longest_cached_prefix(fake_engines):
     assert pool.pick([1] * 40, 100).address == "b"
 
 
+def test_a_cached_prefix_does_not_pull_requests_into_a_backlog(fake_engines):
+    pool = _connected_pool("a", "b")
+    fake_engines["b"].load, fake_engines["b"].hit_tokens = 9, 32
+    fake_engines["b"].num_waiting = 4  # requests already queue there
+    assert pool.pick([1] * 40, 100).address == "a"
+    fake_engines["b"].num_waiting = 0
+    assert pool.pick([1] * 40, 100).address == "b"
+
+
 def test_placement_then_prefers_the_least_loaded_then_takes_turns(fake_engines):
     pool = _connected_pool("a", "b")
     fake_engines["a"].load = 3
