@@ -50,7 +50,8 @@ class Request:
     arrival_time: float = 0.0
     # Lower runs first; equal priorities run in arrival order.
     priority: int = 0
-    # time.monotonic() past which the request is dropped (its gRPC deadline).
+    # Time on the scheduler's clock (time.monotonic unless one is injected)
+    # from which the request is dropped with DEADLINE_EXCEEDED (its gRPC deadline).
     deadline: float | None = None
     seq_id: int = field(default_factory=lambda: next(_next_seq_id), init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
