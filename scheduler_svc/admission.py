@@ -192,6 +192,8 @@ class AdmissionQueue:
         for request in list(self.waiting):
             if len(self.running) >= self.config.max_running_seqs:
                 return
+            if not self._any_may_fit():
+                return  # a full pool: skip looking up every waiting request each step
             if request in step.preempted:
                 continue  # not back in the same step it was preempted in
             if self.blocks.blocks_needed(request.num_tokens) > self.blocks.num_blocks:
@@ -219,6 +221,11 @@ class AdmissionQueue:
         extend_block_hashes(request.block_hashes, token_ids, self.blocks.block_size)
         # Never the last token: its logits are what the prefill is for.
         return self.blocks.find_cached_prefix(token_ids, request.block_hashes, len(token_ids) - 1)
+
+    def _any_may_fit(self) -> bool:
+        # Every admission needs a fresh block beyond the watermark, since a
+        # prefix-cache hit never covers the last token.
+        return self.blocks.num_free_blocks > (self._watermark_blocks if self.running else 0)
 
     def _fits(self, request: Request, hits: list[int]) -> bool:
         if not self.blocks.can_allocate(request.num_tokens, hits):
