@@ -23,7 +23,7 @@ import yaml
 from common.health_probe import build_parser as health_probe_parser
 from scheduler_svc.__main__ import parse_args as parse_scheduler_args
 from worker_svc.__main__ import build_parser as worker_parser
-from worker_svc.config import WorkerConfig
+from worker_svc.__main__ import config_from_args
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {
@@ -154,16 +154,7 @@ def test_worker_commands_make_a_valid_worker_config(variant):
         parsed = _parse_worker(name, args)
         assert (parsed.host, parsed.port) == ("0.0.0.0", 50061)
         # The same validation the worker runs before loading anything.
-        WorkerConfig(
-            model="unused",
-            dtype=parsed.dtype,
-            block_size=parsed.block_size,
-            num_kv_blocks=parsed.num_kv_blocks,
-            kv_cache_memory=parsed.kv_cache_memory,
-            attention_backend=parsed.attention_backend,
-            device=parsed.device,
-            threads=parsed.threads,
-        )
+        config_from_args(parsed, model="unused")
 
 
 @variants

@@ -23,7 +23,7 @@ from kubernetes_validate.utils import latest_version
 from deploy.render_kustomize import KustomizeError, config_map_hash, render
 from scheduler_svc.__main__ import parse_args as parse_scheduler_args
 from worker_svc.__main__ import build_parser as worker_parser
-from worker_svc.config import WorkerConfig
+from worker_svc.__main__ import config_from_args
 
 K8S_DIR = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 KUSTOMIZATIONS = {
@@ -212,18 +212,7 @@ def test_disruption_budget_covers_the_workers(variant):
 @variants
 def test_worker_flags_make_a_valid_worker_config(variant):
     parsed = _worker_args(variant)
-    WorkerConfig(
-        model="unused",
-        dtype=parsed.dtype,
-        block_size=parsed.block_size,
-        num_kv_blocks=parsed.num_kv_blocks,
-        kv_cache_memory=parsed.kv_cache_memory,
-        attention_backend=parsed.attention_backend,
-        device=parsed.device,
-        threads=parsed.threads,
-        host=parsed.host,
-        port=parsed.port,
-    )
+    config_from_args(parsed, model="unused")
 
 
 def test_gpu_overlay_runs_bf16_flash_attention_on_one_gpu_per_worker():

@@ -53,21 +53,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def config_from_args(args: argparse.Namespace, model: str | None = None) -> WorkerConfig:
+    """The validated WorkerConfig the flags describe; raises ValueError when invalid.
+
+    `model` overrides --model (the deployment tests check flags without a model on disk).
+    """
+    return WorkerConfig(
+        model=model or args.model or default_model_path(),
+        dtype=args.dtype,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory=args.kv_cache_memory,
+        attention_backend=args.attention_backend,
+        device=args.device,
+        threads=args.threads,
+        host=args.host,
+        port=args.port,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = WorkerConfig(
-            model=args.model or default_model_path(),
-            dtype=args.dtype,
-            block_size=args.block_size,
-            num_kv_blocks=args.num_kv_blocks,
-            kv_cache_memory=args.kv_cache_memory,
-            attention_backend=args.attention_backend,
-            device=args.device,
-            threads=args.threads,
-            host=args.host,
-            port=args.port,
-        )
+        config = config_from_args(args)
     except ValueError as exc:
         print(f"worker_svc: invalid arguments: {exc}", file=sys.stderr)
         return 2
