@@ -1,9 +1,26 @@
-"""Python client for cbserve.v1.Generation, blocking and asyncio flavours.
+"""Python client for cbserve.v1.Generation, blocking (`Client`) and asyncio (`AsyncClient`).
 
-Sampling settings are keyword arguments named like SamplingParams' fields
-(temperature, top_p, top_k, min_p, seed, max_tokens, min_tokens, stop,
-stop_token_ids, ignore_eos, presence_penalty, frequency_penalty,
-repetition_penalty, logprobs); what is not given takes the server's default.
+    from cbserve import Client
+
+    with Client("localhost:50051") as client:
+        for chunk in client.generate(chat=[("user", "Hi!")], temperature=0):
+            print(chunk.text, end="", flush=True)
+        completion = client.complete("Once upon a time", max_tokens=32, seed=7)
+        print(completion.text, completion.finish_reason, completion.usage)
+        print(client.model_info().model_name)
+
+The input is exactly one of: `prompt` (a string, tokenized by the server), `token_ids`
+(a list of ints) or `chat` (turns rendered with the model's chat template). Sampling
+settings are keyword arguments named like SamplingParams' fields (temperature, top_p,
+top_k, min_p, seed, max_tokens, min_tokens, stop, stop_token_ids, ignore_eos,
+presence_penalty, frequency_penalty, repetition_penalty, logprobs); what is not given
+takes the server's default (temperature 1, max_tokens 256: see generation.proto).
+`request_id` and `priority` (lower runs first) are GenerateRequest fields.
+
+Errors are gRPC statuses raised as `grpc.RpcError` (`grpc.aio.AioRpcError` for the
+asyncio client): INVALID_ARGUMENT for bad input, with a message naming the field,
+RESOURCE_EXHAUSTED when the queue is full, DEADLINE_EXCEEDED past `timeout`,
+UNAVAILABLE when no server or worker answers. Example: examples/python_client.py.
 """
 
 from __future__ import annotations
@@ -29,9 +46,13 @@ def build_request(
     priority: int = 0,
     **sampling,
 ) -> pb.GenerateRequest:
-    """One of prompt, token_ids or chat; chat turns are (role, content) or {"role", "content"}.
+    """The GenerateRequest that `generate` and `complete` send.
 
-    Lower priority values run first; other keyword arguments are SamplingParams fields.
+    Exactly one of prompt, token_ids or chat (else ValueError); chat turns are
+    (role, content) pairs or {"role": ..., "content": ...} dicts. `request_id` is echoed
+    on every response (the server assigns one when empty); lower `priority` values run
+    first. Other keyword arguments are SamplingParams fields (`stop` may be one string);
+    an unknown name raises ValueError.
     """
     given = [value is not None for value in (prompt, token_ids, chat)]
     if sum(given) != 1:
@@ -56,7 +77,12 @@ def build_request(
 
 @dataclass
 class Completion:
-    """A whole reply, assembled from the stream."""
+    """A whole reply, assembled from the stream.
+
+    `text` and `token_ids` are the concatenated deltas, `logprobs` has one entry per
+    token when asked for, `finish_reason` is "STOP", "LENGTH" or "ABORT", and `usage`
+    (prompt_tokens, completion_tokens, cached_prompt_tokens) comes with the last message.
+    """
 
     request_id: str = ""
     text: str = ""
@@ -66,6 +92,7 @@ class Completion:
     usage: pb.Usage | None = None
 
     def add(self, response: pb.GenerateResponse) -> None:
+        """Appends one streamed GenerateResponse."""
         self.request_id = response.request_id
         self.text += response.text
         self.token_ids.extend(response.token_ids)
@@ -76,6 +103,11 @@ class Completion:
 
 
 class Client:
+    """A blocking client over one insecure gRPC channel to the scheduler at `address`.
+
+    Thread-safe, like the channel under it. Use it as a context manager, or call close().
+    """
+
     def __init__(self, address: str = "localhost:50051") -> None:
         self._channel = grpc.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
         self._stub = pb_grpc.GenerationStub(self._channel)
@@ -83,9 +115,12 @@ class Client:
     def generate(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> Iterator[pb.GenerateResponse]:
-        """Streams GenerateResponses; raises grpc.RpcError on a non-OK status.
+        """Streams GenerateResponses as the model produces them.
 
-        Closing the iterator early cancels the request on the server.
+        Takes `build_request`'s arguments. Each response carries only the new `text` and
+        `token_ids`; the last one has `finish_reason` and `usage`. `timeout` (seconds)
+        becomes the gRPC deadline. Raises grpc.RpcError on a non-OK status. Closing the
+        iterator early (break, or close()) cancels the request on the server.
         """
         call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
         try:
@@ -96,15 +131,19 @@ class Client:
     def complete(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> Completion:
+        """Like `generate`, but waits for the end and returns the whole reply."""
         completion = Completion()
         for response in self.generate(prompt, timeout=timeout, **kwargs):
             completion.add(response)
         return completion
 
     def model_info(self, timeout: float | None = 10.0) -> pb.ModelInfo:
+        """GetModelInfo: model name, max_model_len, vocab size, EOS ids, block size,
+        KV capacity in tokens and the connected workers."""
         return self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
 
     def close(self) -> None:
+        """Closes the channel; streams still open are cancelled."""
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -115,6 +154,9 @@ class Client:
 
 
 class AsyncClient:
+    """The asyncio flavour of `Client`: the same methods, to be awaited (`generate` is an
+    async iterator); `async with` closes it."""
+
     def __init__(self, address: str = "localhost:50051") -> None:
         self._channel = grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
         self._stub = pb_grpc.GenerationStub(self._channel)
@@ -122,6 +164,8 @@ class AsyncClient:
     async def generate(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> AsyncIterator[pb.GenerateResponse]:
+        """Streams GenerateResponses; see `Client.generate`. Raises grpc.aio.AioRpcError
+        on a non-OK status; cancelling the task cancels the request on the server."""
         call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
         async for response in call:
             yield response
@@ -129,15 +173,18 @@ class AsyncClient:
     async def complete(
         self, prompt: str | None = None, *, timeout: float | None = None, **kwargs
     ) -> Completion:
+        """Like `generate`, but waits for the end and returns the whole reply."""
         completion = Completion()
         async for response in self.generate(prompt, timeout=timeout, **kwargs):
             completion.add(response)
         return completion
 
     async def model_info(self, timeout: float | None = 10.0) -> pb.ModelInfo:
+        """GetModelInfo; see `Client.model_info`."""
         return await self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
 
     async def close(self) -> None:
+        """Closes the channel; streams still open are cancelled."""
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:
