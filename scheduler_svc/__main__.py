@@ -25,7 +25,7 @@ from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, defaul
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
-from scheduler_svc.config import BATCHING_MODES, SchedulerConfig
+from scheduler_svc.config import BATCHING_MODES, FaultConfig, SchedulerConfig
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.server import GenerationService
 from scheduler_svc.serving_status import follow_workers
@@ -118,6 +118,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="continuous (default): requests join and leave at every step; static: a batch "
         "runs until all its requests finish before new ones join (a baseline)",
     )
+    faults = FaultConfig()
+    parser.add_argument(
+        "--worker-wait-timeout",
+        type=float,
+        default=faults.worker_wait_timeout_s,
+        help="seconds accepted requests wait for a worker when none is connected, before "
+        f"UNAVAILABLE (default {faults.worker_wait_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=float,
+        default=faults.step_timeout_s,
+        help=f"seconds without a step result before a worker counts as dead (default "
+        f"{faults.step_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=faults.grace_period_s,
+        help=f"on SIGTERM, seconds in-flight requests get to finish (default "
+        f"{faults.grace_period_s:g})",
+    )
+    parser.add_argument(
+        "--max-concurrent-streams",
+        type=int,
+        default=faults.max_concurrent_streams,
+        help="Generate calls in flight at once before RESOURCE_EXHAUSTED (default "
+        f"{faults.max_concurrent_streams})",
+    )
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -157,6 +186,12 @@ async def serve(args: argparse.Namespace) -> None:
             max_waiting_requests=args.max_waiting_requests,
             enable_prefix_caching=args.enable_prefix_caching,
             batching=args.batching,
+        )
+        faults = FaultConfig(
+            worker_wait_timeout_s=args.worker_wait_timeout,
+            step_timeout_s=args.step_timeout,
+            grace_period_s=args.grace_period,
+            max_concurrent_streams=args.max_concurrent_streams,
         )
         tokenizer = Tokenizer(args.tokenizer or default_model_path())
         server, health, _ = create_server(f"{args.host}:{args.port}")

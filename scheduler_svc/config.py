@@ -55,3 +55,28 @@ class SchedulerConfig:
         the sequences. vLLM refuses such a config instead.
         """
         return min(self.max_num_seqs, self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """How long the scheduler waits for things that may never come."""
+
+    # With no worker connected, accepted requests wait this long for one to come
+    # back before they end with UNAVAILABLE; new requests get UNAVAILABLE at once
+    # once no worker has been seen for this long.
+    worker_wait_timeout_s: float = 30.0
+    # A step with no result after this long counts as a dead worker (hung).
+    step_timeout_s: float = 60.0
+    # On SIGTERM: in-flight requests get this long to finish before the exit.
+    grace_period_s: float = 30.0
+    # Generate calls in flight at once; past it, RESOURCE_EXHAUSTED.
+    max_concurrent_streams: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("worker_wait_timeout_s", "step_timeout_s", "grace_period_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        streams = self.max_concurrent_streams
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ValueError(f"max_concurrent_streams must be an integer >= 1, got {streams!r}")
