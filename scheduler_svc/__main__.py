@@ -200,7 +200,13 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = SchedulerMetrics()
     pool = WorkerPool(config, tokenizer, metrics, connect_timeout_s=args.worker_connect_timeout)
     metrics.watch(pool)
-    service = GenerationService(pool, tokenizer, config.max_waiting_requests, metrics)
+    service = GenerationService(
+        pool,
+        tokenizer,
+        config.max_waiting_requests,
+        metrics,
+        max_concurrent_streams=faults.max_concurrent_streams,
+    )
     pb_grpc.add_GenerationServicer_to_server(service, server)
     metrics_server = None
     if args.metrics_port >= 0:

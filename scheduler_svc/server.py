@@ -79,12 +79,16 @@ class GenerationService(pb_grpc.GenerationServicer):
         tokenizer: Tokenizer,
         max_waiting_requests: int = 1024,
         metrics: SchedulerMetrics | None = None,
+        max_concurrent_streams: int = 1024,
     ) -> None:
         self.pool = pool
         self.tokenizer = tokenizer
         self.max_waiting_requests = max_waiting_requests
+        self.max_concurrent_streams = max_concurrent_streams
         self.metrics = metrics if metrics is not None else SchedulerMetrics()
         self._in_flight: set[str] = set()
+        # Generate calls between their first line and their last, valid or not.
+        self._num_streams = 0
 
     def _limits(self) -> ModelLimits:
         return ModelLimits(
@@ -120,6 +124,21 @@ class GenerationService(pb_grpc.GenerationServicer):
         return validated, engine, queue
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        if self._num_streams >= self.max_concurrent_streams:
+            # Refused before any work, so that a flood of clients costs next to nothing.
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self._num_streams} Generate streams are open (the limit, "
+                "--max-concurrent-streams); retry later with backoff",
+            )
+        self._num_streams += 1
+        try:
+            async for response in self._generate(request, context):
+                yield response
+        finally:
+            self._num_streams -= 1
+
+    async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         trace = RequestTrace(self.metrics)
         if not request.request_id:
             # Made up now, not in validation, so that a request refused before
