@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from common.metrics import parse_samples
 
 READY_TIMEOUT_S = 300.0
+# After SIGTERM, how long a child may take beyond its --grace-period before SIGKILL.
 STOP_TIMEOUT_S = 10.0
+# The --grace-period LocalStack gives its children: short, so that stopping a stack
+# with requests still in flight (a test's teardown, Ctrl-C) does not wait 30 s.
+DEFAULT_GRACE_PERIOD_S = 2.0
 
 
 def _die_with_parent() -> None:
@@ -75,11 +79,12 @@ class ChildProcess:
                 raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f}s")
         return next(line for line in self.lines if " ready " in line)
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Sends sig, waits timeout_s for the exit, then SIGKILL; returns the exit code."""
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, sig)
-                self.process.wait(STOP_TIMEOUT_S)
+                self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
@@ -100,6 +105,8 @@ class LocalStack:
     worker_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
+    # --grace-period of every child, unless its args set one.
+    grace_period_s: float = DEFAULT_GRACE_PERIOD_S
     workers: list[ChildProcess] = field(default_factory=list, init=False)
     scheduler: ChildProcess | None = field(default=None, init=False)
 
@@ -134,6 +141,7 @@ class LocalStack:
                     "--port",
                     str(port),
                 ]
+                argv += self._grace_args(self.worker_args)
                 self.workers.append(ChildProcess(f"worker{index}", argv + self.worker_args))
             for worker in self.workers:
                 worker.wait_ready()
@@ -142,12 +150,18 @@ class LocalStack:
             argv += ["--metrics-port", str(self.metrics_port)]
             for port in self.worker_ports:
                 argv += ["--worker", f"{self.host}:{port}"]
+            argv += self._grace_args(self.scheduler_args)
             self.scheduler = ChildProcess("scheduler", argv + self.scheduler_args)
             self.scheduler.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _grace_args(self, args: list[str]) -> list[str]:
+        if any(arg.startswith("--grace-period") for arg in args):
+            return []
+        return ["--grace-period", str(self.grace_period_s)]
 
     def children(self) -> list[ChildProcess]:
         return [*([self.scheduler] if self.scheduler else []), *self.workers]
@@ -158,7 +172,7 @@ class LocalStack:
     def stop(self) -> None:
         # Scheduler first, so that it never sees its workers vanish mid-step.
         for child in self.children():
-            child.stop()
+            child.stop(timeout_s=self.grace_period_s + STOP_TIMEOUT_S)
 
     def __enter__(self) -> LocalStack:
         return self.start()

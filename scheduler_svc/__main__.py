@@ -17,6 +17,7 @@ import asyncio
 import signal
 import sys
 
+import structlog
 import uvloop
 
 from cbserve.v1 import generation_pb2 as pb
@@ -40,6 +41,8 @@ from scheduler_svc.worker_discovery import (
 from scheduler_svc.worker_pool import WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+
+log = structlog.get_logger("scheduler_svc")
 
 
 class StartupError(Exception):
@@ -240,12 +243,17 @@ async def serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    # Graceful shutdown: NOT_SERVING first (balancers stop sending), new calls get
+    # UNAVAILABLE, calls in flight get --grace-period to finish; then stop.
     health_task.cancel()
     await asyncio.gather(health_task, return_exceptions=True)
     await set_serving(health, [SERVICE_NAME], serving=False)
+    log.info("shutting_down", grace_period_s=faults.grace_period_s)
+    cut = await service.drain(faults.grace_period_s)
+    log.info("drained", requests_cut=cut)
     if discovery is not None:
         await discovery.stop()
-    await server.stop(grace=2.0)
+    await server.stop(grace=1.0)
     await pool.stop()
     if metrics_server is not None:
         await metrics_server.stop()

@@ -5,11 +5,16 @@ picks which), and streams that engine's outputs as GenerateResponses. A
 client that cancels or disconnects ends the handler, whose cleanup aborts the
 request so that its blocks are freed at the next step. Each call keeps a
 RequestTrace: its metrics and its one summary log line.
+
+drain() is the graceful shutdown: new calls get UNAVAILABLE, calls in flight
+get the grace period to finish, and those still running then end with
+UNAVAILABLE (their blocks freed) rather than being cut off silently.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
@@ -89,6 +94,11 @@ class GenerationService(pb_grpc.GenerationServicer):
         self._in_flight: set[str] = set()
         # Generate calls between their first line and their last, valid or not.
         self._num_streams = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+        # Placed requests: request_id -> (engine, queue), so that drain() can end them.
+        self._placed: dict[str, tuple[WorkerEngine, asyncio.Queue]] = {}
 
     def _limits(self) -> ModelLimits:
         return ModelLimits(
@@ -123,7 +133,34 @@ class GenerationService(pb_grpc.GenerationServicer):
         trace.placed(engine.address, len(prompt))
         return validated, engine, queue
 
+    async def drain(self, grace_s: float) -> int:
+        """Refuses new calls, waits up to grace_s for those in flight; returns how
+        many were still running then, which end with UNAVAILABLE."""
+        self._draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+            return 0
+        except asyncio.TimeoutError:
+            pass
+        left = list(self._placed.items())
+        for request_id, (engine, queue) in left:
+            engine.abort(request_id)
+            queue.put_nowait(
+                ServiceError(
+                    "the server is shutting down (grace period over); retry on another server",
+                    grpc.StatusCode.UNAVAILABLE,
+                )
+            )
+        # Let the handlers send their status before the server stops.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 2.0)
+        return len(left)
+
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        if self._draining:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another"
+            )
         if self._num_streams >= self.max_concurrent_streams:
             # Refused before any work, so that a flood of clients costs next to nothing.
             await context.abort(
@@ -132,11 +169,14 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-concurrent-streams); retry later with backoff",
             )
         self._num_streams += 1
+        self._idle.clear()
         try:
             async for response in self._generate(request, context):
                 yield response
         finally:
             self._num_streams -= 1
+            if self._num_streams == 0:
+                self._idle.set()
 
     async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         trace = RequestTrace(self.metrics)
@@ -162,6 +202,7 @@ class GenerationService(pb_grpc.GenerationServicer):
     ):
         """Yields the request's responses; records how it ended in trace."""
         self._in_flight.add(request_id)
+        self._placed[request_id] = (engine, queue)
         outcome: ServiceError | FinishReason | None = None
         try:
             while outcome is None:
@@ -174,6 +215,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 yield to_response(item, self.tokenizer)
         finally:
             self._in_flight.discard(request_id)
+            self._placed.pop(request_id, None)
             trace.first_scheduled = engine.take_first_scheduled_time(request_id)
             if outcome is None:
                 # Cancelled, disconnected or past its deadline: free its blocks.

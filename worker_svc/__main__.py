@@ -1,7 +1,7 @@
 """python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH] [--dtype float32|bfloat16]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
 [--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
-[--log-level info]
+[--grace-period 30] [--log-level info]
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import sys
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
 from common.logging import configure_logging
 from worker_svc.config import ATTENTION_BACKENDS, DEFAULT_DTYPE, DTYPES, WorkerConfig
+
+DEFAULT_GRACE_PERIOD_S = 30.0
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 
@@ -49,8 +51,27 @@ def build_parser() -> argparse.ArgumentParser:
         "0 picks a free port, printed in the ready line (default -1: off, so that several "
         "workers on one host need no port each)",
     )
+    parser.add_argument(
+        "--grace-period",
+        type=_positive_seconds,
+        default=DEFAULT_GRACE_PERIOD_S,
+        metavar="SECONDS",
+        help="on SIGTERM: health NOT_SERVING, and the open Step stream gets this long to be "
+        f"closed by its scheduler before the worker ends it and exits (default "
+        f"{DEFAULT_GRACE_PERIOD_S:g})",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace, model: str | None = None) -> WorkerConfig:
@@ -82,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     from worker_svc.server import run
 
-    return run(config, args.metrics_port)
+    return run(config, args.metrics_port, args.grace_period)
 
 
 if __name__ == "__main__":

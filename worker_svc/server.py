@@ -7,11 +7,18 @@ a new stream and executing plans are queued on it in order.
 
 A new Step stream supersedes the previous one: the runner is reset, and the
 old stream is ended with ABORTED as soon as it is not in the middle of a step.
+A stream that ends (the scheduler closed it, or died) drops the runner's state
+too, so that a worker without a scheduler holds nothing and waits for the next.
+
+On SIGTERM the worker drains: health NOT_SERVING, new streams refused with
+UNAVAILABLE, and the open stream gets --grace-period seconds to be closed by
+its scheduler; past that it ends with UNAVAILABLE after the step in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -34,6 +41,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("worker_svc.server")
 
+DEFAULT_GRACE_PERIOD_S = 30.0
+
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
@@ -55,6 +64,29 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._superseded: asyncio.Event | None = None
         # Forward-thread side: the stream the runner's state belongs to.
         self._runner_stream = 0
+        self._open_streams = 0
+        self._no_stream = asyncio.Event()
+        self._no_stream.set()
+        self._draining = False
+        self._closing = False
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuses new streams; gives the open one grace_s to end, then ends it
+        after its step in flight and waits (briefly) for that."""
+        self._draining = True
+        try:
+            await asyncio.wait_for(self._no_stream.wait(), grace_s)
+            return
+        except asyncio.TimeoutError:
+            pass
+        self._closing = True
+        if self._superseded is not None:
+            self._superseded.set()
+        try:
+            # A step in flight finishes first; the forward pass is not interrupted.
+            await asyncio.wait_for(self._no_stream.wait(), 30.0)
+        except asyncio.TimeoutError:
+            log.warning("step_stream_not_closed")
 
     def set_ready(self, worker: Worker) -> None:
         self._worker = worker
@@ -71,14 +103,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request_iterator: AsyncIterator[worker_pb2.StepPlan], context
     ) -> AsyncIterator[worker_pb2.StepResult]:
         worker = await self._require_worker(context)
+        if self._draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
         loop = asyncio.get_running_loop()
         self._latest_stream += 1
         stream = self._latest_stream
         if self._superseded is not None:
             self._superseded.set()
         superseded = self._superseded = asyncio.Event()
-        await loop.run_in_executor(self.executor, self._reset, worker, stream)
-        log.info("step_stream_opened", stream=stream, peer=context.peer())
+        self._open_streams += 1
+        self._no_stream.clear()
+        try:
+            await loop.run_in_executor(self.executor, self._reset, worker, stream)
+            log.info("step_stream_opened", stream=stream, peer=context.peer())
+            async for result in self._serve_stream(
+                worker, stream, superseded, request_iterator, context
+            ):
+                yield result
+        finally:
+            self._open_streams -= 1
+            if self._open_streams == 0:
+                self._no_stream.set()
+            if stream == self._latest_stream:
+                # No scheduler holds this state any more: free it now, not at the
+                # next stream. Queued on the forward thread, after any step in flight.
+                with contextlib.suppress(RuntimeError):  # the executor is shut down
+                    self.executor.submit(self._drop, worker, stream)
+
+    async def _serve_stream(self, worker, stream, superseded, request_iterator, context):
+        loop = asyncio.get_running_loop()
 
         plans = request_iterator.__aiter__()
         superseded_wait = asyncio.ensure_future(superseded.wait())
@@ -124,6 +177,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 next_plan.cancel()
 
     async def _abort_superseded(self, context, stream: int) -> None:
+        if self._closing:
+            log.info("step_stream_closed_at_shutdown", stream=stream)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
         log.info("step_stream_superseded", stream=stream)
         await context.abort(grpc.StatusCode.ABORTED, "superseded by a newer Step stream")
 
@@ -131,6 +187,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _reset(self, worker: Worker, stream: int) -> None:
         worker.runner.reset()
         self._runner_stream = stream
+
+    def _drop(self, worker: Worker, stream: int) -> None:
+        if stream == self._runner_stream:
+            worker.runner.reset()
+            log.info("step_stream_state_dropped", stream=stream)
 
     def _execute(
         self, worker: Worker, stream: int, plan: worker_pb2.StepPlan
@@ -157,10 +218,13 @@ def ready_line(
     )
 
 
-async def serve(config: WorkerConfig, metrics_port: int = -1) -> None:
+async def serve(
+    config: WorkerConfig, metrics_port: int = -1, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+) -> None:
     """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError.
 
     metrics_port: serve /metrics there (0 picks a free port); -1, none.
+    grace_period_s: on SIGTERM, how long the open Step stream gets to end.
     """
     # Bound before the model loads, so that a taken port fails in a second;
     # the bound port is the real one under `--port 0`, for the ready line.
@@ -209,8 +273,9 @@ async def serve(config: WorkerConfig, metrics_port: int = -1) -> None:
             ready_line(config, port, worker, metrics_server.port if metrics_server else None)
         )
         await stop.wait()
-        log.info("worker_stopping")
+        log.info("worker_stopping", grace_period_s=grace_period_s)
         await health.enter_graceful_shutdown()
+        await servicer.drain(grace_period_s)
     finally:
         await server.stop(grace=1.0)
         if metrics_server is not None:
@@ -218,11 +283,13 @@ async def serve(config: WorkerConfig, metrics_port: int = -1) -> None:
         servicer.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def run(config: WorkerConfig, metrics_port: int = -1) -> int:
+def run(
+    config: WorkerConfig, metrics_port: int = -1, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+) -> int:
     import uvloop
 
     try:
-        uvloop.run(serve(config, metrics_port))
+        uvloop.run(serve(config, metrics_port, grace_period_s))
     except StartupError as exc:
         print(f"worker_svc: cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
