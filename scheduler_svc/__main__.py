@@ -201,7 +201,9 @@ async def serve(args: argparse.Namespace) -> None:
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
     metrics = SchedulerMetrics()
-    pool = WorkerPool(config, tokenizer, metrics, connect_timeout_s=args.worker_connect_timeout)
+    pool = WorkerPool(
+        config, tokenizer, metrics, connect_timeout_s=args.worker_connect_timeout, faults=faults
+    )
     metrics.watch(pool)
     service = GenerationService(
         pool,

@@ -242,7 +242,9 @@ class AdmissionQueue:
         self.blocks.allocate(request.seq_id, request.num_tokens, hits)
         num_cached_tokens = len(hits) * self.blocks.block_size
         request.num_computed_tokens = num_cached_tokens
-        if request.num_preemptions == 0:
+        if request.num_preemptions == 0 and request.num_output_tokens == 0:
+            # The first admission (a request moved off a lost worker before it
+            # sampled counts as one: it is prefilled from scratch there).
             request.cached_prompt_tokens = num_cached_tokens
         self.stats.prefix_cache_queries += request.num_tokens
         self.stats.prefix_cache_hits += num_cached_tokens

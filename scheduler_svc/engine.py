@@ -8,6 +8,14 @@ asyncio.Queue, which its Generate handler drains.
 The pool reads an engine to place requests (load, prefix-cache hits) and is
 told when its connection comes or goes (on_connection_change), which is what
 the scheduler's health status follows.
+
+A lost worker (its stream broke, or no step result within --step-timeout:
+hung) loses nothing: its unfinished requests are taken out of its Scheduler as
+Migrants (request with its output so far, output processor, the client's
+queue) and handed to the pool (Migrations.requests_lost), which queues them on
+another worker's engine (adopt) where they are prefilled over prompt + output
+and go on where they stopped: the client sees no token twice and none lost.
+Then the engine reconnects with backoff and serves again.
 """
 
 from __future__ import annotations
@@ -16,13 +24,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import structlog
 
 from common.errors import ServiceError
-from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.output_processor import RequestOutputProcessor
 from scheduler_svc.prefix_hash import extend_block_hashes
 from scheduler_svc.request import Request, RequestOutput
 from scheduler_svc.scheduler import Scheduler
@@ -42,6 +52,29 @@ RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 StreamItem = RequestOutput | ServiceError
 
 
+@dataclass
+class Migrant:
+    """An unfinished request off a lost worker, on its way to another one."""
+
+    request: Request
+    processor: RequestOutputProcessor
+    # The client's queue: its Generate handler keeps reading it wherever the request runs.
+    queue: asyncio.Queue[StreamItem]
+    first_scheduled: float | None
+    # When its worker was lost (time.monotonic()).
+    lost_at: float
+
+
+class Migrations(Protocol):
+    """What an engine asks of its pool about requests that moved (the pool implements it)."""
+
+    def requests_lost(self, engine: WorkerEngine, migrants: list[Migrant]) -> None: ...
+
+    def abort_moved(self, request_id: str) -> None: ...
+
+    def take_moved_first_scheduled_time(self, request_id: str) -> float | None: ...
+
+
 class WorkerEngine:
     def __init__(
         self,
@@ -51,8 +84,13 @@ class WorkerEngine:
         *,
         metrics: SchedulerMetrics | None = None,
         on_connection_change: Callable[[WorkerEngine], None] | None = None,
+        faults: FaultConfig | None = None,
+        migrations: Migrations | None = None,
     ) -> None:
         self.address = address
+        self.faults = faults if faults is not None else FaultConfig()
+        # Without it (an engine on its own), a lost worker's requests end with UNAVAILABLE.
+        self.migrations = migrations
         self.config = config
         self.tokenizer = tokenizer
         self.client = WorkerClient(address)
@@ -128,8 +166,37 @@ class WorkerEngine:
         return len(hits) * manager.block_size
 
     def take_first_scheduled_time(self, request_id: str) -> float | None:
-        """When the request was first scheduled (time.monotonic()), None if never; forgets it."""
+        """When the request was first scheduled (time.monotonic()), None if never; forgets it.
+
+        Asks the pool when the request has moved to another worker since.
+        """
+        if request_id in self._first_scheduled:
+            return self._first_scheduled.pop(request_id)
+        if self.migrations is not None:
+            return self.migrations.take_moved_first_scheduled_time(request_id)
+        return None
+
+    def take_local_first_scheduled_time(self, request_id: str) -> float | None:
         return self._first_scheduled.pop(request_id, None)
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._queues
+
+    def adopt(self, migrant: Migrant) -> None:
+        """Queues a request from a lost worker; its client's stream goes on from here."""
+        request = migrant.request
+        if not self.connected or self.scheduler is None:
+            raise ServiceError(
+                f"worker {self.address} is not connected", grpc.StatusCode.UNAVAILABLE
+            )
+        try:
+            self.scheduler.adopt(request, migrant.processor)
+        except ValueError as error:
+            raise ServiceError(str(error), grpc.StatusCode.UNAVAILABLE) from error
+        self._queues[request.request_id] = migrant.queue
+        if migrant.first_scheduled is not None:
+            self._first_scheduled[request.request_id] = migrant.first_scheduled
+        self._wakeup.set()
 
     async def start(self, connect_timeout_s: float) -> None:
         """Connects (raising WorkerLost after the timeout) and starts the loop."""
@@ -183,10 +250,18 @@ class WorkerEngine:
         return num_tokens <= self.capacity_tokens
 
     def abort(self, request_id: str) -> None:
-        """The client is gone: free its blocks at the next step."""
-        if self._queues.pop(request_id, None) is not None and self.scheduler is not None:
+        """The client is gone: free its blocks at the next step (wherever the request moved)."""
+        if not self.abort_local(request_id) and self.migrations is not None:
+            self.migrations.abort_moved(request_id)
+
+    def abort_local(self, request_id: str) -> bool:
+        """Aborts the request if this engine holds it; whether it did."""
+        if self._queues.pop(request_id, None) is None:
+            return False
+        if self.scheduler is not None:
             self.scheduler.abort_request(request_id)
             self._wakeup.set()
+        return True
 
     async def stop(self) -> None:
         """Stops the loop and closes the stream; requests still here end with UNAVAILABLE,
@@ -210,7 +285,7 @@ class WorkerEngine:
             self._note_first_scheduled(plan)
             started = time.monotonic()
             try:
-                result = await self.client.step(plan)
+                result = await self._step(plan)
                 if self._metrics is not None:
                     self._metrics.step_duration.observe(
                         time.monotonic() - started, worker=self.address
@@ -227,6 +302,17 @@ class WorkerEngine:
             for output in outputs:
                 self._deliver(output)
             self._deliver_failures()
+
+    async def _step(self, plan):
+        """One step on the worker; no result within --step-timeout is a lost (hung) worker."""
+        timeout = self.faults.step_timeout_s
+        try:
+            return await asyncio.wait_for(self.client.step(plan), timeout)
+        except TimeoutError:
+            raise WorkerLost(
+                f"worker {self.address} gave no result for step {plan.step_id} within "
+                f"{timeout:g} s (--step-timeout): counted as hung"
+            ) from None
 
     def _note_first_scheduled(self, plan) -> None:
         if not plan.new_sequences:
@@ -268,14 +354,17 @@ class WorkerEngine:
             del self._queues[output.request_id]
 
     async def _recover(self, error: WorkerLost) -> None:
-        """Fails the worker's requests and reconnects with backoff.
+        """Hands the worker's unfinished requests to the pool, then reconnects with backoff.
 
-        Until the fault-tolerance work lands, requests on a lost worker end with
-        UNAVAILABLE; the reconnected worker starts from an empty state.
+        The reconnected worker starts from an empty state.
         """
         log.error("worker lost", worker=self.address, error=str(error), requests=len(self._queues))
+        await self.client.close()
         self._set_connected(False)
-        self._fail_all(f"worker {self.address} failed mid-request ({error})")
+        if self.migrations is None:
+            self._fail_all(f"worker {self.address} failed mid-request ({error})")
+        else:
+            self.migrations.requests_lost(self, self.take_migrants())
         attempt = 0
         while True:
             delay = RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)]
@@ -288,6 +377,23 @@ class WorkerEngine:
             self._reset_scheduler()
             log.info("worker reconnected", worker=self.address, attempts=attempt)
             return
+
+    def take_migrants(self) -> list[Migrant]:
+        """Empties the engine of its unfinished requests, to be resumed elsewhere."""
+        if self.scheduler is None:
+            return []
+        self._deliver_failures()
+        now = time.monotonic()
+        migrants = []
+        for request, processor in self.scheduler.take_unfinished():
+            queue = self._queues.pop(request.request_id, None)
+            if queue is None:
+                continue  # its client is gone
+            first = self._first_scheduled.pop(request.request_id, None)
+            migrants.append(Migrant(request, processor, queue, first, now))
+        # Any queue left has no request behind it any more (cannot happen; never hang one).
+        self._fail_all(f"worker {self.address} was lost")
+        return migrants
 
     def _fail_all(self, reason: str) -> None:
         failure = ServiceError(f"{reason}; retry the request", grpc.StatusCode.UNAVAILABLE)

@@ -7,12 +7,19 @@ runs. A discovered worker is connected in the background, retrying until it
 answers or its address disappears, so the scheduler starts before any worker
 is up and becomes SERVING when the first one connects (`changed` is set on
 every connect and disconnect; the health status follows it).
+
+Requests of a lost worker (engine.Migrations) are queued on the connected
+worker with the fewest requests in flight whose pool holds them. With no such
+worker they wait in the pool, up to --worker-wait-timeout after their worker
+was lost, for one to connect (a lost worker reconnecting counts), then end
+with UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -20,8 +27,8 @@ import grpc
 import structlog
 
 from common.errors import ServiceError
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine import WorkerEngine
+from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.engine import Migrant, WorkerEngine
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.worker_client import WorkerLost
@@ -39,8 +46,10 @@ class WorkerPool:
         tokenizer: Tokenizer,
         metrics: SchedulerMetrics | None = None,
         connect_timeout_s: float = 30.0,
+        faults: FaultConfig | None = None,
     ) -> None:
         self.config = config
+        self.faults = faults if faults is not None else FaultConfig()
         self.tokenizer = tokenizer
         self.metrics = metrics
         # How long one background connection attempt of a discovered worker lasts
@@ -53,6 +62,9 @@ class WorkerPool:
         self.retired_stats = SchedulerStats()
         self._static: set[str] = set()
         self._connecting: dict[str, asyncio.Task] = {}
+        # Requests of lost workers waiting for a worker to take them, by request id.
+        self._orphans: dict[str, Migrant] = {}
+        self._orphan_timer: asyncio.TimerHandle | None = None
 
     def _new_engine(self, address: str) -> WorkerEngine:
         engine = WorkerEngine(
@@ -61,6 +73,8 @@ class WorkerPool:
             self.tokenizer,
             metrics=self.metrics,
             on_connection_change=self._connection_changed,
+            faults=self.faults,
+            migrations=self,
         )
         self.engines[address] = engine
         return engine
@@ -72,6 +86,88 @@ class WorkerPool:
             workers_connected=len(self.connected_engines()),
         )
         self.changed.set()
+        if engine.connected and self._orphans:
+            self._place_orphans()
+
+    # -- requests of lost workers (engine.Migrations) ---------------------------------
+
+    def requests_lost(self, engine: WorkerEngine, migrants: list[Migrant]) -> None:
+        """Resumes a lost worker's requests elsewhere, or keeps them until a worker connects."""
+        for migrant in migrants:
+            self._orphans[migrant.request.request_id] = migrant
+        log.warning(
+            "moving a lost worker's requests",
+            worker=engine.address,
+            requests=len(migrants),
+            workers_connected=len(self.connected_engines()),
+        )
+        self._place_orphans()
+
+    def _place_orphans(self) -> None:
+        for request_id, migrant in list(self._orphans.items()):
+            request = migrant.request
+            num_tokens = request.num_prompt_tokens + request.sampling.max_tokens
+            fitting = [e for e in self.connected_engines() if e.fits(num_tokens)]
+            if not fitting:
+                continue
+            engine = min(fitting, key=lambda e: (e.load, e.num_submitted))
+            del self._orphans[request_id]
+            try:
+                engine.adopt(migrant)
+            except ServiceError as error:
+                migrant.queue.put_nowait(error)
+                continue
+            log.info(
+                "request resumed on another worker",
+                request_id=request_id,
+                worker=engine.address,
+                output_tokens=request.num_output_tokens,
+            )
+        self._arm_orphan_timer()
+
+    def _arm_orphan_timer(self) -> None:
+        if self._orphan_timer is not None:
+            self._orphan_timer.cancel()
+            self._orphan_timer = None
+        if not self._orphans:
+            return
+        first = min(migrant.lost_at for migrant in self._orphans.values())
+        delay = max(0.0, first + self.faults.worker_wait_timeout_s - time.monotonic())
+        self._orphan_timer = asyncio.get_running_loop().call_later(delay, self._expire_orphans)
+
+    def _expire_orphans(self) -> None:
+        self._orphan_timer = None
+        now = time.monotonic()
+        timeout = self.faults.worker_wait_timeout_s
+        for request_id, migrant in list(self._orphans.items()):
+            if migrant.lost_at + timeout <= now:
+                del self._orphans[request_id]
+                migrant.queue.put_nowait(
+                    ServiceError(
+                        f"its worker was lost and no worker could take it within {timeout:g} s "
+                        "(--worker-wait-timeout); retry the request",
+                        grpc.StatusCode.UNAVAILABLE,
+                    )
+                )
+        self._arm_orphan_timer()
+
+    def abort_moved(self, request_id: str) -> None:
+        if self._orphans.pop(request_id, None) is not None:
+            self._arm_orphan_timer()
+            return
+        for engine in self.engines.values():
+            if engine.abort_local(request_id):
+                return
+
+    def take_moved_first_scheduled_time(self, request_id: str) -> float | None:
+        migrant = self._orphans.get(request_id)
+        if migrant is not None:
+            return migrant.first_scheduled
+        for engine in self.engines.values():
+            first = engine.take_local_first_scheduled_time(request_id)
+            if first is not None:
+                return first
+        return None
 
     async def start(self, addresses: Sequence[str], connect_timeout_s: float) -> None:
         """Connects the static workers; raises WorkerLost naming the first that did not answer."""
@@ -132,6 +228,16 @@ class WorkerPool:
             setattr(self.retired_stats, item.name, total)
 
     async def stop(self) -> None:
+        if self._orphan_timer is not None:
+            self._orphan_timer.cancel()
+            self._orphan_timer = None
+        for migrant in self._orphans.values():
+            migrant.queue.put_nowait(
+                ServiceError(
+                    "the scheduler is stopping; retry the request", grpc.StatusCode.UNAVAILABLE
+                )
+            )
+        self._orphans.clear()
         for task in self._connecting.values():
             task.cancel()
         await asyncio.gather(*self._connecting.values(), return_exceptions=True)
@@ -140,8 +246,8 @@ class WorkerPool:
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued on every worker, not yet running."""
-        return sum(engine.num_waiting for engine in self.engines.values())
+        """Requests queued on every worker, not yet running, and those waiting for a worker."""
+        return len(self._orphans) + sum(engine.num_waiting for engine in self.engines.values())
 
     def connected_engines(self) -> list[WorkerEngine]:
         return [engine for engine in self.engines.values() if engine.connected]

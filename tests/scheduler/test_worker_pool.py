@@ -29,7 +29,9 @@ class FakeEngine:
 
     instances: dict[str, FakeEngine] = {}
 
-    def __init__(self, address, config, tokenizer, *, metrics=None, on_connection_change=None):
+    def __init__(
+        self, address, config, tokenizer, *, metrics=None, on_connection_change=None, **_hooks
+    ):
         self.address = address
         self.connected = False
         self.stopped = False

@@ -1,0 +1,197 @@
+"""Dead and hung workers: no token lost or repeated, and UNAVAILABLE only when no
+worker comes back within --worker-wait-timeout.
+
+Real processes on loopback; faults are signals: SIGKILL (a dead worker: its
+stream breaks), SIGSTOP (a hung one: no step result within --step-timeout).
+Requests are greedy with ignore_eos, so a stream that was moved to another
+worker must carry exactly the tokens of a run without a fault. Workers run one
+thread each (two processes spinning in OpenMP on two cores are many times slower).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+import pytest
+
+from cbserve.client import AsyncClient, Client
+from cbserve.local_stack import ChildProcess, LocalStack
+
+WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+MAX_TOKENS = 24
+PROMPTS = [
+    f"Request {index}: tell a short story about a {animal}."
+    for index, animal in enumerate(["cat", "dog", "fox", "owl", "bee", "elk"])
+]
+STEP_TIMEOUT_S = 3.0
+WAIT_TIMEOUT_S = 15.0
+
+
+def _restart_worker(stack: LocalStack, index: int) -> None:
+    """A new worker process on the same port as worker `index` (which must have exited)."""
+    old = stack.workers[index]
+    old.stop(signal.SIGKILL)
+    stack.workers[index] = ChildProcess(old.name, old.argv)
+    stack.workers[index].wait_ready()
+
+
+def _connected_workers(stack: LocalStack) -> int:
+    return sum(
+        int(value)
+        for name, value in stack.metrics().items()
+        if name.startswith("cbserve_worker_connected{")
+    )
+
+
+def _wait_for_workers(stack: LocalStack, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _connected_workers(stack) != count:
+        assert time.monotonic() < deadline, f"not {count} connected workers after {timeout_s} s"
+        time.sleep(0.2)
+
+
+def _reference(stack: LocalStack) -> list[list[int]]:
+    """The same requests streamed at once, without a fault."""
+    results, _ = asyncio.run(_stream_all(stack.address, lambda: None))
+    assert all(finish is not None for _, finish in results)
+    return [tokens for tokens, _ in results]
+
+
+def _assert_same_tokens(results, at_fault, reference) -> None:
+    for (tokens, finish), expected in zip(results, reference, strict=True):
+        assert tokens == expected
+        assert finish is not None
+    # The fault came mid-decode: every stream had tokens, some were still going.
+    assert all(count > 0 for count in at_fault)
+    assert any(count < MAX_TOKENS for count in at_fault), at_fault
+
+
+async def _stream_all(address: str, fault, after_tokens: int = 3):
+    """Streams every prompt at once; calls fault() once every stream has `after_tokens`.
+
+    Returns per prompt (token ids, finish reason), or (the gRPC status code it ended
+    with, token ids); and how many tokens each stream had when the fault came.
+    """
+    started = [asyncio.Event() for _ in PROMPTS]
+    streamed = [0 for _ in PROMPTS]
+
+    async def one(client: AsyncClient, index: int):
+        tokens: list[int] = []
+        finish = None
+        try:
+            async for response in client.generate(PROMPTS[index], max_tokens=MAX_TOKENS, **GREEDY):
+                tokens.extend(response.token_ids)
+                streamed[index] = len(tokens)
+                if len(tokens) >= after_tokens:
+                    started[index].set()
+                if response.finish_reason:
+                    finish = response.finish_reason
+        except grpc.aio.AioRpcError as error:
+            started[index].set()
+            return error.code(), tokens
+        return tokens, finish
+
+    async with AsyncClient(address) as client:
+        tasks = [asyncio.create_task(one(client, index)) for index in range(len(PROMPTS))]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 120)
+        at_fault = list(streamed)
+        await asyncio.to_thread(fault)
+        return await asyncio.wait_for(asyncio.gather(*tasks), 180), at_fault
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    with LocalStack(
+        num_workers=2,
+        worker_args=WORKER_ARGS,
+        scheduler_args=["--step-timeout", str(STEP_TIMEOUT_S)],
+    ) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def reference(two_workers):
+    return _reference(two_workers)
+
+
+def test_a_killed_workers_requests_finish_on_the_other_with_the_same_tokens(two_workers, reference):
+    _wait_for_workers(two_workers, 2)
+    results, at_fault = asyncio.run(
+        _stream_all(two_workers.address, lambda: two_workers.workers[0].process.kill())
+    )
+    _assert_same_tokens(results, at_fault, reference)
+    # The lost worker comes back on its port: the scheduler reconnects, and the
+    # next test puts half of its requests on it.
+    _restart_worker(two_workers, 0)
+    _wait_for_workers(two_workers, 2)
+
+
+def test_a_hung_worker_counts_as_dead_after_the_step_timeout(two_workers, reference):
+    _wait_for_workers(two_workers, 2)
+    hung = two_workers.workers[1].process
+    try:
+        started = time.monotonic()
+        results, at_fault = asyncio.run(
+            _stream_all(two_workers.address, lambda: hung.send_signal(signal.SIGSTOP))
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        hung.send_signal(signal.SIGCONT)
+    _assert_same_tokens(results, at_fault, reference)
+    assert elapsed >= STEP_TIMEOUT_S
+    # Woken up, it is reconnected (its old stream is superseded) and serves again.
+    _wait_for_workers(two_workers, 2)
+    assert _reference(two_workers) == reference
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    with LocalStack(
+        num_workers=1,
+        worker_args=WORKER_ARGS,
+        scheduler_args=["--worker-wait-timeout", str(WAIT_TIMEOUT_S)],
+    ) as stack:
+        yield stack
+
+
+def test_requests_wait_for_a_worker_that_comes_back(one_worker):
+    _wait_for_workers(one_worker, 1)
+    reference = _reference(one_worker)
+
+    def kill_and_restart():
+        one_worker.workers[0].process.kill()
+        _restart_worker(one_worker, 0)
+
+    results, at_fault = asyncio.run(_stream_all(one_worker.address, kill_and_restart))
+    _assert_same_tokens(results, at_fault, reference)
+
+
+def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worker):
+    _wait_for_workers(one_worker, 1)
+    killed_at = []
+
+    def kill():
+        one_worker.workers[0].process.kill()
+        killed_at.append(time.monotonic())
+
+    try:
+        results, _ = asyncio.run(_stream_all(one_worker.address, kill))
+        ended = time.monotonic()
+        for code, tokens in results:
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert 3 <= len(tokens) < MAX_TOKENS
+        assert ended - killed_at[0] >= WAIT_TIMEOUT_S - 1
+        # A new request is refused at once.
+        with Client(one_worker.address) as client:
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as refused:
+                client.complete(PROMPTS[0], max_tokens=4, timeout=30, **GREEDY)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started < 2
+    finally:
+        _restart_worker(one_worker, 0)
+        _wait_for_workers(one_worker, 1)
