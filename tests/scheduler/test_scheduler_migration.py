@@ -7,9 +7,17 @@ and their clients see exactly the tokens and text of a run without the fault.
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
+import grpc
 import pytest
 
+from common.errors import ServiceError
+from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.engine import WorkerEngine
 from scheduler_svc.request import RequestStatus
+from scheduler_svc.worker_pool import WorkerPool
 
 from .books import check_books
 from .fake_worker import FakeWorker, scripted
@@ -181,3 +189,109 @@ def test_preempted_requests_move_too_and_keep_their_usage():
         harness = destination if rid in destination.outputs else source
         assert harness.token_ids(rid) == (WORDS * 2)[:8]
         assert harness.final(rid).completion_tokens == 8
+
+
+# -- the pool: where a lost worker's requests go ------------------------------------------
+
+
+def _engine(pool: WorkerPool, address: str) -> tuple[WorkerEngine, Harness]:
+    """A real engine on a harness's scheduler, in the pool, with no worker process."""
+    harness = Harness()
+    engine = WorkerEngine(
+        address,
+        harness.scheduler.config,
+        tokenizer=None,
+        on_connection_change=pool._connection_changed,
+        faults=pool.faults,
+        migrations=pool,
+    )
+    engine.scheduler = harness.scheduler
+    engine.client.description = SimpleNamespace(num_kv_blocks=64, block_size=4)
+    pool.engines[address] = engine
+    return engine, harness
+
+
+def _queue_on(engine: WorkerEngine, harness: Harness, request) -> asyncio.Queue:
+    harness.add(request, tokens=WORDS)
+    queue: asyncio.Queue = asyncio.Queue()
+    engine._queues[request.request_id] = queue
+    return queue
+
+
+def _lose(pool: WorkerPool, engine: WorkerEngine) -> None:
+    engine._set_connected(False)
+    pool.requests_lost(engine, engine.take_migrants())
+
+
+def test_lost_requests_wait_for_a_worker_then_resume_there_and_stay_reachable():
+    async def scenario():
+        pool = WorkerPool(SchedulerConfig(), tokenizer=None, faults=FaultConfig())
+        a, harness_a = _engine(pool, "a")
+        a._set_connected(True)
+        kept = make_request(prompt=unique_prompt(7), max_tokens=10)
+        gone = make_request(prompt=unique_prompt(7), max_tokens=10)
+        kept_queue = _queue_on(a, harness_a, kept)
+        _queue_on(a, harness_a, gone)
+        harness_a.step()
+        a._first_scheduled[kept.request_id] = 12.5
+        _lose(pool, a)
+        assert pool.num_waiting == 2 and not a.holds(kept.request_id)
+        a.abort(gone.request_id)  # its client left while it waited for a worker
+        assert pool.num_waiting == 1
+        b, harness_b = _engine(pool, "b")
+        b._set_connected(True)  # a worker connects: the waiting request goes there
+        assert b.holds(kept.request_id) and pool.num_waiting == b.num_waiting == 1
+        harness_b.scripts[kept.seq_id] = harness_a.scripts[kept.seq_id]
+        harness_b.run()
+        assert [o.new_token_ids[0] for o in harness_b.outputs[kept.request_id]] == WORDS[1:10]
+        assert kept_queue.empty()  # the harness took the outputs, not the engine
+        # The Generate handler still talks to the engine it started on.
+        assert a.take_first_scheduled_time(kept.request_id) == 12.5
+        assert a.take_first_scheduled_time(kept.request_id) is None
+        late = make_request(prompt=unique_prompt(7), max_tokens=10)
+        _queue_on(b, harness_b, late)
+        a.abort(late.request_id)
+        assert not b.holds(late.request_id) and not harness_b.scheduler.has_unfinished_requests()
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_lost_requests_go_to_the_least_loaded_connected_worker():
+    async def scenario():
+        pool = WorkerPool(SchedulerConfig(), tokenizer=None)
+        engines = {name: _engine(pool, name) for name in "abc"}
+        for engine, _ in engines.values():
+            engine._set_connected(True)
+        busy, harness_busy = engines["b"]
+        _queue_on(busy, harness_busy, make_request(prompt=unique_prompt(5), max_tokens=4))
+        a, harness_a = engines["a"]
+        requests = [make_request(prompt=unique_prompt(5), max_tokens=4) for _ in range(3)]
+        for request in requests:
+            _queue_on(a, harness_a, request)
+        _lose(pool, a)
+        c = engines["c"][0]
+        assert [c.holds(r.request_id) for r in requests].count(True) == 2
+        assert [busy.holds(r.request_id) for r in requests].count(True) == 1
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_with_no_worker_within_the_wait_timeout_lost_requests_end_with_unavailable():
+    async def scenario():
+        pool = WorkerPool(
+            SchedulerConfig(), tokenizer=None, faults=FaultConfig(worker_wait_timeout_s=0.1)
+        )
+        a, harness_a = _engine(pool, "a")
+        a._set_connected(True)
+        queue = _queue_on(a, harness_a, make_request(prompt=unique_prompt(5), max_tokens=4))
+        harness_a.step()
+        _lose(pool, a)
+        assert queue.empty()
+        error = await asyncio.wait_for(queue.get(), 2.0)
+        assert isinstance(error, ServiceError) and error.code is grpc.StatusCode.UNAVAILABLE
+        assert "--worker-wait-timeout" in error.message and pool.num_waiting == 0
+        await pool.stop()
+
+    asyncio.run(scenario())
