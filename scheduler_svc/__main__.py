@@ -21,14 +21,13 @@ import structlog
 import uvloop
 
 from cbserve.v1 import generation_pb2 as pb
-from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, default_model_path
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
 from scheduler_svc.config import BATCHING_MODES, FaultConfig, SchedulerConfig
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.server import GenerationService
+from scheduler_svc.server import GenerationService, add_to_server
 from scheduler_svc.serving_status import follow_workers
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.worker_client import WorkerLost
@@ -212,7 +211,7 @@ async def serve(args: argparse.Namespace) -> None:
         metrics,
         max_concurrent_streams=faults.max_concurrent_streams,
     )
-    pb_grpc.add_GenerationServicer_to_server(service, server)
+    add_to_server(service, server)
     metrics_server = None
     if args.metrics_port >= 0:
         metrics_server = MetricsServer(metrics.registry, args.host, args.metrics_port)

@@ -19,6 +19,7 @@ import time
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 from structlog.contextvars import bound_contextvars
 
 from cbserve.v1 import generation_pb2 as pb
@@ -67,6 +68,51 @@ def to_response(output: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateRespo
             )
         )
     return response
+
+
+class Undecodable:
+    """What a request that protobuf cannot parse (bad UTF-8 in a string field,
+    corrupt wire bytes) becomes, so that the handler answers INVALID_ARGUMENT:
+    grpc's own deserializer failure would answer UNKNOWN."""
+
+    def __init__(self, error: DecodeError) -> None:
+        self.error = error
+
+
+def _lenient(parse):
+    def deserialize(data: bytes):
+        try:
+            return parse(data)
+        except DecodeError as error:
+            return Undecodable(error)
+
+    return deserialize
+
+
+def add_to_server(service: GenerationService, server: grpc.aio.Server) -> None:
+    """pb_grpc.add_GenerationServicer_to_server, with undecodable requests let through
+    as Undecodable."""
+    handlers = {
+        "Generate": grpc.unary_stream_rpc_method_handler(
+            service.Generate,
+            request_deserializer=_lenient(pb.GenerateRequest.FromString),
+            response_serializer=pb.GenerateResponse.SerializeToString,
+        ),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            service.GetModelInfo,
+            request_deserializer=_lenient(pb.GetModelInfoRequest.FromString),
+            response_serializer=pb.ModelInfo.SerializeToString,
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+
+
+async def _refuse_undecodable(request, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, Undecodable):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be parsed: {request.error}"
+        )
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -157,6 +203,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         return len(left)
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+        await _refuse_undecodable(request, context)
         if self._draining:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another"
@@ -227,6 +274,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 trace.finished(outcome.value)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context) -> pb.ModelInfo:
+        await _refuse_undecodable(request, context)
         engines: list[WorkerEngine] = self.pool.connected_engines()
         if not engines:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker is connected")

@@ -55,6 +55,13 @@ class Tokenizer:
         self.bos_token = _token_text(config.get("bos_token")) or ""
         self.eos_token = _token_text(config.get("eos_token")) or ""
         self.eos_token_ids = self._eos_ids(generation)
+        # The most characters one token can stand for (a byte-level vocabulary
+        # spells each byte as one character, and a byte is at most a character):
+        # a text longer than max_len * this cannot fit in max_len tokens, which
+        # validation checks before spending time tokenizing it.
+        self.max_token_chars = max(
+            (len(token) for token in self._tokenizer.get_vocab(with_added_tokens=True)), default=1
+        )
         self.special_token_ids = frozenset(
             token_id
             for token_id, token in self._tokenizer.get_added_tokens_decoder().items()

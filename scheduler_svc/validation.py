@@ -48,18 +48,39 @@ def _request_id(request: pb.GenerateRequest) -> str:
     return request.request_id
 
 
+def _check_text_fits(field: str, chars: int, tokenizer: Tokenizer, max_model_len: int) -> None:
+    """Refuses, before tokenizing, a text too long to fit the model whatever its
+    tokens: tokenizing a message-sized text would hold the event loop for seconds."""
+    limit = max_model_len * tokenizer.max_token_chars
+    if chars > limit:
+        raise InvalidArgument(
+            field,
+            f"{chars} characters cannot fit the model's maximum length of {max_model_len} "
+            f"tokens (at most {limit} characters)",
+        )
+
+
 def _prompt_token_ids(
-    request: pb.GenerateRequest, tokenizer: Tokenizer, vocab_size: int
+    request: pb.GenerateRequest, tokenizer: Tokenizer, limits: ModelLimits
 ) -> list[int]:
+    vocab_size = limits.vocab_size
     kind = request.WhichOneof("input")
     if kind is None:
         raise InvalidArgument("input", "set one of prompt, prompt_token_ids or chat")
     if kind == "prompt":
         if not request.prompt:
             raise InvalidArgument("prompt", "must not be empty")
+        _check_text_fits("prompt", len(request.prompt), tokenizer, limits.max_model_len)
         ids = tokenizer.encode(request.prompt)
     elif kind == "prompt_token_ids":
         ids = list(request.prompt_token_ids.ids)
+        if len(ids) >= limits.max_model_len:
+            # Refused before the per-id check below, which is slow for millions of ids.
+            raise InvalidArgument(
+                "prompt_token_ids",
+                f"{len(ids)} tokens leave no room to generate: the model's maximum length "
+                f"is {limits.max_model_len}",
+            )
         for index, token_id in enumerate(ids):
             if token_id >= vocab_size:
                 raise InvalidArgument(
@@ -67,7 +88,16 @@ def _prompt_token_ids(
                     f"{token_id} is outside the vocabulary [0, {vocab_size})",
                 )
     else:
-        turns = [ChatTurn(m.role, m.content) for m in request.chat.messages]
+        messages = request.chat.messages
+        if len(messages) > limits.max_model_len:
+            raise InvalidArgument(
+                "chat.messages",
+                f"{len(messages)} messages cannot fit the model's maximum length of "
+                f"{limits.max_model_len} tokens",
+            )
+        chars = sum(len(m.content) + len(m.role) for m in messages)
+        _check_text_fits("chat.messages", chars, tokenizer, limits.max_model_len)
+        turns = [ChatTurn(m.role, m.content) for m in messages]
         ids = tokenizer.encode_chat(turns)
     if not ids:
         raise InvalidArgument(kind, "must not be empty")
@@ -119,6 +149,6 @@ def validate_request(
                 f"sampling.stop_token_ids[{index}]",
                 f"{token_id} is outside the vocabulary [0, {limits.vocab_size})",
             )
-    prompt_ids = _prompt_token_ids(request, tokenizer, limits.vocab_size)
+    prompt_ids = _prompt_token_ids(request, tokenizer, limits)
     sampling = _fit_max_tokens(sampling, len(prompt_ids), limits)
     return ValidatedRequest(request_id, tuple(prompt_ids), sampling, request.priority)

@@ -29,8 +29,10 @@ from common.health_probe import check
 
 WORKER_ARGS = ["--dtype", "float32"]
 # Long enough to be in flight when the signal comes, short enough for CPU tests.
-LONG_TOKENS = 48
-EXIT_TIMEOUT_S = 30
+LONG_TOKENS = 16
+# Generous: on a loaded CI machine a decode step can take seconds.
+EXIT_TIMEOUT_S = 60
+GRACE_S = 180
 
 
 def _long_request(max_tokens: int = LONG_TOKENS) -> dict:
@@ -51,7 +53,7 @@ class StreamInThread:
 
     def _run(self, kwargs: dict) -> None:
         try:
-            for response in self.client.generate(timeout=120, temperature=0.0, **kwargs):
+            for response in self.client.generate(timeout=GRACE_S, temperature=0.0, **kwargs):
                 self.tokens.extend(response.token_ids)
                 self.started.set()
                 if response.finish_reason:
@@ -61,7 +63,7 @@ class StreamInThread:
         finally:
             self.started.set()
 
-    def wait(self, timeout_s: float = 60.0) -> StreamInThread:
+    def wait(self, timeout_s: float = GRACE_S) -> StreamInThread:
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the stream hung"
         self.client.close()
@@ -87,10 +89,10 @@ def _unavailable(address: str) -> grpc.RpcError:
 
 
 def test_scheduler_sigterm_finishes_in_flight_and_refuses_new():
-    with LocalStack(worker_args=WORKER_ARGS, grace_period_s=60) as stack:
+    with LocalStack(worker_args=WORKER_ARGS, grace_period_s=GRACE_S) as stack:
         streams = [StreamInThread(stack.address, **_long_request()) for _ in range(2)]
         for stream in streams:
-            assert stream.started.wait(60)
+            assert stream.started.wait(GRACE_S)
         stack.scheduler.process.send_signal(signal.SIGTERM)
         _wait_for(lambda: "NOT_SERVING" in _health(stack.address), what="NOT_SERVING")
         assert "shutting down" in _unavailable(stack.address).details()
@@ -105,14 +107,14 @@ def test_scheduler_sigterm_finishes_in_flight_and_refuses_new():
 def test_scheduler_sigterm_ends_requests_past_grace_with_unavailable():
     with LocalStack(worker_args=WORKER_ARGS, grace_period_s=1) as stack:
         stream = StreamInThread(stack.address, **_long_request(max_tokens=4000))
-        assert stream.started.wait(60)
+        assert stream.started.wait(GRACE_S)
         began = time.monotonic()
         stack.scheduler.process.send_signal(signal.SIGTERM)
         stream.wait()
         assert stream.error is not None
         assert stream.error.code() == grpc.StatusCode.UNAVAILABLE, stream.error
         assert stack.scheduler.process.wait(EXIT_TIMEOUT_S) == 0
-        assert time.monotonic() - began < 15
+        assert time.monotonic() - began < 1 + EXIT_TIMEOUT_S
 
 
 def test_worker_sigterm_drains_and_exits_zero():
@@ -149,7 +151,7 @@ def test_scheduler_sigkill_then_restart_serves_through_the_same_workers():
     with LocalStack(num_workers=2, worker_args=WORKER_ARGS) as stack:
         worker_pids = [worker.process.pid for worker in stack.workers]
         stream = StreamInThread(stack.address, **_long_request(max_tokens=4000))
-        assert stream.started.wait(60)
+        assert stream.started.wait(GRACE_S)
         stack.scheduler.process.send_signal(signal.SIGKILL)
         stream.wait()
         assert stream.error is not None, "the stream of a killed scheduler must fail"
