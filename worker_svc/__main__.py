@@ -12,9 +12,13 @@ import sys
 
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
 from common.logging import configure_logging
-from worker_svc.config import ATTENTION_BACKENDS, DEFAULT_DTYPE, DTYPES, WorkerConfig
-
-DEFAULT_GRACE_PERIOD_S = 30.0
+from worker_svc.config import (
+    ATTENTION_BACKENDS,
+    DEFAULT_DTYPE,
+    DEFAULT_GRACE_PERIOD_S,
+    DTYPES,
+    WorkerConfig,
+)
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 

@@ -14,6 +14,9 @@ DEFAULT_KV_TOKENS = 64 * 512
 # Measured by worker_svc/measure_dtype.py; see its docstring for the numbers.
 DEFAULT_DTYPE = "float32"
 
+# On SIGTERM, seconds the scheduler gets to end the Step stream before the worker exits.
+DEFAULT_GRACE_PERIOD_S = 30.0
+
 
 @dataclass(frozen=True)
 class WorkerConfig:

@@ -32,7 +32,7 @@ from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready
 from common.metrics_server import MetricsServer
-from worker_svc.config import WorkerConfig
+from worker_svc.config import DEFAULT_GRACE_PERIOD_S, WorkerConfig
 from worker_svc.errors import PlanError
 from worker_svc.metrics import WorkerMetrics
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("worker_svc.server")
 
-DEFAULT_GRACE_PERIOD_S = 30.0
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
