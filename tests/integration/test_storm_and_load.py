@@ -1,20 +1,23 @@
 """Cancellation storms and load on real processes over loopback.
 
 One stack for the module (`storm_stack`): a KV pool of 256 blocks (4096 tokens) and
-at most 128 sequences per step, so that of 500 concurrent requests most wait, some
-are preempted, and cancellations land while a request waits, while it is prefilled
-and while it decodes. `--max-concurrent-streams` is 600, so 500 streams fit (the
-refusal past the limit is tested elsewhere).
+at most 128 sequences per step, so that of 500 concurrent requests most wait, and
+cancellations land while a request waits, while it is prefilled and while it
+decodes (the prompts are a few tokens, so the pool is not full: no preemption).
+`--max-concurrent-streams` is 600, so 500 streams fit (the refusal past the limit is
+tested elsewhere).
 
-- The storm: 500 concurrent greedy requests (ignore_eos, 4 to 16 tokens), 30% of
+- The storm: 500 concurrent greedy requests (ignore_eos, 4 to 8 tokens), 30% of
   them cancelled with `call.cancel()` at random moments: before they are sent,
   after a random delay, or after their first (or k-th) token. Every request not
   cancelled completes with exactly the tokens of the same prompt run without the
-  storm; a cancelled one has streamed a prefix of them. Afterwards nothing runs,
+  storm (100 distinct prompts, run alone first); a cancelled one has streamed a
+  prefix of them. Afterwards nothing runs,
   waits or holds a block, and the scheduler's stderr has no traceback.
-- The load: two identical rounds of 500 concurrent streaming clients, each bounded
-  in time; all complete, and the scheduler's RSS (VmRSS of its process) after the
-  second round is within 10% of the first.
+- The load: two identical rounds of 500 concurrent streaming clients (4 tokens each,
+  over 4 channels of one TCP connection each), each round bounded in time; all
+  complete, and the scheduler's RSS (VmRSS of its process) after the second round
+  is within 10% of the first.
 
 The counts (requests, cancelled, completed, leaked blocks, RSS) are printed: run
 with `pytest -s` to see them. Bigger variants (2000 requests, 500 at a time; five
