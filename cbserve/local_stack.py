@@ -17,6 +17,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from common import parent_watch
 from common.metrics import parse_samples
 
 READY_TIMEOUT_S = 300.0
@@ -25,16 +26,6 @@ STOP_TIMEOUT_S = 10.0
 # The --grace-period LocalStack gives its children: short, so that stopping a stack
 # with requests still in flight (a test's teardown, Ctrl-C) does not wait 30 s.
 DEFAULT_GRACE_PERIOD_S = 2.0
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: if the launcher dies, even by SIGKILL,
-    the kernel sends the child SIGTERM, so no process is left behind."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -55,9 +46,9 @@ class ChildProcess:
             argv,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, **(env or {})},
+            # The child arms its own death signal (common.parent_watch).
+            env={**os.environ, **(env or {}), parent_watch.ENV_VAR: str(os.getpid())},
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
         self._reader.start()

@@ -21,6 +21,7 @@ import structlog
 import uvloop
 
 from cbserve.v1 import generation_pb2 as pb
+from common import parent_watch
 from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, default_model_path
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
@@ -276,6 +277,7 @@ def _ready_line(args: argparse.Namespace, pool: WorkerPool, metrics_server) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent_watch.die_with_parent()
     args = parse_args(argv)
     configure_logging(args.log_level)
     try:

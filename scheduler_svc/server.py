@@ -156,8 +156,13 @@ class GenerationService(pb_grpc.GenerationServicer):
     def _place(
         self, request: pb.GenerateRequest, context, trace: RequestTrace
     ) -> tuple[ValidatedRequest, WorkerEngine, asyncio.Queue]:
-        """Validates the request and queues it on a worker; raises ServiceError."""
-        if not self.pool.connected_engines():
+        """Validates the request and queues it on a worker; raises ServiceError.
+
+        With no worker connected, it waits for one (pool.park) if one was seen
+        less than --worker-wait-timeout ago, and is refused at once otherwise.
+        """
+        connected = bool(self.pool.connected_engines())
+        if not connected and not self.pool.accepts_without_worker():
             raise ServiceError(
                 "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
             )
@@ -174,8 +179,11 @@ class GenerationService(pb_grpc.GenerationServicer):
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
         prompt = validated.prompt_token_ids
-        engine = self.pool.pick(prompt, len(prompt) + validated.sampling.max_tokens)
-        queue = engine.submit(validated, _deadline(context))
+        if connected:
+            engine = self.pool.pick(prompt, len(prompt) + validated.sampling.max_tokens)
+            queue = engine.submit(validated, _deadline(context))
+        else:
+            engine, queue = self.pool, self.pool.park(validated, _deadline(context))
         trace.placed(engine.address, len(prompt))
         return validated, engine, queue
 

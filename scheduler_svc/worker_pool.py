@@ -29,8 +29,11 @@ import structlog
 from common.errors import ServiceError
 from scheduler_svc.config import FaultConfig, SchedulerConfig
 from scheduler_svc.engine import Migrant, WorkerEngine
+from scheduler_svc.output_processor import RequestOutputProcessor
+from scheduler_svc.request import Request
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.validation import ValidatedRequest
 from scheduler_svc.worker_client import WorkerLost
 
 if TYPE_CHECKING:
@@ -65,6 +68,11 @@ class WorkerPool:
         # Requests of lost workers waiting for a worker to take them, by request id.
         self._orphans: dict[str, Migrant] = {}
         self._orphan_timer: asyncio.TimerHandle | None = None
+        # Since when no worker is connected (None while one is, or before any was).
+        self._no_worker_since: float | None = None
+        # The last description of every worker ever connected: the model limits
+        # new requests are validated against while no worker is connected.
+        self._known_descriptions: dict[str, object] = {}
 
     def _new_engine(self, address: str) -> WorkerEngine:
         engine = WorkerEngine(
@@ -86,8 +94,50 @@ class WorkerPool:
             workers_connected=len(self.connected_engines()),
         )
         self.changed.set()
+        if engine.connected:
+            self._no_worker_since = None
+            self._known_descriptions[engine.address] = engine.client.description
+        elif not self.connected_engines():
+            self._no_worker_since = time.monotonic()
         if engine.connected and self._orphans:
             self._place_orphans()
+
+    # -- new requests while no worker is connected -----------------------------------
+
+    # What the Generate handler reads as a parked request's "engine" address.
+    address = "(waiting for a worker)"
+
+    def accepts_without_worker(self) -> bool:
+        """Whether a new request may wait for a worker: one was connected less than
+        --worker-wait-timeout ago (never before the first one has connected)."""
+        since = self._no_worker_since
+        return since is not None and time.monotonic() - since < self.faults.worker_wait_timeout_s
+
+    def park(self, validated: ValidatedRequest, deadline: float | None) -> asyncio.Queue:
+        """Queues a new request until a worker connects; it waits up to
+        --worker-wait-timeout like the requests of a lost worker do."""
+        request = Request(
+            request_id=validated.request_id,
+            prompt_token_ids=list(validated.prompt_token_ids),
+            sampling=validated.sampling,
+            arrival_time=time.monotonic(),
+            priority=validated.priority,
+            deadline=deadline,
+        )
+        eos = self.tokenizer.eos_token_ids
+        processor = RequestOutputProcessor(request, self.tokenizer, eos, self.max_model_len)
+        queue: asyncio.Queue = asyncio.Queue()
+        migrant = Migrant(request, processor, queue, first_scheduled=None, lost_at=time.monotonic())
+        self._orphans[request.request_id] = migrant
+        self._place_orphans()
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """A parked request's client is gone (the handler calls this as on an engine)."""
+        self.abort_moved(request_id)
+
+    def take_first_scheduled_time(self, request_id: str) -> float | None:
+        return self.take_moved_first_scheduled_time(request_id)
 
     # -- requests of lost workers (engine.Migrations) ---------------------------------
 
@@ -283,7 +333,8 @@ class WorkerPool:
         )
 
     def _descriptions(self):
-        return [engine.client.description for engine in self.connected_engines()]
+        connected = [engine.client.description for engine in self.connected_engines()]
+        return connected or list(self._known_descriptions.values())
 
     @property
     def max_model_len(self) -> int:
@@ -295,4 +346,4 @@ class WorkerPool:
 
     @property
     def max_worker_capacity_tokens(self) -> int:
-        return max(engine.capacity_tokens for engine in self.connected_engines())
+        return max(d.num_kv_blocks * d.block_size for d in self._descriptions())

@@ -10,6 +10,7 @@ import argparse
 import re
 import sys
 
+from common import parent_watch
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
 from common.logging import configure_logging
 from worker_svc.config import (
@@ -98,6 +99,7 @@ def config_from_args(args: argparse.Namespace, model: str | None = None) -> Work
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent_watch.die_with_parent()
     args = build_parser().parse_args(argv)
     try:
         config = config_from_args(args)

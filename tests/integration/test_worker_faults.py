@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -168,6 +169,21 @@ def test_requests_wait_for_a_worker_that_comes_back(one_worker):
 
     results, at_fault = asyncio.run(_stream_all(one_worker.address, kill_and_restart))
     _assert_same_tokens(results, at_fault, reference)
+
+
+def test_a_new_request_waits_for_a_worker_lost_moments_ago(one_worker):
+    _wait_for_workers(one_worker, 1)
+    with Client(one_worker.address) as client:
+        expected = client.complete(PROMPTS[1], max_tokens=8, timeout=60, **GREEDY).token_ids
+        one_worker.workers[0].process.kill()
+        _wait_for_workers(one_worker, 0)
+        with ThreadPoolExecutor(1) as pool:
+            # Sent with no worker connected, inside --worker-wait-timeout: it waits.
+            waiting = pool.submit(client.complete, PROMPTS[1], max_tokens=8, timeout=120, **GREEDY)
+            time.sleep(1.0)
+            assert not waiting.done()
+            _restart_worker(one_worker, 0)
+            assert waiting.result().token_ids == expected
 
 
 def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worker):

@@ -1,0 +1,49 @@
+"""A launcher's children die with it, even when it is SIGKILLed (common.parent_watch)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+CHILD = (
+    "from common import parent_watch; parent_watch.die_with_parent(); import time; "
+    "print('child ready ', flush=True); time.sleep(120)"
+)
+LAUNCHER = f"""
+import sys, time
+from cbserve.local_stack import ChildProcess
+child = ChildProcess("child", [sys.executable, "-c", {CHILD!r}])
+child.wait_ready(30)
+print(child.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by init) counts as gone.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_children_die_when_the_launcher_is_killed():
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    try:
+        child_pid = int(launcher.stdout.readline())
+        assert _alive(child_pid)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(child_pid):
+            assert time.monotonic() < deadline, "the child outlived its killed launcher"
+            time.sleep(0.1)
+    finally:
+        launcher.kill()
