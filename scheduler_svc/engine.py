@@ -65,6 +65,18 @@ class Migrant:
     lost_at: float
 
 
+def new_request(validated: ValidatedRequest, deadline: float | None) -> Request:
+    """The scheduler's Request for a validated API request, arriving now."""
+    return Request(
+        request_id=validated.request_id,
+        prompt_token_ids=list(validated.prompt_token_ids),
+        sampling=validated.sampling,
+        arrival_time=time.monotonic(),
+        priority=validated.priority,
+        deadline=deadline,
+    )
+
+
 class Migrations(Protocol):
     """What an engine asks of its pool about requests that moved (the pool implements it)."""
 
@@ -225,14 +237,7 @@ class WorkerEngine:
             raise ServiceError(
                 f"worker {self.address} is not connected", grpc.StatusCode.UNAVAILABLE
             )
-        request = Request(
-            request_id=validated.request_id,
-            prompt_token_ids=list(validated.prompt_token_ids),
-            sampling=validated.sampling,
-            arrival_time=time.monotonic(),
-            priority=validated.priority,
-            deadline=deadline,
-        )
+        request = new_request(validated, deadline)
         try:
             self.scheduler.add_request(request)
         except ValueError as error:

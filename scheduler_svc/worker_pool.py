@@ -28,9 +28,8 @@ import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.engine import Migrant, WorkerEngine
+from scheduler_svc.engine import Migrant, WorkerEngine, new_request
 from scheduler_svc.output_processor import RequestOutputProcessor
-from scheduler_svc.request import Request
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.validation import ValidatedRequest
@@ -116,14 +115,7 @@ class WorkerPool:
     def park(self, validated: ValidatedRequest, deadline: float | None) -> asyncio.Queue:
         """Queues a new request until a worker connects; it waits up to
         --worker-wait-timeout like the requests of a lost worker do."""
-        request = Request(
-            request_id=validated.request_id,
-            prompt_token_ids=list(validated.prompt_token_ids),
-            sampling=validated.sampling,
-            arrival_time=time.monotonic(),
-            priority=validated.priority,
-            deadline=deadline,
-        )
+        request = new_request(validated, deadline)
         eos = self.tokenizer.eos_token_ids
         processor = RequestOutputProcessor(request, self.tokenizer, eos, self.max_model_len)
         queue: asyncio.Queue = asyncio.Queue()

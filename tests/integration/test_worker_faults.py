@@ -175,15 +175,18 @@ def test_a_new_request_waits_for_a_worker_lost_moments_ago(one_worker):
     _wait_for_workers(one_worker, 1)
     with Client(one_worker.address) as client:
         expected = client.complete(PROMPTS[1], max_tokens=8, timeout=60, **GREEDY).token_ids
+        # The scheduler notices a dead worker when a step fails: kill it mid-decode.
+        stream = client.generate(PROMPTS[2], max_tokens=64, timeout=120, **GREEDY)
+        next(stream)
         one_worker.workers[0].process.kill()
-        _wait_for_workers(one_worker, 0)
         with ThreadPoolExecutor(1) as pool:
-            # Sent with no worker connected, inside --worker-wait-timeout: it waits.
+            # Sent right after the loss, inside --worker-wait-timeout: it waits.
             waiting = pool.submit(client.complete, PROMPTS[1], max_tokens=8, timeout=120, **GREEDY)
             time.sleep(1.0)
             assert not waiting.done()
             _restart_worker(one_worker, 0)
             assert waiting.result().token_ids == expected
+        assert sum(len(response.token_ids) for response in stream) == 63
 
 
 def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worker):
