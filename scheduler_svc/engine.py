@@ -24,17 +24,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.output_processor import RequestOutputProcessor
+from scheduler_svc.migration import Migrant, Migrations, StreamItem, new_request
 from scheduler_svc.prefix_hash import extend_block_hashes
-from scheduler_svc.request import Request, RequestOutput
+from scheduler_svc.request import RequestOutput
 from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
@@ -47,44 +46,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("scheduler.engine")
 
 RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
-
-# What a Generate handler reads from its queue: outputs, or the error that ended it.
-StreamItem = RequestOutput | ServiceError
-
-
-@dataclass
-class Migrant:
-    """An unfinished request off a lost worker, on its way to another one."""
-
-    request: Request
-    processor: RequestOutputProcessor
-    # The client's queue: its Generate handler keeps reading it wherever the request runs.
-    queue: asyncio.Queue[StreamItem]
-    first_scheduled: float | None
-    # When its worker was lost (time.monotonic()).
-    lost_at: float
-
-
-def new_request(validated: ValidatedRequest, deadline: float | None) -> Request:
-    """The scheduler's Request for a validated API request, arriving now."""
-    return Request(
-        request_id=validated.request_id,
-        prompt_token_ids=list(validated.prompt_token_ids),
-        sampling=validated.sampling,
-        arrival_time=time.monotonic(),
-        priority=validated.priority,
-        deadline=deadline,
-    )
-
-
-class Migrations(Protocol):
-    """What an engine asks of its pool about requests that moved (the pool implements it)."""
-
-    def requests_lost(self, engine: WorkerEngine, migrants: list[Migrant]) -> None: ...
-
-    def abort_moved(self, request_id: str) -> None: ...
-
-    def take_moved_first_scheduled_time(self, request_id: str) -> float | None: ...
 
 
 class WorkerEngine:

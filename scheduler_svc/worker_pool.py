@@ -28,7 +28,8 @@ import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.engine import Migrant, WorkerEngine, new_request
+from scheduler_svc.engine import WorkerEngine
+from scheduler_svc.migration import Migrant, new_request
 from scheduler_svc.output_processor import RequestOutputProcessor
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
