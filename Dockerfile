@@ -36,6 +36,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
+# A C compiler for the worker's CPU attention kernel, which builds at first start for the
+# CPU it runs on (-march=native); without one the worker falls back to the slower torch
+# path and logs why.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN pip install --index-url "${TORCH_INDEX_URL}" torch==2.13.0
 
 # Dependencies in their own layer, rebuilt only when pyproject.toml changes: with no

@@ -22,6 +22,9 @@ COUNTS = [
     ("total_input_tokens", "Total input tokens"),
     ("total_output_tokens", "Total output tokens"),
     ("preemptions", "Preemptions (server)"),
+    ("steps", "Steps (server)"),
+    ("mean_step_ms", "Mean step (ms, server)"),
+    ("step_overhead_pct", "Step time outside forward (%, server)"),
 ]
 RATES = [
     ("request_throughput", "Request throughput (req/s)"),

@@ -19,6 +19,28 @@ from bench import metrics, plots, report
 # The server counter the table shows: a preempted request is recomputed, so its count
 # explains throughput that a small KV pool lost.
 PREEMPTIONS = "cbserve_num_preemptions_total"
+# Histograms that split every engine iteration into the worker's forward and the rest.
+FORWARD = "cbserve_step_forward_seconds"
+OVERHEAD = "cbserve_step_overhead_seconds"
+
+
+def _summed(counters: dict[str, float], name: str) -> float:
+    """A histogram's sum (or count) over every worker label."""
+    return sum(v for key, v in counters.items() if key.split("{", 1)[0] == name)
+
+
+def step_split(counters: dict[str, float]) -> dict[str, float]:
+    """Mean step and the share of it outside the worker's forward, from counter growth."""
+    steps = _summed(counters, FORWARD + "_count")
+    forward = _summed(counters, FORWARD + "_sum")
+    overhead = _summed(counters, OVERHEAD + "_sum")
+    if steps <= 0 or forward + overhead <= 0:
+        return {}
+    return {
+        "steps": int(steps),
+        "mean_step_ms": round((forward + overhead) / steps * 1000, 2),
+        "step_overhead_pct": round(100 * overhead / (forward + overhead), 2),
+    }
 
 
 @dataclass
@@ -92,6 +114,7 @@ def summaries(columns: list[Column], slos: dict[str, float]) -> dict[str, dict]:
         counters = column.info.get("server_counters", {})
         if PREEMPTIONS in counters:
             summary["preemptions"] = int(counters[PREEMPTIONS])
+        summary.update(step_split(counters))
         out[column.label] = summary
     return out
 

@@ -242,6 +242,7 @@ class WorkerEngine:
 
     async def _run(self) -> None:
         while True:
+            iteration_started = time.monotonic()
             plan = self.scheduler.schedule()
             self._deliver_failures()
             if plan is None:
@@ -252,10 +253,7 @@ class WorkerEngine:
             started = time.monotonic()
             try:
                 result = await self._step(plan)
-                if self._metrics is not None:
-                    self._metrics.step_duration.observe(
-                        time.monotonic() - started, worker=self.address
-                    )
+                step_s = time.monotonic() - started
                 outputs = self.scheduler.update_from_output(plan, result)
             except WorkerLost as error:
                 await self._recover(error)
@@ -268,6 +266,11 @@ class WorkerEngine:
             for output in outputs:
                 self._deliver(output)
             self._deliver_failures()
+            if self._metrics is not None:
+                total_s = time.monotonic() - iteration_started
+                self._metrics.observe_iteration(
+                    self.address, step_s, result.forward_seconds, total_s
+                )
 
     async def _step(self, plan):
         """One step on the worker; no result within --step-timeout is a lost (hung) worker."""

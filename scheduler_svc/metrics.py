@@ -62,6 +62,20 @@ class SchedulerMetrics:
             "One model step as the scheduler sees it: plan sent to result received.",
             labelnames=("worker",),
         )
+        # Forward and overhead split one engine iteration (schedule, step, postprocess)
+        # in two; their sums give the share of a step the model does not use.
+        self.step_forward = registry.histogram(
+            "cbserve_step_forward_seconds",
+            "One step's time inside the worker's model runner (validate, forward, sample), "
+            "as the worker reports it.",
+            labelnames=("worker",),
+        )
+        self.step_overhead = registry.histogram(
+            "cbserve_step_overhead_seconds",
+            "One engine iteration's time outside the worker's model runner: scheduling, "
+            "protobuf, network, detokenizing and streaming to clients.",
+            labelnames=("worker",),
+        )
         self.requests_finished = registry.counter(
             "cbserve_requests_finished_total",
             "Requests that ended normally: stop (EOS, stop token or string), length "
@@ -79,7 +93,14 @@ class SchedulerMetrics:
 
     def forget_worker(self, address: str) -> None:
         """A worker left the pool: its own series go (the scrape-time ones go by themselves)."""
-        self.step_duration.remove(worker=address)
+        for histogram in (self.step_duration, self.step_forward, self.step_overhead):
+            histogram.remove(worker=address)
+
+    def observe_iteration(self, address: str, step_s: float, forward_s: float, total_s: float):
+        """One engine iteration: the RPC's time, the worker's forward time, the whole."""
+        self.step_duration.observe(step_s, worker=address)
+        self.step_forward.observe(forward_s, worker=address)
+        self.step_overhead.observe(max(0.0, total_s - forward_s), worker=address)
 
     def watch(self, pool: WorkerPool) -> None:
         """Adds the gauges and counters read from the pool's engines at scrape time."""

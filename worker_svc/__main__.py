@@ -1,6 +1,6 @@
 """python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH] [--dtype float32|bfloat16]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
-[--attention-backend auto|torch|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
+[--attention-backend auto|torch|cpu|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
 [--grace-period 30] [--log-level info]
 """
 

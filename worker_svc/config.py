@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "flash_attn")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
 # Default pool when neither a block count nor a byte budget is given: room for
 # 64 sequences of 512 tokens, which is about 1.5 GB in float32 for the default model.
 DEFAULT_KV_TOKENS = 64 * 512

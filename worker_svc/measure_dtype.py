@@ -32,7 +32,7 @@ import torch
 
 from cbserve.worker.v1 import worker_pb2 as pb
 from common.defaults import default_model_path
-from worker_svc.attention import TorchAttentionBackend
+from worker_svc.attention import select_backend
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 from worker_svc.model_loader import load_model
 from worker_svc.model_runner import ModelRunner
@@ -40,12 +40,18 @@ from worker_svc.model_runner import ModelRunner
 GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 
 
-def make_runner(dtype: torch.dtype, num_blocks: int, block_size: int = 16) -> ModelRunner:
-    loaded = load_model(default_model_path(), dtype, torch.device("cpu"))
+def make_runner(
+    dtype: torch.dtype, num_blocks: int, block_size: int = 16, attention: str = "auto"
+) -> ModelRunner:
+    """A runner with the attention backend a worker would pick (`attention`, as the
+    worker's --attention-backend)."""
+    device = torch.device("cpu")
+    loaded = load_model(default_model_path(), dtype, device)
     spec = KVPoolSpec(
         loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, loaded.dtype
     )
-    return ModelRunner(loaded, KVPool(spec, num_blocks), TorchAttentionBackend())
+    backend, _ = select_backend(attention, device, dtype, block_size, loaded.head_dim)
+    return ModelRunner(loaded, KVPool(spec, num_blocks), backend)
 
 
 def new_sequence(seq_id: int, tokens: list[int], blocks: list[int]) -> pb.NewSequence:

@@ -58,8 +58,12 @@ class ModelRunner:
         sampling = self._validate(plan)
         scheduled = self._apply(plan, sampling)
         result = worker_pb2.StepResult(step_id=plan.step_id)
-        # Decodes first: the attention backends then see them as one slice.
-        work = sorted(((seq, n) for seq, n in scheduled if n > 0), key=lambda w: w[1] != 1)
+        # Decodes first, longest context first: the attention backends then see
+        # decodes, and decodes of similar length, as adjacent slices.
+        work = sorted(
+            ((seq, n) for seq, n in scheduled if n > 0),
+            key=lambda w: (w[1] != 1, -w[0].num_computed_tokens if w[1] == 1 else 0),
+        )
         if work:
             self._run(work, result)
         result.num_tokens = sum(n for _, n in work)

@@ -25,6 +25,8 @@ HISTOGRAMS = [
     "cbserve_request_prompt_tokens",
     "cbserve_request_generation_tokens",
     "cbserve_step_duration_seconds",
+    "cbserve_step_forward_seconds",
+    "cbserve_step_overhead_seconds",
 ]
 COUNTERS = [
     "cbserve_requests_finished_total",
@@ -118,6 +120,10 @@ def test_every_scheduler_metric_is_exposed_with_its_type(metrics_stack):
         assert any(key.startswith(f"{name}_count") and value > 0 for key, value in samples.items())
         assert any(key.startswith(f"{name}_bucket") and 'le="+Inf"' in key for key in samples)
     worker = f"{metrics_stack.host}:{metrics_stack.worker_ports[0]}"
+    # Every iteration is split once: forward and overhead count the same steps.
+    steps = samples[f'cbserve_step_duration_seconds_count{{worker="{worker}"}}']
+    assert samples[f'cbserve_step_forward_seconds_count{{worker="{worker}"}}'] == steps
+    assert samples[f'cbserve_step_overhead_seconds_count{{worker="{worker}"}}'] == steps
     assert per_worker(samples, "cbserve_worker_connected", worker) == 1
     assert per_worker(samples, "cbserve_worker_kv_blocks_total", worker) == 128
     assert samples["cbserve_workers_connected"] == 1

@@ -233,11 +233,12 @@ def test_removed_workers_keep_counters_and_lose_their_series(fake_engines):
         pool.add("a")
         fake_engines["a"].answer.set()
         await asyncio.sleep(0.01)
-        metrics.step_duration.observe(0.01, worker="a")
+        metrics.observe_iteration("a", step_s=0.01, forward_s=0.008, total_s=0.012)
         before = metrics.registry.render()
         await pool.remove("a")
         return before, metrics.registry.render()
 
     before, after = asyncio.run(scenario())
+    assert 'cbserve_step_overhead_seconds_count{worker="a"} 1' in before
     assert 'worker="a"' in before and 'worker="a"' not in after
     assert "cbserve_num_preemptions_total 2" in after

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common.defaults import default_model_path
-from worker_svc.attention import TorchAttentionBackend
+from worker_svc.attention import AttentionBackend, select_backend
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 from worker_svc.model_loader import LoadedModel, load_model
 from worker_svc.model_runner import ModelRunner
@@ -47,9 +47,18 @@ def tokenizer():
 
 
 def build_runner(
-    loaded: LoadedModel, num_blocks: int = 128, block_size: int = 16, seed: int = 0
+    loaded: LoadedModel,
+    num_blocks: int = 128,
+    block_size: int = 16,
+    seed: int = 0,
+    backend: AttentionBackend | None = None,
 ) -> ModelRunner:
-    """A fresh runner (own pool, empty state) over a shared model."""
+    """A fresh runner (own pool, empty state) over a shared model; by default with the
+    attention backend a worker picks here (the CPU kernel where it builds)."""
+    if backend is None:
+        backend, _ = select_backend(
+            "auto", loaded.device, loaded.dtype, block_size, loaded.head_dim
+        )
     spec = KVPoolSpec(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,
@@ -57,9 +66,7 @@ def build_runner(
         block_size=block_size,
         dtype=loaded.dtype,
     )
-    return ModelRunner(
-        loaded, KVPool(spec, num_blocks), TorchAttentionBackend(), Sampler(seed=seed)
-    )
+    return ModelRunner(loaded, KVPool(spec, num_blocks), backend, Sampler(seed=seed))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The torch paged-attention backend against plain dense causal SDPA on random tensors."""
+"""The CPU paged-attention backends (torch, and torch with the C decode kernel) against
+plain dense causal SDPA on random tensors."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker_svc.attention import BatchLayout, TorchAttentionBackend
+from worker_svc.attention import BatchLayout, CpuAttentionBackend, TorchAttentionBackend
+from worker_svc.attention.torch_backend import MIN_DECODE_GROUP, group_decodes
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 16, 4
+# The C kernel is built here on first use; a machine without a C compiler fails these
+# tests with the reason instead of skipping them.
+BACKENDS = [TorchAttentionBackend, CpuAttentionBackend]
 
 
 def dense_reference(q, k, v):
@@ -52,8 +57,9 @@ def run_step(backend, pool, chunks):
     return out[0].split(list(layout.query_lens))
 
 
+@pytest.mark.parametrize("backend_class", BACKENDS)
 @pytest.mark.parametrize(("seed", "decodes_first"), [(0, False), (1, True)])
-def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first):
+def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first, backend_class):
     gen = torch.Generator().manual_seed(seed)
     spec = KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, torch.float32)
     pool = KVPool(spec, 64)
@@ -70,7 +76,7 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first):
     e = Sequence(13, blocks(13), gen)  # chunk 0..2, then 3..12 (not block-aligned)
     f = Sequence(2, blocks(2), gen)  # one-token "prefill", then a decode
 
-    backend = TorchAttentionBackend()
+    backend = backend_class()
     step1 = [(a, 0, 16), (b, 0, 9), (c, 0, 29), (e, 0, 3), (f, 0, 1)]
     step2 = [(b, 9, 1), (a, 16, 7), (c, 29, 1), (d, 0, 5), (e, 3, 10), (f, 1, 1)]
     if decodes_first:  # the runner's order; the other order takes the indexed path
@@ -96,9 +102,10 @@ def test_writes_land_in_the_given_slots():
     assert pool.layer(0)[0].abs().sum() == 0  # other layers untouched
 
 
+@pytest.mark.parametrize("backend_class", BACKENDS)
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
-def test_random_schedules_match_dense(data):
+def test_random_schedules_match_dense(data, backend_class):
     """Any split of any sequences into chunks, in any batch order, equals dense attention."""
     seed = data.draw(st.integers(0, 2**16), label="seed")
     gen = torch.Generator().manual_seed(seed)
@@ -120,6 +127,43 @@ def test_random_schedules_match_dense(data):
             step.append((seqs[i], done[i], len(seqs[i].q) - done[i]))
             done[i] = len(seqs[i].q)
         step = data.draw(st.permutations(step), label="order")
-        outputs = run_step(TorchAttentionBackend(), pool, step)
+        outputs = run_step(backend_class(), pool, step)
         for (seq, start, n), got in zip(step, outputs, strict=True):
             torch.testing.assert_close(got, seq.expected[start : start + n], rtol=1e-5, atol=1e-5)
+
+
+def test_decodes_are_grouped_by_context_length():
+    # 20 decodes from 4 to 80 tokens (1 to 20 blocks of 4), given shortest first.
+    lens = {i: 4 * (i + 1) for i in range(20)}
+    groups = group_decodes(lens, BLOCK)
+    assert sorted(i for group in groups for i in group) == list(range(20))
+    assert groups[0][0] == 19  # longest first
+    assert len(groups) > 1
+    for group in groups[:-1]:
+        assert len(group) >= MIN_DECODE_GROUP
+    for group in groups:
+        longest, shortest = lens[group[0]], lens[group[-1]]
+        # Past the minimum size, a group takes only contexts above 3/4 of its longest.
+        for i in group[MIN_DECODE_GROUP:]:
+            assert lens[i] > 0.75 * longest
+        assert shortest <= longest
+
+
+@pytest.mark.parametrize("backend_class", BACKENDS)
+@pytest.mark.parametrize("longest_first", [True, False])
+def test_many_decodes_of_spread_lengths_match_dense(longest_first, backend_class):
+    """Several decode groups, as adjacent slices (the runner's order) or scattered."""
+    gen = torch.Generator().manual_seed(7)
+    pool = KVPool(KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, torch.float32), 256)
+    free = torch.randperm(256, generator=gen).tolist()
+    lengths = [3, 70, 9, 41, 2, 55, 17, 64, 5, 33, 28, 12, 48, 6, 22, 60, 4, 37, 15, 50]
+    seqs = [Sequence(n, [free.pop() for _ in range(-(-n // BLOCK))], gen) for n in lengths]
+    backend = backend_class()
+    run_step(backend, pool, [(seq, 0, len(seq.q) - 1) for seq in seqs if len(seq.q) > 1])
+    step = [(seq, len(seq.q) - 1, 1) for seq in seqs]
+    if longest_first:
+        step.sort(key=lambda chunk: -chunk[1])
+    layout_groups = group_decodes({i: c[1] + 1 for i, c in enumerate(step)}, BLOCK)
+    assert len(layout_groups) > 1
+    for (seq, start, n), got in zip(step, run_step(backend, pool, step), strict=True):
+        torch.testing.assert_close(got, seq.expected[start : start + n], rtol=1e-5, atol=1e-5)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from worker_svc.attention.base import AttentionBackend, BatchLayout, PagedAttentionContext
+from worker_svc.attention.cpu_backend import CpuAttentionBackend
+from worker_svc.attention.cpu_kernel import cpu_kernel_unsupported_reason
 from worker_svc.attention.flash_backend import flash_attn_unsupported_reason
 from worker_svc.attention.torch_backend import TorchAttentionBackend
 from worker_svc.attention.transformers_hook import (
@@ -19,6 +21,7 @@ __all__ = [
     "AttentionBackend",
     "BackendUnavailableError",
     "BatchLayout",
+    "CpuAttentionBackend",
     "PagedAttentionContext",
     "TorchAttentionBackend",
     "register_with_transformers",
@@ -35,22 +38,36 @@ def select_backend(
 ) -> tuple[AttentionBackend, str]:
     """The backend to use, and why it was chosen (for the start-up log).
 
-    "auto" takes flash-attn when every one of its constraints holds and falls
-    back to torch otherwise; naming "flash_attn" explicitly fails instead.
+    "auto" takes flash-attn when every one of its constraints holds, else the
+    CPU kernel when it builds and fits, else torch; naming "flash_attn" or
+    "cpu" explicitly fails instead of falling back. "torch" is the reference.
     """
     if requested == "torch":
         return TorchAttentionBackend(), "requested"
-    reason = flash_attn_unsupported_reason(device, dtype, block_size, head_dim)
+    if requested not in ("auto", "flash_attn", "cpu"):
+        raise ValueError(f"unknown attention backend {requested!r}")
+    flash_reason = (
+        flash_attn_unsupported_reason(device, dtype, block_size, head_dim)
+        if requested != "cpu"
+        else None
+    )
     if requested == "flash_attn":
-        if reason is not None:
-            raise BackendUnavailableError(f"attention backend flash_attn unavailable: {reason}")
+        if flash_reason is not None:
+            raise BackendUnavailableError(
+                f"attention backend flash_attn unavailable: {flash_reason}"
+            )
         from worker_svc.attention.flash_backend import FlashAttentionBackend
 
         return FlashAttentionBackend(), "requested"
-    if requested != "auto":
-        raise ValueError(f"unknown attention backend {requested!r}")
-    if reason is None:
+    if requested == "auto" and flash_reason is None:
         from worker_svc.attention.flash_backend import FlashAttentionBackend
 
         return FlashAttentionBackend(), "auto"
-    return TorchAttentionBackend(), f"auto ({reason})"
+    cpu_reason = cpu_kernel_unsupported_reason(device, dtype)
+    if requested == "cpu":
+        if cpu_reason is not None:
+            raise BackendUnavailableError(f"attention backend cpu unavailable: {cpu_reason}")
+        return CpuAttentionBackend(), "requested"
+    if cpu_reason is None:
+        return CpuAttentionBackend(), f"auto ({flash_reason})"
+    return TorchAttentionBackend(), f"auto ({flash_reason}; {cpu_reason})"

@@ -1,8 +1,11 @@
 """Paged attention in plain torch: the reference backend, and the one used on CPU.
 
 Per layer: K/V of the step's tokens are written into their pool slots, then
-- all decodes (query length 1) attend together: one padded gather of their
-  blocks and one SDPA call with a length mask;
+- decodes (query length 1) attend in groups of similar context length: one
+  padded gather of a group's blocks and one SDPA call with a length mask.
+  One group for all would pad every sequence to the longest one, and with
+  chat-length spreads (a 1,500-token context beside 200-token ones) most of
+  the gathered keys would be padding;
 - each prefill chunk attends on its own: a chunk with no earlier context uses
   the fresh K/V with `is_causal`; a chunk starting at position p gathers its
   blocks and uses a bottom-right causal mask (query i sees keys 0..p+i),
@@ -10,12 +13,14 @@ Per layer: K/V of the step's tokens are written into their pool slots, then
 
 Gathers go by whole blocks (`index_select` on the block dimension): on CPU that
 is about 3x faster than gathering single slots, and the mask hides the tail.
-The runner packs decodes first, so their queries and outputs are one slice.
+The runner packs decodes first, longest context first, so that each group's
+queries and outputs are one slice.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +40,8 @@ class PrefillSegment:
 
 @dataclass(frozen=True)
 class DecodeBatch:
-    # Where the decode tokens sit in the flat batch: a slice when they come
-    # first (the runner's order), else an index tensor.
+    # Where the group's decode tokens sit in the flat batch: a slice when they
+    # are adjacent (the runner's order), else an index tensor.
     tokens: slice | torch.Tensor
     block_ids: torch.Tensor  # [D * max_blocks], padded with block 0
     mask: torch.Tensor  # [D, 1, 1, max_blocks * block_size], True where the key is real
@@ -45,8 +50,34 @@ class DecodeBatch:
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T]
-    decodes: DecodeBatch | None
+    decodes: tuple[Any, ...]  # DecodeBatch here; a subclass may keep its own kind
     prefills: tuple[PrefillSegment, ...]
+
+
+# A decode group closes when the next context needs at most this share of the
+# group's longest context (so at most about a quarter of a group is padding),
+# but only once it has MIN_DECODE_GROUP members: each group costs two gathers
+# and one SDPA call per layer, which a handful of sequences does not repay.
+DECODE_GROUP_FILL = 0.75
+MIN_DECODE_GROUP = 8
+
+
+def group_decodes(context_lens: dict[int, int], block_size: int) -> list[list[int]]:
+    """Batch indices of the decodes, longest context first, cut into groups of similar
+    length in blocks (see DECODE_GROUP_FILL)."""
+    order = sorted(context_lens, key=lambda i: -context_lens[i])
+    groups: list[list[int]] = []
+    group_blocks = 0
+    for i in order:
+        blocks = -(-context_lens[i] // block_size)
+        if groups and (
+            len(groups[-1]) < MIN_DECODE_GROUP or blocks > group_blocks * DECODE_GROUP_FILL
+        ):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+            group_blocks = blocks
+    return groups
 
 
 def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
@@ -78,18 +109,26 @@ class TorchAttentionBackend(AttentionBackend):
             prefills.append(PrefillSegment(start, q, torch.tensor(block_ids, device=device), mask))
         return TorchAttentionMetadata(
             slot_mapping=layout.slot_mapping(device),
-            decodes=self._decode_batch(layout, decodes, device) if decodes else None,
+            decodes=self.decode_metadata(layout, decodes, device) if decodes else (),
             prefills=tuple(prefills),
         )
+
+    def decode_metadata(
+        self, layout: BatchLayout, decodes: list[int], device: torch.device
+    ) -> tuple[DecodeBatch, ...]:
+        """What `attend_decodes` needs for the decodes (batch indices `decodes`)."""
+        groups = group_decodes({i: layout.context_lens[i] for i in decodes}, layout.block_size)
+        return tuple(self._decode_batch(layout, group, device) for group in groups)
 
     @staticmethod
     def _decode_batch(layout: BatchLayout, decodes: list[int], device: torch.device) -> DecodeBatch:
         bs = layout.block_size
-        starts = layout.query_starts
-        if decodes == list(range(len(decodes))):
-            tokens: slice | torch.Tensor = slice(0, len(decodes))
+        all_starts = layout.query_starts
+        starts = [all_starts[i] for i in decodes]
+        if starts == list(range(starts[0], starts[0] + len(starts))):
+            tokens: slice | torch.Tensor = slice(starts[0], starts[0] + len(starts))
         else:
-            tokens = torch.tensor([starts[i] for i in decodes], device=device)
+            tokens = torch.tensor(starts, device=device)
         lens = torch.tensor([layout.context_lens[i] for i in decodes], device=device)
         max_blocks = -(-int(lens.max()) // bs)
         # Padding points at block 0: real memory whose values the mask hides.
@@ -115,27 +154,15 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         _, num_heads, num_tokens, head_dim = query.shape
-        num_kv_heads = key.shape[1]
         k_cache, v_cache = pool.layer(layer_idx)
         k_slots, v_slots = pool.layer_slots(layer_idx)
         k_slots.index_copy_(0, metadata.slot_mapping, key[0].transpose(0, 1))
         v_slots.index_copy_(0, metadata.slot_mapping, value[0].transpose(0, 1))
 
         out = query.new_empty((num_tokens, num_heads, head_dim))
-        if metadata.decodes is not None:
-            dec = metadata.decodes
-            q = query[0].transpose(0, 1)[dec.tokens]
-            d = q.shape[0]
-            # GQA without copying K/V per query head: the query heads sharing a
-            # KV head become that head's "query positions" (a decode has no
-            # causal structure among them), so K/V keep their kv_heads.
-            q = q.reshape(d, num_kv_heads, -1, head_dim)
-            k = _gather_blocks(k_cache, dec.block_ids).view(d, -1, num_kv_heads, head_dim)
-            v = _gather_blocks(v_cache, dec.block_ids).view(d, -1, num_kv_heads, head_dim)
-            o = F.scaled_dot_product_attention(
-                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=dec.mask, scale=scale
-            )
-            out[dec.tokens] = o.reshape(d, num_heads, head_dim)
+        queries = query[0].transpose(0, 1)  # [T, heads, d]
+        for dec in metadata.decodes:
+            out[dec.tokens] = self.attend_decodes(queries[dec.tokens], k_cache, v_cache, dec, scale)
         for seg in metadata.prefills:
             q = query[:, :, seg.start : seg.start + seg.length]
             if seg.block_ids is None:
@@ -152,3 +179,25 @@ class TorchAttentionBackend(AttentionBackend):
                 )
             out[seg.start : seg.start + seg.length] = o[0].transpose(0, 1)
         return out.unsqueeze(0)
+
+    def attend_decodes(
+        self,
+        queries: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dec: DecodeBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """One decode group: queries `[D, heads, d]` -> `[D, heads, d]`."""
+        d, num_heads, head_dim = queries.shape
+        num_kv_heads = k_cache.shape[2]
+        # GQA without copying K/V per query head: the query heads sharing a
+        # KV head become that head's "query positions" (a decode has no
+        # causal structure among them), so K/V keep their kv_heads.
+        q = queries.reshape(d, num_kv_heads, -1, head_dim)
+        k = _gather_blocks(k_cache, dec.block_ids).view(d, -1, num_kv_heads, head_dim)
+        v = _gather_blocks(v_cache, dec.block_ids).view(d, -1, num_kv_heads, head_dim)
+        o = F.scaled_dot_product_attention(
+            q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=dec.mask, scale=scale
+        )
+        return o.reshape(d, num_heads, head_dim)

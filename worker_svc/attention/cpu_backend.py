@@ -1,0 +1,64 @@
+"""The CPU backend: the torch backend, with decodes attended by the C kernel.
+
+Decodes dominate a serving step, and with the torch path their cost grows with
+the padded, gathered copy of every decode's keys (see torch_backend). The
+kernel (kernels/paged_decode.c) reads each sequence's blocks where they lie and
+only up to its own length, so a batch of chat-length contexts costs what its
+tokens cost. Prefill chunks keep the torch path: a chunk's many queries make
+SDPA's kernels efficient, and its gather is paid once for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from worker_svc.attention.base import BatchLayout
+from worker_svc.attention.cpu_kernel import paged_decode_attention
+from worker_svc.attention.torch_backend import TorchAttentionBackend
+
+
+@dataclass(frozen=True)
+class KernelDecodes:
+    # Where the decode tokens sit in the flat batch (see DecodeBatch.tokens).
+    tokens: slice | torch.Tensor
+    block_tables: torch.Tensor  # [D, max_blocks] int32, padded with block 0
+    context_lens: torch.Tensor  # [D] int32
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    name = "cpu"
+
+    def decode_metadata(
+        self, layout: BatchLayout, decodes: list[int], device: torch.device
+    ) -> tuple[KernelDecodes, ...]:
+        starts = layout.query_starts
+        positions = [starts[i] for i in decodes]
+        if positions == list(range(positions[0], positions[0] + len(positions))):
+            tokens: slice | torch.Tensor = slice(positions[0], positions[0] + len(positions))
+        else:
+            tokens = torch.tensor(positions, device=device)
+        lens = [layout.context_lens[i] for i in decodes]
+        max_blocks = -(-max(lens) // layout.block_size)
+        tables = [list(layout.block_tables[i][:max_blocks]) for i in decodes]
+        padded = [table + [0] * (max_blocks - len(table)) for table in tables]
+        return (
+            KernelDecodes(
+                tokens=tokens,
+                block_tables=torch.tensor(padded, dtype=torch.int32),
+                context_lens=torch.tensor(lens, dtype=torch.int32),
+            ),
+        )
+
+    def attend_decodes(
+        self,
+        queries: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        dec: KernelDecodes,
+        scale: float,
+    ) -> torch.Tensor:
+        return paged_decode_attention(
+            queries, k_cache, v_cache, dec.block_tables, dec.context_lens, scale
+        )
