@@ -34,6 +34,8 @@ RATES = [
 ]
 LATENCIES = [("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E")]
 HIGHER_IS_BETTER = {key for key, _ in RATES}
+# Only client-side latencies compare: a mean step of different batch sizes does not.
+LATENCY_KEYS = {key for key, _ in LATENCIES}
 
 
 def rows(summary: dict) -> list[tuple[str, str, object]]:
@@ -51,7 +53,7 @@ def ratio(key: str, ours: object, theirs: object) -> float | None:
         return None
     if key in HIGHER_IS_BETTER:
         top, bottom = ours, theirs
-    elif key.endswith("_ms"):
+    elif key in LATENCY_KEYS:
         top, bottom = theirs, ours
     else:
         return None

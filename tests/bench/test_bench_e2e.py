@@ -15,8 +15,9 @@ def cbserve_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "cbserve.cli"]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_cbserve_bench_on_a_local_stack(model_dir, tmp_path):
+    """`make bench` in small: the same command with both baselines, on three prompts."""
     out_dir = tmp_path / "bench"
     argv = [
         *cbserve_command(),
@@ -26,21 +27,36 @@ def test_cbserve_bench_on_a_local_stack(model_dir, tmp_path):
         "--random-input-len", "8:32",
         "--random-output-len", "4:8",
         "--goodput", "ttft:60000",
+        "--baselines", "static,hf",
         "--out-dir", str(out_dir),
     ]  # fmt: skip
     # From outside the checkout: the script must find bench/ by itself.
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=290)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.startswith("| metric | cbserve |")
+    header = done.stdout.splitlines()[0]
+    assert header == (
+        "| metric | cbserve | static | transformers | cbserve vs static | cbserve vs transformers |"
+    )
     assert "cbserve, all at once [" in done.stderr  # the progress bar
 
     results = json.loads((out_dir / "results.json").read_text())
     asked = results["workload"]["total_output_tokens"]
-    (run,) = results["runs"]
-    summary = run["summary"]
-    assert (summary["completed"], summary["failed"]) == (3, 0)
-    assert summary["total_output_tokens"] == asked  # EOS ignored: exactly max_tokens
-    assert summary["request_goodput"] == summary["request_throughput"]
-    assert 0 < summary["ttft_ms"]["median"] <= summary["e2el_ms"]["median"]
-    assert [r["finish_reason"] for r in run["requests"]] == ["LENGTH"] * 3
+    runs = {run["system"]: run for run in results["runs"]}
+    assert set(runs) == {"cbserve", "static", "hf"}
+    for system, run in runs.items():
+        summary = run["summary"]
+        assert (summary["completed"], summary["failed"]) == (3, 0), system
+        assert summary["total_output_tokens"] == asked  # EOS ignored: exactly max_tokens
+        assert 0 < summary["ttft_ms"]["median"] <= summary["e2el_ms"]["median"]
+        assert [r["finish_reason"] for r in run["requests"]] == ["LENGTH"] * 3
+    served = runs["cbserve"]["summary"]
+    assert served["request_goodput"] == served["request_throughput"]
+    # The served systems report how their steps split; transformers has no server.
+    for system in ("cbserve", "static"):
+        summary = runs[system]["summary"]
+        assert summary["steps"] >= 4  # a prefill, then a decode per further token (4 to 8)
+        assert 0 < summary["step_overhead_pct"] < 100
+        assert summary["mean_step_ms"] > 0
+    assert "step_overhead_pct" not in runs["hf"]["summary"]
+    assert "Step time outside forward (%, server)" in done.stdout
     assert (out_dir / "results.md").exists()

@@ -27,6 +27,7 @@ def test_ratios_read_times_better():
     assert ratio("output_throughput", 300.0, 100.0) == 3.0  # higher is better
     assert ratio("ttft_ms", 100.0, 500.0) == 5.0  # lower is better: baseline / ours
     assert ratio("completed", 4, 4) is None  # a count is no "better"
+    assert ratio("mean_step_ms", 100.0, 50.0) is None  # steps of different batches
     assert ratio("ttft_ms", 0.0, 5.0) is None
     assert ratio("ttft_ms", math.nan, 5.0) is None
 
