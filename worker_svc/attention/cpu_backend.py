@@ -16,7 +16,7 @@ import torch
 
 from worker_svc.attention.base import BatchLayout
 from worker_svc.attention.cpu_kernel import paged_decode_attention
-from worker_svc.attention.torch_backend import TorchAttentionBackend
+from worker_svc.attention.torch_backend import TorchAttentionBackend, decode_token_positions
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
     def decode_metadata(
         self, layout: BatchLayout, decodes: list[int], device: torch.device
     ) -> tuple[KernelDecodes, ...]:
-        starts = layout.query_starts
-        positions = [starts[i] for i in decodes]
-        if positions == list(range(positions[0], positions[0] + len(positions))):
-            tokens: slice | torch.Tensor = slice(positions[0], positions[0] + len(positions))
-        else:
-            tokens = torch.tensor(positions, device=device)
+        tokens = decode_token_positions(layout, decodes, device)
         lens = [layout.context_lens[i] for i in decodes]
         max_blocks = -(-max(lens) // layout.block_size)
         tables = [list(layout.block_tables[i][:max_blocks]) for i in decodes]

@@ -62,6 +62,17 @@ DECODE_GROUP_FILL = 0.75
 MIN_DECODE_GROUP = 8
 
 
+def decode_token_positions(
+    layout: BatchLayout, decodes: list[int], device: torch.device
+) -> slice | torch.Tensor:
+    """Where the given decodes' tokens sit in the flat batch: a slice when adjacent."""
+    all_starts = layout.query_starts
+    starts = [all_starts[i] for i in decodes]
+    if starts == list(range(starts[0], starts[0] + len(starts))):
+        return slice(starts[0], starts[0] + len(starts))
+    return torch.tensor(starts, device=device)
+
+
 def group_decodes(context_lens: dict[int, int], block_size: int) -> list[list[int]]:
     """Batch indices of the decodes, longest context first, cut into groups of similar
     length in blocks (see DECODE_GROUP_FILL)."""
@@ -123,12 +134,7 @@ class TorchAttentionBackend(AttentionBackend):
     @staticmethod
     def _decode_batch(layout: BatchLayout, decodes: list[int], device: torch.device) -> DecodeBatch:
         bs = layout.block_size
-        all_starts = layout.query_starts
-        starts = [all_starts[i] for i in decodes]
-        if starts == list(range(starts[0], starts[0] + len(starts))):
-            tokens: slice | torch.Tensor = slice(starts[0], starts[0] + len(starts))
-        else:
-            tokens = torch.tensor(starts, device=device)
+        tokens = decode_token_positions(layout, decodes, device)
         lens = torch.tensor([layout.context_lens[i] for i in decodes], device=device)
         max_blocks = -(-int(lens.max()) // bs)
         # Padding points at block 0: real memory whose values the mask hides.

@@ -1,0 +1,79 @@
+"""Times one layer's decode attention: the torch path against the C kernel.
+
+    .venv/bin/python -m bench.attention_profile [--batch 64] [--context 200 | 100:1500]
+        [--heads 9] [--kv-heads 3] [--head-dim 64] [--block-size 16] [--threads 2]
+
+Random K/V in a pool of scattered blocks, `batch` decode queries with context lengths
+drawn from `--context`; the defaults are SmolLM2-135M's attention shapes. Prints the
+median time per layer of each path and the largest difference between their outputs.
+Multiply by the model's layers (30) for a step's attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from bench.workload import parse_range
+from worker_svc.attention import BatchLayout, CpuAttentionBackend, TorchAttentionBackend
+from worker_svc.kv_pool import KVPool, KVPoolSpec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context", default="200", metavar="N|LOW:HIGH")
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rng = random.Random(args.seed)
+    low, high = parse_range(args.context)
+    lens = [rng.randint(low, high) for _ in range(args.batch)]
+    bs = args.block_size
+    needed = [-(-n // bs) for n in lens]
+    # Twice the blocks needed, shuffled: sequences' blocks are scattered, as in a busy pool.
+    spec = KVPoolSpec(1, args.kv_heads, args.head_dim, bs, torch.float32)
+    pool = KVPool(spec, 2 * sum(needed))
+    pool.cache.normal_()
+    free = list(range(pool.num_blocks))
+    rng.shuffle(free)
+    tables = tuple(tuple(free.pop() for _ in range(n)) for n in needed)
+    layout = BatchLayout((1,) * args.batch, tuple(lens), tables, bs)
+    query = torch.randn(1, args.heads, args.batch, args.head_dim)
+    key = torch.randn(1, args.kv_heads, args.batch, args.head_dim)
+    value = torch.randn(1, args.kv_heads, args.batch, args.head_dim)
+    scale = args.head_dim**-0.5
+
+    outputs = {}
+    for backend in (TorchAttentionBackend(), CpuAttentionBackend()):
+        metadata = backend.build_metadata(layout, torch.device("cpu"))
+
+        def layer(backend=backend, metadata=metadata) -> torch.Tensor:
+            return backend.forward(0, query, key, value, pool, metadata, scale)
+
+        outputs[backend.name] = layer()
+        times = []
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            layer()
+            times.append(time.perf_counter() - started)
+        print(
+            f"{backend.name:6s} batch={args.batch} context={low}..{high} "
+            f"(mean {statistics.mean(lens):.0f}): {statistics.median(times) * 1000:8.2f} ms/layer"
+        )
+    difference = (outputs["torch"] - outputs["cpu"]).abs().max().item()
+    print(f"largest difference between the two: {difference:.2e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The two profiling scripts RESULTS.md quotes, run small so that they keep working."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+
+def run_module(*argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_attention_profile_times_both_paths_and_they_agree():
+    out = run_module(
+        "bench.attention_profile", "--batch", "5", "--context", "3:70",
+        "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--block-size", "4",
+        "--repeats", "1",
+    )  # fmt: skip
+    assert re.search(r"^torch +batch=5 context=3\.\.70 .* ms/layer$", out, re.MULTILINE)
+    assert re.search(r"^cpu +batch=5 context=3\.\.70 .* ms/layer$", out, re.MULTILINE)
+    difference = float(out.rsplit(":", 1)[1])
+    assert difference < 1e-4
+
+
+def test_step_profile_runs_a_served_shaped_step(model_dir):
+    out = run_module(
+        "bench.step_profile", "--batch", "3", "--context", "5:40", "--prefill", "20",
+        "--steps", "2", "--threads", "1",
+    )  # fmt: skip
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("float32 cpu threads=1 batch=3 context=5..40"), line
+    assert "prefill=20" in line and line.endswith("decode tokens/s")
