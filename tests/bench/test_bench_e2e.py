@@ -35,7 +35,8 @@ def test_cbserve_bench_on_a_local_stack(model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     header = done.stdout.splitlines()[0]
     assert header == (
-        "| metric | cbserve | static | transformers | cbserve vs static | cbserve vs transformers |"
+        "| metric | cbserve | static | transformers float32 | cbserve vs static "
+        "| cbserve vs transformers |"
     )
     assert "cbserve, all at once [" in done.stderr  # the progress bar
 
