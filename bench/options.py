@@ -88,7 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="LIST",
         help="comma-separated, from static (cbserve --batching static), "
-        "hf (transformers generate), llamacpp (if llama_cpp is importable)",
+        "hf (transformers generate), llamacpp (llama.cpp's llama-server: make bench-peers)",
+    )
+    target.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="compute threads of the worker and of llama-server alike "
+        "(default: the worker's own default, torch's thread count)",
     )
     target.add_argument("--model", type=Path, default=None, help="HF model directory")
     target.add_argument("--dtype", choices=DTYPES, default="float32", help="worker, transformers")
@@ -117,6 +124,8 @@ def check(args: argparse.Namespace) -> str | None:
         return "--burstiness must be > 0"
     if args.max_concurrency is not None and args.max_concurrency < 1:
         return "--max-concurrency must be >= 1"
+    if args.threads is not None and args.threads < 1:
+        return "--threads must be >= 1"
     if args.server and "static" in args.baselines:
         return "the static baseline starts its own stack: leave out --server or the baseline"
     from bench.workload import parse_range
@@ -132,9 +141,28 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def worker_threads(args: argparse.Namespace) -> int:
+    """The worker's compute threads: --threads in --worker-args, else --threads, else
+    what the worker takes by default (torch's intra-op thread count on this machine).
+    llama-server gets the same number, so that both use the same cores."""
+    given = shlex.split(args.worker_args)
+    for index, flag in enumerate(given):
+        if flag == "--threads" and index + 1 < len(given):
+            return int(given[index + 1])
+        if flag.startswith("--threads="):
+            return int(flag.split("=", 1)[1])
+    if args.threads is not None:
+        return args.threads
+    import torch
+
+    return torch.get_num_threads()
+
+
 def stack_args(args: argparse.Namespace, batching: str | None) -> tuple[list[str], list[str]]:
     """Worker and scheduler flags of a local stack; batching None leaves the default."""
     worker = ["--dtype", args.dtype]
+    if args.threads is not None:
+        worker += ["--threads", str(args.threads)]
     if args.model:
         worker += ["--model", str(args.model)]
     if args.num_kv_blocks is not None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -86,13 +87,19 @@ async def stream_one(
     return timing
 
 
-async def _run_one_rate(
-    client: AsyncClient,
+Send = Callable[[BenchRequest], Awaitable[RequestTiming]]
+
+
+async def drive(
+    send: Send,
     requests: list[BenchRequest],
     rate: float,
     settings: ClientSettings,
     label: str,
 ) -> tuple[list[RequestTiming], float]:
+    """Every request through `send` (one system's streaming call) at its arrival
+    offset, at most --max-concurrency at once; timings in request order, wall seconds.
+    Every system of a run is driven by this one loop, so arrivals compare."""
     offsets = send_offsets(len(requests), rate, settings.burstiness, settings.seed)
     limit = (
         asyncio.Semaphore(settings.max_concurrency)
@@ -103,7 +110,7 @@ async def _run_one_rate(
 
     async def limited(request: BenchRequest) -> RequestTiming:
         async with limit:
-            timing = await stream_one(client, request, settings)
+            timing = await send(request)
         if bar:
             bar.update()
         return timing
@@ -145,7 +152,8 @@ async def run_rates(
         for rate in rates:
             label = f"{system}, {describe_rate(rate, settings.burstiness)}"
             before = _safe_scrape(scrape)
-            timings, wall = await _run_one_rate(client, requests, rate, settings, label)
+            send = functools.partial(stream_one, client, settings=settings)
+            timings, wall = await drive(send, requests, rate, settings, label)
             grown = counter_growth(before, _safe_scrape(scrape))
             results.append(RateResult(rate, timings, wall, server, grown))
     return results

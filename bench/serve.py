@@ -121,14 +121,33 @@ def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
         except Exception as error:  # a baseline failing must not lose the other results
             errors.append(f"{label} not measured: {type(error).__name__}: {error}")
     if "llamacpp" in args.baselines:
-        from bench import llamacpp_baseline
-
-        try:
-            timings, wall, info = llamacpp_baseline.run(args.model_dir, requests, settings)
-            columns.append(Column("llama.cpp", "llamacpp", math.inf, timings, wall, info))
-        except Exception as error:
-            errors.append(f"llama.cpp not measured: {type(error).__name__}: {error}")
+        columns += _llamacpp_columns(args, requests, settings, errors)
     return columns, errors
+
+
+def _llamacpp_columns(args, requests, settings, errors: list[str]) -> list[Column]:
+    from bench import llamacpp_baseline
+
+    system = llamacpp_baseline.SYSTEM
+    threads = options.worker_threads(args)
+    try:
+        outcomes = llamacpp_baseline.run_rates(
+            requests, args.request_rate, settings, threads, args.out_dir / "llama-server-logs"
+        )
+    except Exception as error:  # a baseline failing must not lose the other results
+        errors.append(f"{system} not measured: {type(error).__name__}: {error}")
+        return []
+    return [
+        Column(
+            column_label(system, r.rate, args.request_rate),
+            "llamacpp",
+            r.rate,
+            r.timings,
+            r.wall_s,
+            r.server,
+        )
+        for r in outcomes
+    ]
 
 
 def run(args: argparse.Namespace, command: str) -> int:
@@ -140,6 +159,13 @@ def run(args: argparse.Namespace, command: str) -> int:
     if problem:
         print(f"cbserve bench: {problem}", file=sys.stderr)
         return 2
+    if "llamacpp" in args.baselines:
+        from bench import llamacpp_baseline
+
+        problem = llamacpp_baseline.missing()
+        if problem:  # at once, before minutes of other systems are measured
+            print(f"cbserve bench: {problem}", file=sys.stderr)
+            return 2
     args.model_dir = args.model or converted_model_dir()
     settings = ClientSettings(
         burstiness=args.burstiness,
@@ -180,7 +206,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     )
     columns, errors = _measure(args, requests, settings)
     for column in columns:
-        if column.system in ("cbserve", "static") and args.ignore_eos:
+        if column.system in ("cbserve", "static", "llamacpp") and args.ignore_eos:
             short = short_outputs(requests, column.timings)
             if short:
                 print(

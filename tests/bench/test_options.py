@@ -39,3 +39,12 @@ def test_stack_args_pass_batching_and_extras():
     assert worker == ["--dtype", "bfloat16", "--threads", "2"]
     assert scheduler == ["--max-num-seqs", "8", "--batching", "static"]
     assert "--batching" not in options.stack_args(args, None)[1]
+
+
+def test_llama_server_gets_the_worker_threads():
+    assert options.worker_threads(parse("--worker-args", "--threads 3")[0]) == 3
+    assert options.worker_threads(parse("--worker-args=--threads=5", "--threads", "9")[0]) == 5
+    args, _ = parse("--threads", "4")
+    assert options.worker_threads(args) == 4
+    assert options.stack_args(args, None)[0][-2:] == ["--threads", "4"]
+    assert parse("--threads", "0")[1] == "--threads must be >= 1"

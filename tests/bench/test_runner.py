@@ -9,8 +9,8 @@ import pytest
 
 from bench.runner import (
     ClientSettings,
-    _run_one_rate,
     counter_growth,
+    drive,
     short_outputs,
     stream_one,
 )
@@ -51,6 +51,13 @@ def requests(count: int, max_tokens: int = 3) -> list[BenchRequest]:
     return [BenchRequest(i, [1, 2, 3 + i], max_tokens, seed=100 + i) for i in range(count)]
 
 
+def drive_fake(client: FakeClient, batch: list[BenchRequest], settings: ClientSettings):
+    async def send(request: BenchRequest):
+        return await stream_one(client, request, settings)
+
+    return asyncio.run(drive(send, batch, float("inf"), settings, "x"))
+
+
 def test_stream_one_times_token_messages_and_sends_the_settings():
     client = FakeClient()
     settings = ClientSettings(temperature=0.5, ignore_eos=True)
@@ -76,7 +83,7 @@ def test_a_failed_request_records_its_status():
 def test_max_concurrency_holds_back_requests(limit, expected):
     client = FakeClient()
     settings = ClientSettings(max_concurrency=limit, progress=False)
-    timings, wall = asyncio.run(_run_one_rate(client, requests(5), float("inf"), settings, "x"))
+    timings, wall = drive_fake(client, requests(5), settings)
     assert client.most_active == expected
     assert all(t.ok for t in timings) and wall > 0
     assert short_outputs(requests(5), timings) == []
@@ -84,9 +91,7 @@ def test_max_concurrency_holds_back_requests(limit, expected):
 
 def test_short_outputs_names_requests_that_stopped_early():
     client = FakeClient()
-    timings, _ = asyncio.run(
-        _run_one_rate(client, requests(2, 2), float("inf"), ClientSettings(progress=False), "x")
-    )
+    timings, _ = drive_fake(client, requests(2, 2), ClientSettings(progress=False))
     assert short_outputs(requests(2, 3), timings) == [(0, 2, 3), (1, 2, 3)]
 
 
