@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-server once, for `cbserve bench --baselines llamacpp` and the
-# sweep (`make bench-peers` runs this; no test needs it).
+# sweep. `make bench-peers` runs it through `python -m bench.llama_server build`, which
+# passes the pinned version (LLAMA_CPP_PYTHON_VERSION, kept in bench/llama_server.py,
+# where the bench looks for the binary) and the cache root. No test needs it.
 #
 # llama.cpp comes from PyPI: the llama-cpp-python sdist vendors its source, and PyPI is
 # the one registry every machine of this project reaches. The pinned version below
@@ -15,7 +17,7 @@
 # takes far longer and the other tools are not measured.
 set -euo pipefail
 
-VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+VERSION="${LLAMA_CPP_PYTHON_VERSION:?run through python -m bench.llama_server build}"
 PYTHON="${PYTHON:-python3}"
 CACHE="${CBSERVE_PEERS_CACHE:-$HOME/.cache/cbserve}/llama.cpp/$VERSION"
 BINARY="$CACHE/bin/llama-server"
