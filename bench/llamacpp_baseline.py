@@ -72,7 +72,10 @@ async def _serve_rate(url: str, requests, rate: float, settings: ClientSettings)
     import aiohttp
 
     # No connection cap (aiohttp's default is 100): every request in flight has its own.
-    connector = aiohttp.TCPConnector(limit=0)
+    # And a new connection per request: llama-server's HTTP library closes a kept-alive
+    # connection after a few requests, and a request sent on one it has just closed
+    # fails (ServerDisconnectedError). A loopback connect costs well under a millisecond.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         warm = await stream_one(session, url, WARM_UP, settings)
