@@ -130,11 +130,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"UNAVAILABLE (default {faults.worker_wait_timeout_s:g})",
     )
     parser.add_argument(
-        "--step-timeout",
+        "--worker-timeout",
         type=float,
-        default=faults.step_timeout_s,
-        help=f"seconds without a step result before a worker counts as dead (default "
-        f"{faults.step_timeout_s:g})",
+        default=faults.worker_timeout_s,
+        help="a worker that answers no keepalive ping for this many seconds (dead, stopped, "
+        "unreachable) is lost, idle or mid-step, and its requests are recomputed on others; "
+        f"also a one-token step's deadline (default {faults.worker_timeout_s:g}, at least 2)",
+    )
+    parser.add_argument(
+        "--step-seconds-per-token",
+        type=float,
+        default=faults.step_seconds_per_token,
+        help="what a step's deadline grows by for each token it computes, so that a long "
+        f"prefill is not taken for a hang (default {faults.step_seconds_per_token:g})",
     )
     parser.add_argument(
         "--grace-period",
@@ -192,7 +200,8 @@ async def serve(args: argparse.Namespace) -> None:
         )
         faults = FaultConfig(
             worker_wait_timeout_s=args.worker_wait_timeout,
-            step_timeout_s=args.step_timeout,
+            worker_timeout_s=args.worker_timeout,
+            step_seconds_per_token=args.step_seconds_per_token,
             grace_period_s=args.grace_period,
             max_concurrent_streams=args.max_concurrent_streams,
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BATCHING_MODES = ("continuous", "static")
+# Keepalive pings every half of it must stay at or above 1 s (common.grpc_options).
+MIN_WORKER_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -62,21 +64,37 @@ class FaultConfig:
     """How long the scheduler waits for things that may never come."""
 
     # With no worker connected, accepted requests wait this long for one to come
-    # back before they end with UNAVAILABLE; new requests get UNAVAILABLE at once
-    # once no worker has been seen for this long.
+    # back before they end with UNAVAILABLE (sooner at their own deadline); new
+    # requests get UNAVAILABLE at once once no worker has been seen for this long.
     worker_wait_timeout_s: float = 30.0
-    # A step with no result after this long counts as a dead worker (hung).
-    step_timeout_s: float = 60.0
+    # A worker that answers no keepalive ping for this long (dead, stopped,
+    # unreachable) is lost, idle or not; it is also the deadline of a one-token step.
+    worker_timeout_s: float = 10.0
+    # What a step's deadline grows by per token it computes, so that a long
+    # prefill is not taken for a hung forward pass (seconds per token).
+    step_seconds_per_token: float = 0.05
     # On SIGTERM: in-flight requests get this long to finish before the exit.
     grace_period_s: float = 30.0
     # Generate calls in flight at once; past it, RESOURCE_EXHAUSTED.
     max_concurrent_streams: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("worker_wait_timeout_s", "step_timeout_s", "grace_period_s"):
+        for name in ("worker_wait_timeout_s", "worker_timeout_s", "grace_period_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        if self.worker_timeout_s < MIN_WORKER_TIMEOUT_S:
+            # Keepalive pings go out every worker_timeout_s / 2; workers refuse
+            # pings more often than every half second (common.grpc_options).
+            minimum, value = MIN_WORKER_TIMEOUT_S, self.worker_timeout_s
+            raise ValueError(f"worker_timeout_s must be >= {minimum:g}, got {value!r}")
+        per_token = self.step_seconds_per_token
+        if isinstance(per_token, bool) or not isinstance(per_token, int | float) or per_token < 0:
+            raise ValueError(f"step_seconds_per_token must be a number >= 0, got {per_token!r}")
         streams = self.max_concurrent_streams
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise ValueError(f"max_concurrent_streams must be an integer >= 1, got {streams!r}")
+
+    def step_deadline_s(self, num_tokens: int) -> float:
+        """Seconds a step computing num_tokens may take before its worker counts as hung."""
+        return self.worker_timeout_s + num_tokens * self.step_seconds_per_token

@@ -9,13 +9,16 @@ The pool reads an engine to place requests (load, prefix-cache hits) and is
 told when its connection comes or goes (on_connection_change), which is what
 the scheduler's health status follows.
 
-A lost worker (its stream broke, or no step result within --step-timeout:
-hung) loses nothing: its unfinished requests are taken out of its Scheduler as
-Migrants (request with its output so far, output processor, the client's
-queue) and handed to the pool (Migrations.requests_lost), which queues them on
-another worker's engine (adopt) where they are prefilled over prompt + output
-and go on where they stopped: the client sees no token twice and none lost.
-Then the engine reconnects with backoff and serves again.
+A lost worker (see liveness: its stream broke, a keepalive ping or a step
+went unanswered; idle or not) loses nothing: it is marked disconnected the
+moment it is found, so that nothing new is placed on it; its unfinished
+requests are taken out of its Scheduler as Migrants (request with its output
+so far, output processor, the client's queue) and handed to the pool
+(Migrations.requests_lost), which queues them on another worker's engine
+(adopt) where they are prefilled over prompt + output and go on where they
+stopped: the client sees no token twice and none lost. Then the engine
+reconnects with backoff (a flapping worker is held out longer) and serves
+again from an empty state.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.liveness import Comeback, LossCause
 from scheduler_svc.migration import Migrant, Migrations, StreamItem, new_request
 from scheduler_svc.prefix_hash import extend_block_hashes
 from scheduler_svc.request import RequestOutput
@@ -38,14 +42,12 @@ from scheduler_svc.scheduler import Scheduler
 from scheduler_svc.stats import SchedulerStats
 from scheduler_svc.tokenizer import Tokenizer
 from scheduler_svc.validation import ValidatedRequest
-from scheduler_svc.worker_client import WorkerClient, WorkerLost
+from scheduler_svc.worker_client import WorkerClient, WorkerLost, num_scheduled_tokens
 
 if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.engine")
-
-RECONNECT_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 class WorkerEngine:
@@ -66,7 +68,8 @@ class WorkerEngine:
         self.migrations = migrations
         self.config = config
         self.tokenizer = tokenizer
-        self.client = WorkerClient(address)
+        self.client = WorkerClient(address, self.faults.worker_timeout_s, self._worker_lost)
+        self._comeback = Comeback()
         self.scheduler: Scheduler | None = None
         self.steps = 0
         # Requests ever placed here: the last tie-break of placement, so that
@@ -177,6 +180,12 @@ class WorkerEngine:
         self._reset_scheduler()
         self._task = asyncio.create_task(self._run(), name=f"engine {self.address}")
 
+    def _worker_lost(self, error: WorkerLost) -> None:
+        """The client found the worker lost (maybe while this engine idles): place
+        nothing more here, and wake the loop to recover."""
+        self._set_connected(False)
+        self._wakeup.set()
+
     def _reset_scheduler(self) -> None:
         description = self.client.description
         self.scheduler = Scheduler(
@@ -189,6 +198,7 @@ class WorkerEngine:
             stats=self.stats,
         )
         self._set_connected(True)
+        self._comeback.connected()
 
     def submit(
         self, validated: ValidatedRequest, deadline: float | None = None
@@ -242,6 +252,15 @@ class WorkerEngine:
 
     async def _run(self) -> None:
         while True:
+            try:
+                await self._serve()
+            except WorkerLost as error:
+                await self._recover(error)
+
+    async def _serve(self) -> None:
+        """Steps while the worker answers; raises WorkerLost when it is lost."""
+        while True:
+            self.client.raise_if_lost()
             iteration_started = time.monotonic()
             plan = self.scheduler.schedule()
             self._deliver_failures()
@@ -251,17 +270,14 @@ class WorkerEngine:
                 continue
             self._note_first_scheduled(plan)
             started = time.monotonic()
+            deadline_s = self.faults.step_deadline_s(num_scheduled_tokens(plan))
+            result = await self.client.step(plan, deadline_s)
+            step_s = time.monotonic() - started
             try:
-                result = await self._step(plan)
-                step_s = time.monotonic() - started
                 outputs = self.scheduler.update_from_output(plan, result)
-            except WorkerLost as error:
-                await self._recover(error)
-                continue
             except RuntimeError as error:
                 # The worker broke the protocol: its state cannot be trusted.
-                await self._recover(WorkerLost(f"protocol error: {error}"))
-                continue
+                raise WorkerLost(f"protocol error: {error}", LossCause.PROTOCOL) from error
             self.steps += 1
             for output in outputs:
                 self._deliver(output)
@@ -271,17 +287,6 @@ class WorkerEngine:
                 self._metrics.observe_iteration(
                     self.address, step_s, result.forward_seconds, total_s
                 )
-
-    async def _step(self, plan):
-        """One step on the worker; no result within --step-timeout is a lost (hung) worker."""
-        timeout = self.faults.step_timeout_s
-        try:
-            return await asyncio.wait_for(self.client.step(plan), timeout)
-        except TimeoutError:
-            raise WorkerLost(
-                f"worker {self.address} gave no result for step {plan.step_id} within "
-                f"{timeout:g} s (--step-timeout): counted as hung"
-            ) from None
 
     def _note_first_scheduled(self, plan) -> None:
         if not plan.new_sequences:
@@ -325,27 +330,43 @@ class WorkerEngine:
     async def _recover(self, error: WorkerLost) -> None:
         """Hands the worker's unfinished requests to the pool, then reconnects with backoff.
 
-        The reconnected worker starts from an empty state.
+        The old stream is given up first (nothing read from it counts any more);
+        the reconnected worker starts from an empty state: a new stream resets it.
         """
-        log.error("worker lost", worker=self.address, error=str(error), requests=len(self._queues))
-        await self.client.close()
         self._set_connected(False)
+        hold_out_s = self._comeback.lost()
+        log.error(
+            "worker lost",
+            worker=self.address,
+            cause=error.cause.value,
+            error=str(error),
+            requests=len(self._queues),
+            reconnect_in_s=hold_out_s,
+            quick_losses=self._comeback.quick_losses,
+        )
+        if self._metrics is not None:
+            self._metrics.observe_worker_lost(error.cause.value, len(self._queues))
+        await self.client.close()
         if self.migrations is None:
             self._fail_all(f"worker {self.address} failed mid-request ({error})")
         else:
             self.migrations.requests_lost(self, self.take_migrants())
-        attempt = 0
-        while True:
-            delay = RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)]
-            await asyncio.sleep(delay)
-            attempt += 1
+        await asyncio.sleep(hold_out_s)
+        attempts = 1
+        for delay in self._comeback.retry_delays():
             try:
-                await self.client.connect(timeout_s=delay * 2)
+                await self.client.connect(timeout_s=max(2.0, delay * 2))
+                break
             except WorkerLost:
-                continue
-            self._reset_scheduler()
-            log.info("worker reconnected", worker=self.address, attempts=attempt)
-            return
+                await asyncio.sleep(delay)
+                attempts += 1
+        self._reset_scheduler()
+        log.info(
+            "worker reconnected",
+            worker=self.address,
+            attempts=attempts,
+            instance_id=self.client.description.instance_id,
+        )
 
     def take_migrants(self) -> list[Migrant]:
         """Empties the engine of its unfinished requests, to be resumed elsewhere."""

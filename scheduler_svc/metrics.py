@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from common.metrics import TOKEN_BUCKETS, Registry, Samples
+from scheduler_svc.liveness import LossCause
 
 if TYPE_CHECKING:
     from scheduler_svc.engine import WorkerEngine
@@ -87,14 +88,33 @@ class SchedulerMetrics:
             "Generate calls that ended with an error status, by gRPC status code.",
             labelnames=("code",),
         )
+        self.workers_lost = registry.counter(
+            "cbserve_worker_lost_total",
+            "Workers declared lost, by cause: disconnected (stream or connection ended), "
+            "keepalive (a ping unanswered: stopped or unreachable), step_timeout (no result "
+            "within the step's deadline), protocol (an answer out of protocol or an error).",
+            labelnames=("cause",),
+        )
+        self.requests_recomputed = registry.counter(
+            "cbserve_requests_recomputed_total",
+            "Unfinished requests of lost workers, moved to be recomputed on another worker.",
+        )
+        # Known label values start at 0, so that rate() sees the first one.
         for reason in FINISH_REASONS:
-            # Known label values start at 0, so that rate() sees the first one.
             self.requests_finished.inc(0, reason=reason)
+        for cause in LossCause:
+            self.workers_lost.inc(0, cause=cause.value)
+        self.requests_recomputed.inc(0)
 
     def forget_worker(self, address: str) -> None:
         """A worker left the pool: its own series go (the scrape-time ones go by themselves)."""
         for histogram in (self.step_duration, self.step_forward, self.step_overhead):
             histogram.remove(worker=address)
+
+    def observe_worker_lost(self, cause: str, num_requests: int) -> None:
+        """A worker was lost with num_requests unfinished on it (they move elsewhere)."""
+        self.workers_lost.inc(cause=cause)
+        self.requests_recomputed.inc(num_requests)
 
     def observe_iteration(self, address: str, step_s: float, forward_s: float, total_s: float):
         """One engine iteration: the RPC's time, the worker's forward time, the whole."""

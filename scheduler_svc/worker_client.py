@@ -1,33 +1,64 @@
-"""The scheduler's end of one worker: Describe, then one Step stream.
+"""The scheduler's end of one worker: Describe, then one Step stream at a time.
 
-Each plan written on the stream gets exactly one result back, in order, so a
-step is a write followed by a read. A broken stream surfaces as WorkerLost;
-the engine decides what happens to the requests that were on it.
+Each plan written on the stream gets exactly one result back, in order. A
+reader task reads the stream for as long as it is open, so that a stream
+that breaks while nothing is in flight (an idle worker killed, one that never
+got a request) is noticed at once, not at the next write; a step waits for
+the reader to hand it its result, within the step's deadline. The channel
+sends keepalive pings (common.grpc_options), which end the stream of a worker
+that stopped answering: stopped, or unreachable.
+
+The first sign of a lost worker wins and is reported once (on_lost, then
+WorkerLost from every call) with its cause (liveness.LossCause). Every stream
+has an epoch: once the scheduler gives a stream up, nothing read from it any
+more reaches a step, so a hung worker that wakes up cannot deliver stale
+results; the engine reconnects with a new stream, which resets the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import grpc
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
-from common.grpc_options import CHANNEL_OPTIONS
+from common.grpc_options import channel_options
+from scheduler_svc.liveness import LossCause, cause_of
 
 
 class WorkerLost(Exception):
-    """The worker's stream broke or it answered out of protocol."""
+    """The worker's stream broke, it stopped answering, or it answered out of protocol."""
+
+    def __init__(self, message: str, cause: LossCause = LossCause.DISCONNECTED) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class WorkerClient:
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        keepalive_timeout_s: float = 10.0,
+        on_lost: Callable[[WorkerLost], None] | None = None,
+    ) -> None:
         self.address = address
+        self.keepalive_timeout_s = keepalive_timeout_s
+        # Called once per stream, from the reader or a step, when the worker is lost.
+        self.on_lost = on_lost
         self._channel: grpc.aio.Channel | None = None
         self._stub: wpb_grpc.WorkerStub | None = None
         self._stream: grpc.aio.StreamStreamCall | None = None
+        self._reader: asyncio.Task | None = None
         self.description: wpb.WorkerDescription | None = None
+        # Counts the streams opened; results are taken only from the current one.
+        self.epoch = 0
+        # The step waiting for its result: (step id, future the reader completes).
+        self._waiting: tuple[int, asyncio.Future[wpb.StepResult]] | None = None
+        # Why the current stream is lost (None while it is fine).
+        self.lost: WorkerLost | None = None
 
     async def connect(
         self, timeout_s: float, retry_interval_s: float = 0.5
@@ -37,7 +68,9 @@ class WorkerClient:
         last_error: Exception | None = None
         while True:
             await self.close()
-            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(
+                self.address, options=channel_options(self.keepalive_timeout_s)
+            )
             self._stub = wpb_grpc.WorkerStub(self._channel)
             remaining = deadline - time.monotonic()
             try:
@@ -46,7 +79,7 @@ class WorkerClient:
                     timeout=max(1.0, min(5.0, remaining)),
                     wait_for_ready=True,
                 )
-                self._stream = self._stub.Step()
+                self._open_stream()
                 return self.description
             except grpc.aio.AioRpcError as error:
                 last_error = error
@@ -61,28 +94,118 @@ class WorkerClient:
                 ) from last_error
             await asyncio.sleep(retry_interval_s)
 
-    async def step(self, plan: wpb.StepPlan) -> wpb.StepResult:
+    def _open_stream(self) -> None:
+        self.epoch += 1
+        self.lost = None
+        self._stream = self._stub.Step()
+        self._reader = asyncio.create_task(
+            self._read(self.epoch, self._stream), name=f"read {self.address} #{self.epoch}"
+        )
+
+    async def _read(self, epoch: int, stream: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            try:
+                result = await stream.read()
+            except grpc.aio.AioRpcError as error:
+                self._lose(
+                    epoch,
+                    WorkerLost(
+                        f"worker {self.address}: {error.code().name}: {error.details()}",
+                        cause_of(error),
+                    ),
+                )
+                return
+            if result is grpc.aio.EOF:
+                self._lose(epoch, WorkerLost(f"worker {self.address} closed its Step stream"))
+                return
+            if epoch != self.epoch:
+                return  # a stream given up: whatever it says is stale
+            waiting = self._waiting
+            if waiting is None or waiting[0] != result.step_id:
+                asked = "no step" if waiting is None else f"step {waiting[0]}"
+                self._lose(
+                    epoch,
+                    WorkerLost(
+                        f"worker {self.address} answered step {result.step_id} to {asked}",
+                        LossCause.PROTOCOL,
+                    ),
+                )
+                return
+            self._waiting = None
+            if not waiting[1].done():
+                waiting[1].set_result(result)
+
+    def _lose(self, epoch: int, error: WorkerLost) -> None:
+        """Marks the stream of `epoch` lost, once; fails the step waiting on it."""
+        if epoch != self.epoch or self.lost is not None:
+            return
+        self.lost = error
+        if self._waiting is not None and not self._waiting[1].done():
+            self._waiting[1].set_exception(error)
+        self._waiting = None
+        if self.on_lost is not None:
+            self.on_lost(error)
+
+    def raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise self.lost
         if self._stream is None:
             raise WorkerLost(f"worker {self.address}: no open Step stream")
+
+    async def step(self, plan: wpb.StepPlan, deadline_s: float) -> wpb.StepResult:
+        """Sends the plan; its result, or WorkerLost when none comes within deadline_s."""
+        self.raise_if_lost()
+        epoch = self.epoch
+        result: asyncio.Future[wpb.StepResult] = asyncio.get_running_loop().create_future()
+        self._waiting = (plan.step_id, result)
         try:
-            await self._stream.write(plan)
-            result = await self._stream.read()
-        except grpc.aio.AioRpcError as error:
-            raise WorkerLost(
-                f"worker {self.address}: {error.code().name}: {error.details()}"
-            ) from error
-        if result is grpc.aio.EOF:
-            raise WorkerLost(f"worker {self.address} closed its Step stream")
-        if result.step_id != plan.step_id:
-            raise WorkerLost(
-                f"worker {self.address} answered step {result.step_id} to plan {plan.step_id}"
+            async with asyncio.timeout(deadline_s):
+                await self._stream.write(plan)
+                return await result
+        except TimeoutError:
+            self._lose(
+                epoch,
+                WorkerLost(
+                    f"worker {self.address} gave no result for step {plan.step_id} "
+                    f"({num_scheduled_tokens(plan)} tokens) within {deadline_s:.3g} s",
+                    LossCause.STEP_TIMEOUT,
+                ),
             )
-        return result
+        except grpc.aio.AioRpcError as error:
+            self._lose(
+                epoch,
+                WorkerLost(
+                    f"worker {self.address}: {error.code().name}: {error.details()}",
+                    cause_of(error),
+                ),
+            )
+        except asyncio.InvalidStateError:
+            # A write on a call that has ended: the reader says why, or is about to.
+            await asyncio.sleep(0)
+            self._lose(epoch, WorkerLost(f"worker {self.address}: its Step stream has ended"))
+        finally:
+            if self._waiting is not None and self._waiting[1] is result:
+                self._waiting = None
+        raise self.lost or WorkerLost(f"worker {self.address}: its Step stream was closed")
 
     async def close(self) -> None:
+        """Gives the current stream up: its reader stops, and what it would read is stale."""
+        self.epoch += 1
+        if self._waiting is not None and not self._waiting[1].done():
+            self._waiting[1].cancel()
+        self._waiting = None
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
         if self._stream is not None:
             self._stream.cancel()
             self._stream = None
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+
+def num_scheduled_tokens(plan: wpb.StepPlan) -> int:
+    """Tokens the plan has the worker compute: what its deadline scales with."""
+    return sum(s.num_scheduled_tokens for s in (*plan.new_sequences, *plan.continuing_sequences))

@@ -2,7 +2,8 @@
 worker comes back within --worker-wait-timeout.
 
 Real processes on loopback; faults are signals: SIGKILL (a dead worker: its
-stream breaks), SIGSTOP (a hung one: no step result within --step-timeout).
+stream breaks), SIGSTOP (a hung one: its keepalive pings go unanswered for
+--worker-timeout; tests/integration/test_worker_liveness.py times that).
 Requests are greedy with ignore_eos, so a stream that was moved to another
 worker must carry exactly the tokens of a run without a fault. Workers run one
 thread each (two processes spinning in OpenMP on two cores are many times slower).
@@ -28,7 +29,7 @@ PROMPTS = [
     f"Request {index}: tell a short story about a {animal}."
     for index, animal in enumerate(["cat", "dog", "fox", "owl", "bee", "elk"])
 ]
-STEP_TIMEOUT_S = 3.0
+WORKER_TIMEOUT_S = 3.0
 WAIT_TIMEOUT_S = 15.0
 
 
@@ -109,7 +110,7 @@ def two_workers():
     with LocalStack(
         num_workers=2,
         worker_args=WORKER_ARGS,
-        scheduler_args=["--step-timeout", str(STEP_TIMEOUT_S)],
+        scheduler_args=["--worker-timeout", str(WORKER_TIMEOUT_S)],
     ) as stack:
         yield stack
 
@@ -131,19 +132,16 @@ def test_a_killed_workers_requests_finish_on_the_other_with_the_same_tokens(two_
     _wait_for_workers(two_workers, 2)
 
 
-def test_a_hung_worker_counts_as_dead_after_the_step_timeout(two_workers, reference):
+def test_a_hung_worker_counts_as_dead_after_the_worker_timeout(two_workers, reference):
     _wait_for_workers(two_workers, 2)
     hung = two_workers.workers[1].process
     try:
-        started = time.monotonic()
         results, at_fault = asyncio.run(
             _stream_all(two_workers.address, lambda: hung.send_signal(signal.SIGSTOP))
         )
-        elapsed = time.monotonic() - started
     finally:
         hung.send_signal(signal.SIGCONT)
     _assert_same_tokens(results, at_fault, reference)
-    assert elapsed >= STEP_TIMEOUT_S
     # Woken up, it is reconnected (its old stream is superseded) and serves again.
     _wait_for_workers(two_workers, 2)
     assert _reference(two_workers) == reference
