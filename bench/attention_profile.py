@@ -49,9 +49,9 @@ def main() -> None:
     rng.shuffle(free)
     tables = tuple(tuple(free.pop() for _ in range(n)) for n in needed)
     layout = BatchLayout((1,) * args.batch, tuple(lens), tables, bs)
-    query = torch.randn(1, args.heads, args.batch, args.head_dim)
-    key = torch.randn(1, args.kv_heads, args.batch, args.head_dim)
-    value = torch.randn(1, args.kv_heads, args.batch, args.head_dim)
+    query = torch.randn(args.batch, args.heads, args.head_dim)
+    key = torch.randn(args.batch, args.kv_heads, args.head_dim)
+    value = torch.randn(args.batch, args.kv_heads, args.head_dim)
     scale = args.head_dim**-0.5
 
     outputs = {}

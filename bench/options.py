@@ -13,6 +13,8 @@ from pathlib import Path
 
 BASELINES = ("static", "hf", "llamacpp")
 DTYPES = ("float32", "bfloat16", "float16")
+# The worker's compute paths (worker_svc/config.py): auto takes the fastest on this CPU.
+WORKER_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
 def _rates(text: str) -> list[float]:
@@ -98,8 +100,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the worker's own default, torch's thread count)",
     )
     target.add_argument("--model", type=Path, default=None, help="HF model directory")
-    target.add_argument("--dtype", choices=DTYPES, default="float32", help="worker, transformers")
-    target.add_argument("--hf-dtype", choices=DTYPES, default=None, help="default: --dtype")
+    target.add_argument(
+        "--dtype",
+        choices=WORKER_DTYPES,
+        default="auto",
+        help="the worker's compute path (default auto: the fastest this CPU has)",
+    )
+    target.add_argument(
+        "--hf-dtype",
+        choices=DTYPES,
+        default=None,
+        help="transformers' dtype (default: --dtype where transformers has it, else float32)",
+    )
     target.add_argument("--hf-batch-size", type=int, default=64)
     target.add_argument("--max-num-seqs", type=int, default=None)
     target.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -117,7 +129,7 @@ def check(args: argparse.Namespace) -> str | None:
     """Flattens and checks the parsed flags; returns an error message or None."""
     rates = [rate for given in args.request_rate or [] for group in given for rate in group]
     args.request_rate = list(dict.fromkeys(rates)) or [math.inf]
-    args.hf_dtype = args.hf_dtype or args.dtype
+    args.hf_dtype = args.hf_dtype or (args.dtype if args.dtype in DTYPES else "float32")
     if args.num_prompts < 1:
         return "--num-prompts must be >= 1"
     if args.burstiness <= 0:

@@ -296,4 +296,19 @@ class GenerationService(pb_grpc.GenerationServicer):
             kv_capacity_tokens=sum(engine.capacity_tokens for engine in engines),
             num_workers=len(engines),
             workers=sorted(engine.address for engine in engines),
+            worker_info=[
+                _worker_info(engine) for engine in sorted(engines, key=lambda e: e.address)
+            ],
         )
+
+
+def _worker_info(engine: WorkerEngine) -> pb.WorkerInfo:
+    described = engine.client.description
+    return pb.WorkerInfo(
+        address=engine.address,
+        dtype=described.dtype,
+        model_impl=described.model_impl,
+        attention_backend=described.attention_backend,
+        device=described.device,
+        processor=described.processor,
+    )

@@ -1,4 +1,5 @@
-"""python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH] [--dtype float32|bfloat16]
+"""python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH]
+[--dtype auto|float32|bfloat16|float16|int8] [--model-impl auto|cbserve|transformers]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
 [--attention-backend auto|torch|cpu|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
 [--grace-period 30] [--log-level info]
@@ -7,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -18,6 +20,7 @@ from worker_svc.config import (
     DEFAULT_DTYPE,
     DEFAULT_GRACE_PERIOD_S,
     DTYPES,
+    MODEL_IMPLS,
     WorkerConfig,
 )
 
@@ -40,7 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=DEFAULT_WORKER_PORT)
     parser.add_argument("--model", default=None, help="HF directory or .gguf file")
-    parser.add_argument("--dtype", choices=DTYPES, default=DEFAULT_DTYPE)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=os.environ.get("CBSERVE_DTYPE", DEFAULT_DTYPE),
+        help="compute path (env CBSERVE_DTYPE): auto (default) takes the fastest this CPU "
+        "has (measured table, see bench/kernel_bench.py); float32 is the reference; "
+        "int8 is int8 weights x int8 activations (fbgemm); bfloat16/float16 need native "
+        "support on a CPU",
+    )
+    parser.add_argument(
+        "--model-impl",
+        choices=MODEL_IMPLS,
+        default="auto",
+        help="cbserve: the own forward (worker_svc/models); transformers: its modules; "
+        "auto (default): the own forward where the architecture has one",
+    )
     pool = parser.add_mutually_exclusive_group()
     pool.add_argument("--num-kv-blocks", type=int, default=None)
     pool.add_argument("--kv-cache-memory", type=parse_bytes, default=None, metavar="BYTES")
@@ -91,6 +109,7 @@ def config_from_args(args: argparse.Namespace, model: str | None = None) -> Work
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend,
+        model_impl=args.model_impl,
         device=args.device,
         threads=args.threads,
         host=args.host,

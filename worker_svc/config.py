@@ -6,13 +6,17 @@ from dataclasses import dataclass
 
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT
 
-DTYPES = ("float32", "bfloat16", "float16")
+# Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
+# "auto" takes the fastest one this machine has (compute/selection.py).
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+# vLLM's names: the own forward where one exists, or transformers' modules.
+MODEL_IMPLS = ("auto", "cbserve", "transformers")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
 # Default pool when neither a block count nor a byte budget is given: room for
 # 64 sequences of 512 tokens, which is about 1.5 GB in float32 for the default model.
 DEFAULT_KV_TOKENS = 64 * 512
-# Measured by worker_svc/measure_dtype.py; see its docstring for the numbers.
-DEFAULT_DTYPE = "float32"
+# Measured per CPU by bench/kernel_bench.py; the table is worker_svc/compute/measured.py.
+DEFAULT_DTYPE = "auto"
 
 # On SIGTERM, seconds the scheduler gets to end the Step stream before the worker exits.
 DEFAULT_GRACE_PERIOD_S = 30.0
@@ -27,6 +31,7 @@ class WorkerConfig:
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
     attention_backend: str = "auto"
+    model_impl: str = "auto"
     # "auto" picks cuda:0 when torch sees a GPU, else cpu.
     device: str = "auto"
     threads: int | None = None
@@ -51,6 +56,8 @@ class WorkerConfig:
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
             )
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
         if self.threads is not None and self.threads <= 0:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:

@@ -1,17 +1,28 @@
-"""Loads a causal LM with transformers, with the paged attention selected.
+"""Loads a causal LM for the runner: the own forward where one exists, transformers'
+modules otherwise, on the compute path the worker chose.
 
 Accepts a local Hugging Face directory or a `.gguf` file; never reaches a hub
-(`local_files_only`), because the service runs offline.
+(`local_files_only`), because the service runs offline. The own forwards read the
+weights themselves (safetensors, or the GGUF through the `gguf` package); the
+transformers fallback loads through `from_pretrained` with the paged attention
+registered.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from worker_svc.attention import register_with_transformers
+from worker_svc.compute.paths import PATHS, ComputePath
+from worker_svc.models import MODEL_IMPLS, own_model_class
+from worker_svc.models.hf_model import TransformersCausalLM
+from worker_svc.models.weights import load_state_dict
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -22,11 +33,16 @@ class ModelLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: torch.nn.Module
+    # Called as model(input_ids [T], positions [T], attention context, sample_rows).
+    model: nn.Module
+    config: Any  # the transformers text config
     # The directory or file name it was loaded from, as Describe reports it.
     name: str
+    # Activations, attention and the KV cache; int8 projections keep float32 here.
     dtype: torch.dtype
     device: torch.device
+    compute_path: str
+    model_impl: str  # "cbserve" or "transformers"
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -48,25 +64,120 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    from transformers import AutoModelForCausalLM
+def _source(path: Path) -> tuple[str, dict[str, str]]:
+    if path.is_file() and path.suffix == ".gguf":
+        return str(path.parent), {"gguf_file": path.name}
+    if path.is_dir() and (path / "config.json").is_file():
+        return str(path), {}
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {path} does not exist")
+    raise ModelLoadError(
+        f"cannot load model {path}: expected a Hugging Face directory with config.json "
+        "or a .gguf file"
+    )
+
+
+def load_model(
+    path: str | Path,
+    compute: str | torch.dtype | ComputePath,
+    device: torch.device,
+    model_impl: str = "auto",
+) -> LoadedModel:
+    """`compute` is a compute path (or its name, or a float dtype: float32 is the path
+    "float32"). Raises ModelLoadError with the reason when it cannot be served."""
+    from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    compute_path = _as_path(compute)
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {model_impl!r}")
     path = Path(path)
-    if path.is_file() and path.suffix == ".gguf":
-        source, extra = str(path.parent), {"gguf_file": path.name}
-    elif path.is_dir() and (path / "config.json").is_file():
-        source, extra = str(path), {}
-    elif not path.exists():
-        raise ModelLoadError(f"model not found: {path} does not exist")
-    else:
-        raise ModelLoadError(
-            f"cannot load model {path}: expected a Hugging Face directory with config.json "
-            "or a .gguf file"
-        )
+    source, extra = _source(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        config = AutoConfig.from_pretrained(source, local_files_only=True, **extra)
+    except Exception as exc:  # transformers raises many types; the path is what matters
+        raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
+    text_config = config.get_text_config()
+    own, why_not = _own_forward(text_config, model_impl)
+    if own is None and compute_path.needs_own_forward:
+        raise ModelLoadError(f"--dtype {compute_path.name} needs the own forward: {why_not}")
+    dtype = compute_path.activation_dtype
+    if own is not None:
+        model = _build_own(own, text_config, path, source, compute_path, dtype)
+        impl = "cbserve"
+    else:
+        model = TransformersCausalLM(_load_transformers(path, source, extra, dtype))
+        impl = "transformers"
+    model.to(device).eval()
+    model.requires_grad_(False)
+
+    heads = text_config.num_attention_heads
+    return LoadedModel(
+        model=model,
+        config=text_config,
+        name=path.name,
+        dtype=dtype,
+        device=device,
+        compute_path=compute_path.name,
+        model_impl=impl,
+        num_layers=text_config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+        vocab_size=text_config.vocab_size,
+        max_model_len=text_config.max_position_embeddings,
+    )
+
+
+def _as_path(compute: str | torch.dtype | ComputePath) -> ComputePath:
+    if isinstance(compute, ComputePath):
+        return compute
+    if isinstance(compute, torch.dtype):
+        compute = {v: k for k, v in DTYPES.items()}[compute]
+    if compute not in PATHS:
+        raise ValueError(f"dtype must be one of {sorted(PATHS)}, got {compute!r}")
+    return PATHS[compute]
+
+
+def _own_forward(text_config, model_impl: str) -> tuple[type | None, str]:
+    """The own model class to use, or None and why not."""
+    if model_impl == "transformers":
+        return None, "--model-impl transformers was asked for"
+    architectures = getattr(text_config, "architectures", None) or []
+    own = own_model_class(architectures)
+    if own is None:
+        why = f"no own forward for {architectures or 'this architecture'}"
+    else:
+        try:
+            own.shape_class().from_config(text_config)
+            return own, ""
+        except NotImplementedError as exc:
+            own, why = None, f"the own forward does not compute {exc}"
+    if model_impl == "cbserve":
+        raise ModelLoadError(f"--model-impl cbserve: {why}")
+    return None, why
+
+
+def _build_own(own, text_config, path: Path, source: str, compute_path, dtype) -> nn.Module:
+    shape = own.shape_class().from_config(text_config)
+    weights_at = path if path.suffix == ".gguf" else Path(source)
+    try:
+        state = load_state_dict(weights_at, shape.num_heads, shape.num_kv_heads)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the weights of {path}: {exc}") from exc
+    with warnings.catch_warnings():
+        # torch marks its quantized tensor type deprecated; fbgemm's packed int8 weights
+        # are still built from it (see compute.linear.Int8Linear).
+        warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+        return own(shape, state, compute_path.name, dtype)
+
+
+def _load_transformers(path: Path, source: str, extra: dict, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(
             source,
             dtype=dtype,
             attn_implementation=register_with_transformers(),
@@ -75,21 +186,3 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> Lo
         )
     except Exception as exc:  # transformers raises many types; the path is what matters
         raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
-    model.to(device).eval()
-    model.requires_grad_(False)
-
-    config = model.config.get_text_config()
-    num_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-    return LoadedModel(
-        model=model,
-        name=path.name,
-        dtype=dtype,
-        device=device,
-        num_layers=config.num_hidden_layers,
-        num_heads=num_heads,
-        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads,
-        head_dim=head_dim,
-        vocab_size=model.get_output_embeddings().out_features,
-        max_model_len=config.max_position_embeddings,
-    )

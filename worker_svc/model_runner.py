@@ -3,7 +3,7 @@
 A plan is a diff (vLLM's SchedulerOutput style): finished ids are dropped,
 new sequences registered with all their tokens, continuing ones get new
 blocks and a count of tokens to compute. All scheduled tokens of all
-sequences become one `[1, T]` batch with no padding; logits are computed only
+sequences become one flat `[T]` batch with no padding; logits are computed only
 at the last scheduled position of each sequence that samples, which is every
 sequence whose scheduled tokens reach the end of the tokens it has.
 
@@ -19,12 +19,7 @@ from collections.abc import Iterable
 import torch
 
 from cbserve.worker.v1 import worker_pb2
-from worker_svc.attention import (
-    CONTEXT_KWARG,
-    AttentionBackend,
-    BatchLayout,
-    PagedAttentionContext,
-)
+from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
 from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
@@ -197,16 +192,15 @@ class ModelRunner:
             self.backend, self.pool, self.backend.build_metadata(layout, device)
         )
         with torch.inference_mode():
-            output = self.loaded.model(
-                input_ids=torch.tensor([input_ids], device=device),
-                position_ids=torch.tensor([positions], device=device),
-                use_cache=False,
+            logits = self.loaded.model(
+                torch.tensor(input_ids, device=device),
+                torch.tensor(positions, device=device),
+                context,
                 # With nothing to sample (only middle prefill chunks), one row is
                 # still asked for: the model needs some index, the row is ignored.
-                logits_to_keep=torch.tensor(keep or [len(input_ids) - 1], device=device),
-                **{CONTEXT_KWARG: context},
+                torch.tensor(keep or [len(input_ids) - 1], device=device),
             )
-            sampled = self.sampler.sample(output.logits[0], samplers) if samplers else None
+            sampled = self.sampler.sample(logits, samplers) if samplers else None
 
         for seq, n in work:
             seq.num_computed_tokens += n

@@ -211,7 +211,8 @@ def ready_line(
     d = worker.description
     return (
         f"worker ready on {config.host}:{port} model={d.model_name} dtype={d.dtype} "
-        f"device={d.device} kv_blocks={d.num_kv_blocks} block_size={d.block_size} "
+        f"model_impl={d.model_impl} device={d.device} processor={d.processor!r} "
+        f"threads={worker.threads} kv_blocks={d.num_kv_blocks} block_size={d.block_size} "
         f"backend={d.attention_backend}"
         + (f" metrics_port={metrics_port}" if metrics_port is not None else "")
     )

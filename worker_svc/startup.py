@@ -13,9 +13,11 @@ import torch
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import select_backend
+from worker_svc.compute.cpu_features import cpu_flags, cpu_name
+from worker_svc.compute.selection import select_path
 from worker_svc.config import DEFAULT_KV_TOKENS, WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec
-from worker_svc.model_loader import load_model, resolve_device, resolve_dtype
+from worker_svc.model_loader import load_model, resolve_device
 from worker_svc.model_runner import ModelRunner
 
 log = structlog.get_logger("worker_svc.startup")
@@ -25,6 +27,7 @@ log = structlog.get_logger("worker_svc.startup")
 class Worker:
     runner: ModelRunner
     description: worker_pb2.WorkerDescription
+    threads: int
 
 
 def pool_blocks(config: WorkerConfig, spec: KVPoolSpec) -> int:
@@ -36,7 +39,8 @@ def pool_blocks(config: WorkerConfig, spec: KVPoolSpec) -> int:
 
 
 def build_worker(config: WorkerConfig) -> Worker:
-    """Load everything; raises ModelLoadError, BackendUnavailableError or ValueError.
+    """Load everything; raises ModelLoadError, BackendUnavailableError,
+    ComputePathUnavailableError or ValueError.
 
     Call it on the thread that will run the forward passes: torch's intra-op
     thread count (OpenMP) is a per-thread setting there.
@@ -44,8 +48,11 @@ def build_worker(config: WorkerConfig) -> Worker:
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
-    loaded = load_model(config.model, resolve_dtype(config.dtype), device)
-    text_config = loaded.model.config.get_text_config()
+    path, path_choice = select_path(
+        config.dtype, device.type, cpu_flags(), own_forward=config.model_impl != "transformers"
+    )
+    loaded = load_model(config.model, path, device, config.model_impl)
+    text_config = loaded.config
     sliding = getattr(text_config, "sliding_window", None)
     layer_types = getattr(text_config, "layer_types", None) or []
     # Qwen2-style configs carry a window they do not use (use_sliding_window=False).
@@ -69,7 +76,11 @@ def build_worker(config: WorkerConfig) -> Worker:
     log.info(
         "worker_built",
         model=loaded.name,
-        dtype=config.dtype,
+        compute_path=loaded.compute_path,
+        compute_path_choice=path_choice,
+        model_impl=loaded.model_impl,
+        processor=_processor(device),
+        threads=torch.get_num_threads(),
         device=str(device),
         backend=backend.name,
         backend_choice=why,
@@ -78,7 +89,7 @@ def build_worker(config: WorkerConfig) -> Worker:
     )
     description = worker_pb2.WorkerDescription(
         model_name=loaded.name,
-        dtype=config.dtype,
+        dtype=loaded.compute_path,
         device=str(device),
         num_kv_blocks=pool.num_blocks,
         block_size=config.block_size,
@@ -86,5 +97,13 @@ def build_worker(config: WorkerConfig) -> Worker:
         vocab_size=loaded.vocab_size,
         attention_backend=backend.name,
         instance_id=uuid.uuid4().hex,
+        model_impl=loaded.model_impl,
+        processor=_processor(device),
     )
-    return Worker(ModelRunner(loaded, pool, backend), description)
+    return Worker(ModelRunner(loaded, pool, backend), description, torch.get_num_threads())
+
+
+def _processor(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()

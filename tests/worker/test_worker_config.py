@@ -16,7 +16,8 @@ SPEC = KVPoolSpec(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dty
 @pytest.mark.parametrize(
     "bad",
     [
-        {"dtype": "int8"},
+        {"dtype": "int4"},
+        {"model_impl": "vllm"},
         {"block_size": 0},
         {"num_kv_blocks": 4, "kv_cache_memory": 1 << 30},
         {"num_kv_blocks": 0},

@@ -49,12 +49,9 @@ def run_step(backend, pool, chunks):
     def flat(name):
         return torch.cat([getattr(seq, name)[s : s + n] for seq, s, n in chunks])
 
-    query = flat("q").transpose(0, 1).unsqueeze(0)
-    key = flat("k").transpose(0, 1).unsqueeze(0)
-    value = flat("v").transpose(0, 1).unsqueeze(0)
-    out = backend.forward(0, query, key, value, pool, meta, HEAD_DIM**-0.5)
-    assert out.shape == (1, layout.num_tokens, HEADS, HEAD_DIM)
-    return out[0].split(list(layout.query_lens))
+    out = backend.forward(0, flat("q"), flat("k"), flat("v"), pool, meta, HEAD_DIM**-0.5)
+    assert out.shape == (layout.num_tokens, HEADS, HEAD_DIM)
+    return out.split(list(layout.query_lens))
 
 
 @pytest.mark.parametrize("backend_class", BACKENDS)
@@ -94,8 +91,7 @@ def test_writes_land_in_the_given_slots():
     backend = TorchAttentionBackend()
     layout = BatchLayout((6,), (6,), ((5, 2),), BLOCK)
     meta = backend.build_metadata(layout, torch.device("cpu"))
-    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (seq.q, seq.k, seq.v))
-    backend.forward(1, q, k, v, pool, meta, HEAD_DIM**-0.5)
+    backend.forward(1, seq.q, seq.k, seq.v, pool, meta, HEAD_DIM**-0.5)
     k_cache, v_cache = pool.layer(1)
     torch.testing.assert_close(k_cache[5], seq.k[:4])
     torch.testing.assert_close(v_cache[2, :2], seq.v[4:])

@@ -83,7 +83,11 @@ class AttentionBackend(ABC):
         metadata: Any,
         scale: float,
     ) -> torch.Tensor:
-        """query `[1, heads, T, d]`, key/value `[1, kv_heads, T, d]` -> `[1, T, heads, d]`."""
+        """query `[T, heads, d]`, key/value `[T, kv_heads, d]` -> `[T, heads, d]`.
+
+        The flat token-major layout of the own forward: its projections produce it
+        with a view, so no layer pays a transpose to call attention.
+        """
 
 
 @dataclass(frozen=True)

@@ -103,11 +103,11 @@ class FlashAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         k_slots, v_slots = pool.layer_slots(layer_idx)
-        k_slots.index_copy_(0, metadata.slot_mapping, key[0].transpose(0, 1))
-        v_slots.index_copy_(0, metadata.slot_mapping, value[0].transpose(0, 1))
+        k_slots.index_copy_(0, metadata.slot_mapping, key)
+        v_slots.index_copy_(0, metadata.slot_mapping, value)
         k_cache, v_cache = pool.layer(layer_idx)
         out = self._varlen(
-            query[0].transpose(0, 1).contiguous(),
+            query.contiguous(),
             k_cache,
             v_cache,
             metadata.cu_seqlens_q,
@@ -118,4 +118,4 @@ class FlashAttentionBackend(AttentionBackend):
             causal=True,
             block_table=metadata.block_table,
         )
-        return out.unsqueeze(0)
+        return out

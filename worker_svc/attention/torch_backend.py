@@ -159,21 +159,22 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        _, num_heads, num_tokens, head_dim = query.shape
+        num_tokens, num_heads, head_dim = query.shape
         k_cache, v_cache = pool.layer(layer_idx)
         k_slots, v_slots = pool.layer_slots(layer_idx)
-        k_slots.index_copy_(0, metadata.slot_mapping, key[0].transpose(0, 1))
-        v_slots.index_copy_(0, metadata.slot_mapping, value[0].transpose(0, 1))
+        k_slots.index_copy_(0, metadata.slot_mapping, key)
+        v_slots.index_copy_(0, metadata.slot_mapping, value)
 
         out = query.new_empty((num_tokens, num_heads, head_dim))
-        queries = query[0].transpose(0, 1)  # [T, heads, d]
         for dec in metadata.decodes:
-            out[dec.tokens] = self.attend_decodes(queries[dec.tokens], k_cache, v_cache, dec, scale)
+            out[dec.tokens] = self.attend_decodes(query[dec.tokens], k_cache, v_cache, dec, scale)
         for seg in metadata.prefills:
-            q = query[:, :, seg.start : seg.start + seg.length]
+            # SDPA wants [1, heads, T, d]: a transpose per prefill chunk, none per decode.
+            chunk = slice(seg.start, seg.start + seg.length)
+            q = query[chunk].transpose(0, 1).unsqueeze(0)
             if seg.block_ids is None:
-                k = key[:, :, seg.start : seg.start + seg.length]
-                v = value[:, :, seg.start : seg.start + seg.length]
+                k = key[chunk].transpose(0, 1).unsqueeze(0)
+                v = value[chunk].transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=scale, enable_gqa=True
                 )
@@ -183,8 +184,8 @@ class TorchAttentionBackend(AttentionBackend):
                 o = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=seg.mask, scale=scale, enable_gqa=True
                 )
-            out[seg.start : seg.start + seg.length] = o[0].transpose(0, 1)
-        return out.unsqueeze(0)
+            out[chunk] = o[0].transpose(0, 1)
+        return out
 
     def attend_decodes(
         self,

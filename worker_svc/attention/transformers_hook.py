@@ -41,10 +41,17 @@ def paged_attention_forward(
             f"passed to the model call as {CONTEXT_KWARG}="
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    # transformers hands `[1, heads, T, d]`; the backends take the flat `[T, heads, d]`.
     out = context.backend.forward(
-        module.layer_idx, query, key, value, context.pool, context.metadata, scale
+        module.layer_idx,
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        context.pool,
+        context.metadata,
+        scale,
     )
-    return out, None
+    return out.unsqueeze(0), None
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:

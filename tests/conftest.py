@@ -1,0 +1,13 @@
+"""Suite-wide settings.
+
+Workers the tests start run the float32 reference path unless a test names another
+(`--dtype int8`): greedy outputs are compared with transformers' float32 `generate`.
+The worker reads CBSERVE_DTYPE as its --dtype default; a developer can run the
+whole suite on another path by setting it before pytest.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CBSERVE_DTYPE", "float32")

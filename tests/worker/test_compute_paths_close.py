@@ -1,0 +1,49 @@
+"""Every faster compute path this CPU has, against the float32 reference: 16 prompts of
+different lengths x 32 greedy tokens, logprobs-close (see logprobs_close.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.defaults import default_model_path
+from scheduler_svc.tokenizer import Tokenizer
+from tests.integration.prompts import mixed_prompts
+from tests.worker.conftest import build_runner
+from tests.worker.logprobs_close import check_logprobs_close, greedy_runs
+from worker_svc.compute.cpu_features import cpu_flags
+from worker_svc.compute.paths import PATHS
+from worker_svc.model_loader import load_model
+
+# The paths the CPU running the suite has; the others are not collected at all.
+FASTER_PATHS = [
+    name
+    for name, path in PATHS.items()
+    if name != "float32" and not path.missing_on_cpu(cpu_flags())
+]
+MAX_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return mixed_prompts(Tokenizer(default_model_path()), 16)
+
+
+@pytest.fixture(scope="module")
+def reference_runs(loaded_model, prompts):
+    assert loaded_model.dtype == torch.float32
+    return greedy_runs(build_runner(loaded_model, num_blocks=512), prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("path", FASTER_PATHS)
+def test_path_is_logprobs_close_to_float32(path, prompts, reference_runs):
+    loaded = load_model(default_model_path(), path, torch.device("cpu"))
+    assert loaded.compute_path == path
+    runs = greedy_runs(build_runner(loaded, num_blocks=512), prompts, MAX_TOKENS)
+    divergences = check_logprobs_close(reference_runs, runs)
+    # Printed with -s: how close the path is, beyond pass or fail.
+    same = sum(d is None for d in divergences)
+    print(
+        f"{path}: {same}/{len(prompts)} prompts identical over {MAX_TOKENS} tokens; "
+        f"first divergences {sorted(d for d in divergences if d is not None)}"
+    )

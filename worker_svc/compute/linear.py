@@ -1,0 +1,74 @@
+"""Projections (`y = x @ W.T`, no bias) in the precisions a compute path may use.
+
+Each class is built once from a float32 weight `[out, in]` and called on the
+flat batch `[T, in]`. Llama-family projections carry no bias, which the int8
+path relies on (see Int8Linear).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Projection(nn.Module):
+    """Base: keeps the shape for FLOP counts and reports."""
+
+    out_features: int
+    in_features: int
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}"
+
+
+class DenseLinear(Projection):
+    """float32, bfloat16 or float16 weights, activations in the same dtype."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight.to(dtype).contiguous(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Int8Linear(Projection):
+    """int8 weights (one scale per output channel) times int8 activations (one scale per
+    token), accumulated in int32 by fbgemm, whose kernels use the CPU's 8-bit dot
+    products (VNNI, AMX, or AVX2's vpmaddubsw).
+
+    fbgemm's dynamic op quantizes its input with one scale for the whole tensor. Each
+    row is first divided by its own absolute maximum, so that the tensor-wide scale is
+    in effect a per-token one, and the output rows are multiplied back: with no bias,
+    `linear(x / s, W) * s == linear(x, W)` row by row. One outlier token then costs
+    precision to itself only, not to the batch it shares a step with.
+    """
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.float()
+        scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        quantized = torch.quantize_per_channel(
+            weight, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
+        )
+        self._packed = torch.ops.quantized.linear_prepack(quantized, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        row_max = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12)
+        y = torch.ops.quantized.linear_dynamic(x / row_max, self._packed, True)
+        return y.mul_(row_max)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.out_features * self.in_features
+
+
+def make_projection(weight: torch.Tensor, path: str) -> Projection:
+    """The projection for a compute path name (see compute.paths)."""
+    if path == "int8":
+        return Int8Linear(weight)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    return DenseLinear(weight, dtypes[path])

@@ -1,0 +1,71 @@
+"""The compute paths a worker can run: the precision of weights and activations, and
+the CPU features each needs to be worth running.
+
+- float32: float32 weights and activations, no quantization. The reference mode:
+  token-identical to transformers' `generate`, and what every other path is
+  checked against (logprobs-close, tests/worker/test_compute_paths_close.py).
+- bfloat16 / float16: weights and activations in that type; on a CPU only where it
+  computes them natively (avx512_bf16 / AMX, avx512_fp16 / AMX-FP16). Elsewhere
+  torch emulates them at a few GFLOP/s, slower than float32 by 6-25x (measured).
+- int8: int8 weights (per output channel) times int8 activations (per token) in
+  fbgemm, on the CPU's 8-bit dot products: AVX2's vpmaddubsw at least, VNNI or AMX
+  where present. Norms, rotary, attention and the KV cache stay float32. Needs the
+  own forward (transformers' modules keep their float32 matmuls).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ComputePath:
+    name: str
+    # Activations, norms, attention and the KV cache run in this dtype.
+    activation_dtype: torch.dtype
+    # On a CPU, at least one of these flags must be present; empty: always runs.
+    cpu_needs_any: tuple[str, ...]
+    runs_on_cuda: bool
+    needs_own_forward: bool
+
+    def missing_on_cpu(self, flags: frozenset[str]) -> str | None:
+        """Why this CPU cannot run the path (the missing feature), or None."""
+        if not self.cpu_needs_any or any(flag in flags for flag in self.cpu_needs_any):
+            return None
+        return (
+            f"--dtype {self.name} needs a CPU with {' or '.join(self.cpu_needs_any)}, "
+            "and this CPU has none of them"
+        )
+
+
+PATHS: dict[str, ComputePath] = {
+    path.name: path
+    for path in (
+        ComputePath("float32", torch.float32, (), runs_on_cuda=True, needs_own_forward=False),
+        ComputePath(
+            "bfloat16",
+            torch.bfloat16,
+            ("avx512_bf16", "amx_bf16"),
+            runs_on_cuda=True,
+            needs_own_forward=False,
+        ),
+        ComputePath(
+            "float16",
+            torch.float16,
+            ("avx512_fp16", "amx_fp16"),
+            runs_on_cuda=True,
+            needs_own_forward=False,
+        ),
+        ComputePath(
+            "int8",
+            torch.float32,
+            ("avx2", "avx512_vnni", "avx_vnni", "amx_int8"),
+            runs_on_cuda=False,
+            needs_own_forward=True,
+        ),
+    )
+}
+
+DTYPE_CHOICES = ("auto", *PATHS)

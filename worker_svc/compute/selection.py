@@ -1,0 +1,72 @@
+"""Which compute path a worker runs: `--dtype auto` takes the fastest this CPU has.
+
+"Fastest" comes from measurements kept in the repo (compute.measured, printed by
+`python -m bench.kernel_bench`), matched to this CPU by its flags: the most
+specific measured CPU whose flags this one has decides the order. A CPU unlike
+any measured one gets the paths in the order of the generic rule below. Flags
+alone would mislead: on a Zen 3, float32 beats emulated bfloat16 by 6-25x, and
+torch's weight-only int8/int4 kernels ran at 2-5 GFLOP/s on a Zen 5.
+
+A path named explicitly is taken or refused, never swapped: forcing one the CPU
+lacks fails at start with one line naming the missing feature.
+"""
+
+from __future__ import annotations
+
+from worker_svc.compute.measured import MEASURED, MeasuredCpu
+from worker_svc.compute.paths import PATHS, ComputePath
+
+# For CPUs like no measured one: 8-bit dot products, then native 16-bit, then float32.
+GENERIC_ORDER = ("int8", "bfloat16", "float16", "float32")
+
+
+class ComputePathUnavailableError(RuntimeError):
+    """The requested path cannot run here; the message names what is missing."""
+
+
+def closest_measured(flags: frozenset[str]) -> MeasuredCpu | None:
+    """The measured CPU with the most flags, all of which this CPU has."""
+    matches = [cpu for cpu in MEASURED if cpu.flags <= flags]
+    return max(matches, key=lambda cpu: len(cpu.flags), default=None)
+
+
+def path_order(flags: frozenset[str]) -> tuple[list[str], str]:
+    """Path names, fastest first, and where the order comes from."""
+    measured = closest_measured(flags)
+    if measured is None:
+        return list(GENERIC_ORDER), "generic order (no measured CPU matches these flags)"
+    ranked = sorted(measured.gflops, key=measured.score, reverse=True)
+    rest = [name for name in GENERIC_ORDER if name not in ranked]
+    return ranked + rest, f"measured on {measured.name}"
+
+
+def select_path(
+    requested: str, device_type: str, flags: frozenset[str], own_forward: bool = True
+) -> tuple[ComputePath, str]:
+    """The path to run and why (for the ready log). Raises ComputePathUnavailableError."""
+    if requested != "auto":
+        if requested not in PATHS:
+            raise ValueError(f"unknown dtype {requested!r}; choose from {sorted(PATHS)}")
+        path = PATHS[requested]
+        problem = _problem(path, device_type, flags, own_forward)
+        if problem:
+            raise ComputePathUnavailableError(problem)
+        return path, "requested"
+    if device_type == "cuda":
+        return PATHS["bfloat16"], "auto (CUDA: bfloat16)"
+    order, source = path_order(flags)
+    skipped = []
+    for name in order:
+        problem = _problem(PATHS[name], device_type, flags, own_forward)
+        if problem is None:
+            return PATHS[name], f"auto ({source})"
+        skipped.append(name)
+    return PATHS["float32"], "auto (fallback)"
+
+
+def _problem(path: ComputePath, device_type: str, flags: frozenset[str], own: bool) -> str | None:
+    if device_type == "cuda":
+        return None if path.runs_on_cuda else f"--dtype {path.name} runs on CPUs only"
+    if path.needs_own_forward and not own:
+        return f"--dtype {path.name} needs the own forward (--model-impl auto or cbserve)"
+    return path.missing_on_cpu(flags)
