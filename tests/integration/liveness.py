@@ -1,0 +1,114 @@
+"""Helpers for the worker liveness tests: reading the scheduler's view of its
+workers from /metrics, timing how long it takes to notice a fault, and
+streaming greedy requests while counting their progress."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from cbserve.client import AsyncClient
+from cbserve.local_stack import LocalStack
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+LOSS_CAUSES = ("disconnected", "keepalive", "step_timeout", "protocol")
+
+
+def worker_connected(stack: LocalStack, worker: str) -> bool:
+    return stack.metrics().get(f'cbserve_worker_connected{{worker="{worker}"}}', 0.0) == 1.0
+
+
+def workers_connected(stack: LocalStack) -> int:
+    return int(stack.metrics()["cbserve_workers_connected"])
+
+
+def losses(stack: LocalStack) -> dict[str, float]:
+    """cbserve_worker_lost_total by cause."""
+    metrics = stack.metrics()
+    return {
+        cause: metrics[f'cbserve_worker_lost_total{{cause="{cause}"}}'] for cause in LOSS_CAUSES
+    }
+
+
+def requests_recomputed(stack: LocalStack) -> float:
+    return stack.metrics()["cbserve_requests_recomputed_total"]
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 120.0) -> float:
+    """Polls check() every 50 ms; returns the seconds it took to become true."""
+    started = time.monotonic()
+    while not check():
+        if time.monotonic() - started > timeout_s:
+            raise AssertionError(f"not true after {timeout_s:.0f} s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@dataclass
+class Outcome:
+    """One streamed request: its tokens, and how it ended (a finish reason or a status)."""
+
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: int | None = None
+    code: grpc.StatusCode | None = None
+    seconds: float = 0.0
+
+
+async def stream(client: AsyncClient, prompt: str, outcome: Outcome, progress=None, **sampling):
+    """Streams one request into outcome; progress(outcome) after every response."""
+    started = time.monotonic()
+    try:
+        async for response in client.generate(prompt, **sampling):
+            outcome.tokens.extend(response.token_ids)
+            if response.finish_reason:
+                outcome.finish_reason = response.finish_reason
+            if progress is not None:
+                progress(outcome)
+        outcome.code = grpc.StatusCode.OK
+    except grpc.aio.AioRpcError as error:
+        outcome.code = error.code()
+    finally:
+        outcome.seconds = time.monotonic() - started
+
+
+def run_greedy(address: str, prompts: list[str], max_tokens: int, fault=None, after_tokens=3):
+    """Streams every prompt at once (greedy); calls fault() (in a thread) once every
+    stream has after_tokens tokens. Returns the outcomes, and the tokens each
+    stream had when the fault came."""
+
+    async def scenario():
+        outcomes = [Outcome() for _ in prompts]
+        ready = asyncio.Event()
+
+        def progress(_):
+            if all(len(o.tokens) >= after_tokens or o.code for o in outcomes):
+                ready.set()
+
+        async with AsyncClient(address) as client:
+            tasks = [
+                asyncio.create_task(
+                    stream(
+                        client,
+                        prompt,
+                        outcome,
+                        progress,
+                        max_tokens=max_tokens,
+                        timeout=300,
+                        **GREEDY,
+                    )
+                )
+                for prompt, outcome in zip(prompts, outcomes, strict=True)
+            ]
+            at_fault = None
+            if fault is not None:
+                await asyncio.wait_for(ready.wait(), 300)
+                at_fault = [len(o.tokens) for o in outcomes]
+                await asyncio.to_thread(fault)
+            await asyncio.gather(*tasks)
+        return outcomes, at_fault
+
+    return asyncio.run(scenario())
