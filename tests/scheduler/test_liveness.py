@@ -1,0 +1,201 @@
+"""Worker liveness in the scheduler: how a lost worker is found, named and taken
+back, against a fake worker behind a real gRPC server on loopback (the real
+processes, with SIGKILL, SIGSTOP and a dropped network, are in
+tests/integration/test_worker_liveness.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2
+
+from cbserve.worker.v1 import worker_pb2 as wpb
+from common.grpc_options import channel_options
+from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.liveness import (
+    FIRST_HOLD_OUT_S,
+    MAX_HOLD_OUT_S,
+    RETRY_DELAYS_S,
+    STABLE_AFTER_S,
+    Comeback,
+    LossCause,
+    cause_of,
+)
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.serving_status import follow_workers
+from scheduler_svc.worker_client import WorkerClient, WorkerLost
+from scheduler_svc.worker_pool import WorkerPool
+
+from .grpc_fake_worker import GrpcFakeWorker
+from .harness import FakeClock, load_tokenizer
+
+
+def _plan(step_id: int) -> wpb.StepPlan:
+    """A plan that drops nothing and computes nothing: valid on any stream."""
+    return wpb.StepPlan(step_id=step_id)
+
+
+async def _eventually(check, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never became true")
+
+
+def test_the_step_deadline_grows_with_the_tokens_of_the_step():
+    faults = FaultConfig(worker_timeout_s=3.0, step_seconds_per_token=0.01)
+    assert faults.step_deadline_s(1) == pytest.approx(3.01)
+    assert faults.step_deadline_s(2048) == pytest.approx(23.48)
+    for bad in ({"worker_timeout_s": 1.0}, {"worker_timeout_s": 0}, {"step_seconds_per_token": -1}):
+        with pytest.raises(ValueError):
+            FaultConfig(**bad)
+
+
+def test_keepalive_answers_within_the_worker_timeout():
+    options = dict(channel_options(3.0))
+    assert options["grpc.keepalive_time_ms"] + options["grpc.keepalive_timeout_ms"] == 3000
+    # grpc times a keepalive ping out after this one, not keepalive_timeout_ms alone.
+    assert options["grpc.http2.ping_timeout_ms"] == options["grpc.keepalive_timeout_ms"]
+    assert options["grpc.http2.max_pings_without_data"] == 0
+
+
+def test_causes_are_read_from_the_status_grpc_ended_the_stream_with():
+    def error(code, details):
+        return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    assert cause_of(error(unavailable, "Stream removed (ping timeout)")) is LossCause.KEEPALIVE
+    assert cause_of(error(unavailable, "Socket closed")) is LossCause.DISCONNECTED
+    assert cause_of(error(grpc.StatusCode.CANCELLED, "")) is LossCause.DISCONNECTED
+    assert cause_of(error(grpc.StatusCode.INTERNAL, "step failed")) is LossCause.PROTOCOL
+    assert cause_of(error(grpc.StatusCode.ABORTED, "superseded")) is LossCause.PROTOCOL
+
+
+def test_a_worker_lost_again_soon_after_it_came_back_is_held_out_longer_each_time():
+    clock = FakeClock()
+    comeback = Comeback(clock)
+    comeback.connected()
+    clock.advance(5)
+    # Lost soon after the scheduler started: not flapping.
+    assert comeback.lost() == RETRY_DELAYS_S[0]
+    holds = []
+    for _ in range(8):
+        comeback.connected()
+        clock.advance(10)
+        holds.append(comeback.lost())
+    assert holds[:3] == [FIRST_HOLD_OUT_S, 2 * FIRST_HOLD_OUT_S, 4 * FIRST_HOLD_OUT_S]
+    assert holds == sorted(holds) and holds[-1] == MAX_HOLD_OUT_S
+    # Up for a while: forgiven.
+    comeback.connected()
+    clock.advance(STABLE_AFTER_S + 1)
+    assert comeback.lost() == RETRY_DELAYS_S[0]
+    delays = Comeback.retry_delays()
+    assert [next(delays) for _ in range(6)] == [*RETRY_DELAYS_S[1:], RETRY_DELAYS_S[-1], 8.0]
+
+
+def test_an_idle_stream_that_breaks_is_reported_at_once_without_a_step():
+    async def scenario():
+        worker = await GrpcFakeWorker().start()
+        reports: list[WorkerLost] = []
+        client = WorkerClient(worker.address, 10.0, on_lost=reports.append)
+        await client.connect(5.0)
+        assert (await client.step(_plan(1), 5.0)).step_id == 1
+        await worker.stop()
+        await _eventually(lambda: reports)
+        assert len(reports) == 1 and reports[0].cause is LossCause.DISCONNECTED
+        with pytest.raises(WorkerLost):
+            await client.step(_plan(2), 5.0)
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_step_past_its_deadline_is_a_hang_and_its_late_result_reaches_nobody():
+    async def scenario():
+        worker = await GrpcFakeWorker().start()
+        reports: list[WorkerLost] = []
+        client = WorkerClient(worker.address, 10.0, on_lost=reports.append)
+        await client.connect(5.0)
+        worker.delay_s = 0.5
+        with pytest.raises(WorkerLost) as lost:
+            await client.step(_plan(1), 0.1)
+        assert lost.value.cause is LossCause.STEP_TIMEOUT
+        await asyncio.sleep(0.8)  # the late result arrives on the stream given up
+        assert [report.cause for report in reports] == [LossCause.STEP_TIMEOUT]
+        with pytest.raises(WorkerLost):
+            await client.step(_plan(2), 5.0)
+        # Reconnected: a new stream (the worker starts empty), step ids from 1 again.
+        worker.delay_s = 0.0
+        await client.connect(5.0)
+        result = await client.step(_plan(1), 5.0)
+        assert (result.step_id, result.num_tokens) == (1, 2)  # answered on stream 2
+        await client.close()
+        await worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_to_another_step_is_a_protocol_loss():
+    async def scenario():
+        worker = await GrpcFakeWorker().start()
+        worker.step_id_offset = 7
+        client = WorkerClient(worker.address, 10.0)
+        await client.connect(5.0)
+        with pytest.raises(WorkerLost) as lost:
+            await client.step(_plan(1), 5.0)
+        assert lost.value.cause is LossCause.PROTOCOL
+        await client.close()
+        await worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_engine_whose_worker_dies_is_disconnected_counted_and_not_serving():
+    """Never used: the loss is found by the stream's reader, with no step in flight."""
+
+    async def status(servicer):
+        request = health_pb2.HealthCheckRequest(service="")
+        return (await servicer.Check(request, None)).status
+
+    async def scenario():
+        worker = await GrpcFakeWorker().start()
+        metrics = SchedulerMetrics()
+        pool = WorkerPool(
+            SchedulerConfig(),
+            load_tokenizer(),
+            metrics,
+            faults=FaultConfig(worker_timeout_s=2.0, worker_wait_timeout_s=5.0),
+        )
+        metrics.watch(pool)
+        servicer = health.aio.HealthServicer()
+        following = asyncio.create_task(follow_workers(pool, servicer, []))
+        await pool.start([worker.address], 5.0)
+        (engine,) = pool.engines.values()
+        await _eventually(lambda: engine.connected)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        await _eventually(lambda: not pool.changed.is_set())
+        assert await status(servicer) == serving
+        await worker.stop()
+        await _eventually(lambda: not engine.connected, timeout_s=1.0)
+        samples = metrics.registry.render()
+        assert 'cbserve_worker_lost_total{cause="disconnected"} 1' in samples
+        assert 'cbserve_worker_lost_total{cause="keepalive"} 0' in samples
+        assert f'cbserve_worker_connected{{worker="{worker.address}"}} 0' in samples
+        for _ in range(100):
+            if await status(servicer) == health_pb2.HealthCheckResponse.NOT_SERVING:
+                break
+            await asyncio.sleep(0.01)
+        assert await status(servicer) == health_pb2.HealthCheckResponse.NOT_SERVING
+        # The worker comes back on its port: reconnected, empty, and serving again.
+        await worker.start(worker.port)
+        await _eventually(lambda: engine.connected, timeout_s=10.0)
+        assert worker.streams == 2  # a new stream: the worker was reset
+        assert engine.num_running == engine.num_waiting == engine.num_used_blocks == 0
+        following.cancel()
+        await pool.stop()
+        await worker.stop()
+
+    asyncio.run(scenario())
