@@ -158,8 +158,8 @@ class GenerationService(pb_grpc.GenerationServicer):
     ) -> tuple[ValidatedRequest, WorkerEngine, asyncio.Queue]:
         """Validates the request and queues it on a worker; raises ServiceError.
 
-        With no worker connected, it waits for one (pool.park) if one was seen
-        less than --worker-wait-timeout ago, and is refused at once otherwise.
+        With no worker connected, it waits for one (pool.park), unless no worker
+        has ever connected: then it is refused at once.
         """
         connected = bool(self.pool.connected_engines())
         if not connected and not self.pool.accepts_without_worker():

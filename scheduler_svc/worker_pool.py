@@ -10,9 +10,12 @@ every connect and disconnect; the health status follows it).
 
 Requests of a lost worker (engine.Migrations) are queued on the connected
 worker with the fewest requests in flight whose pool holds them. With no such
-worker they wait in the pool, up to --worker-wait-timeout after their worker
-was lost, for one to connect (a lost worker reconnecting counts), then end
-with UNAVAILABLE.
+worker they wait in the pool for one to connect (a lost worker reconnecting
+counts), and so do new requests that arrive while no worker is connected
+(park): until their own deadline (then DEADLINE_EXCEEDED), or, without one,
+for --worker-wait-timeout (then UNAVAILABLE); --max-waiting-requests counts
+them. Only before any worker has ever described itself is a new request
+refused at once: its model limits are not known yet.
 """
 
 from __future__ import annotations
@@ -68,8 +71,6 @@ class WorkerPool:
         # Requests of lost workers waiting for a worker to take them, by request id.
         self._orphans: dict[str, Migrant] = {}
         self._orphan_timer: asyncio.TimerHandle | None = None
-        # Since when no worker is connected (None while one is, or before any was).
-        self._no_worker_since: float | None = None
         # The last description of every worker ever connected: the model limits
         # new requests are validated against while no worker is connected.
         self._known_descriptions: dict[str, object] = {}
@@ -95,10 +96,7 @@ class WorkerPool:
         )
         self.changed.set()
         if engine.connected:
-            self._no_worker_since = None
             self._known_descriptions[engine.address] = engine.client.description
-        elif not self.connected_engines():
-            self._no_worker_since = time.monotonic()
         if engine.connected and self._orphans:
             self._place_orphans()
 
@@ -108,14 +106,13 @@ class WorkerPool:
     address = "(waiting for a worker)"
 
     def accepts_without_worker(self) -> bool:
-        """Whether a new request may wait for a worker: one was connected less than
-        --worker-wait-timeout ago (never before the first one has connected)."""
-        since = self._no_worker_since
-        return since is not None and time.monotonic() - since < self.faults.worker_wait_timeout_s
+        """Whether a new request may wait for a worker: one has connected before, so
+        its model limits are known."""
+        return bool(self._known_descriptions)
 
     def park(self, validated: ValidatedRequest, deadline: float | None) -> asyncio.Queue:
-        """Queues a new request until a worker connects; it waits up to
-        --worker-wait-timeout like the requests of a lost worker do."""
+        """Queues a new request until a worker connects; it waits as the requests of
+        a lost worker do (until its deadline, or --worker-wait-timeout without one)."""
         request = new_request(validated, deadline)
         eos = self.tokenizer.eos_token_ids
         processor = RequestOutputProcessor(request, self.tokenizer, eos, self.max_model_len)
@@ -174,24 +171,37 @@ class WorkerPool:
             self._orphan_timer = None
         if not self._orphans:
             return
-        first = min(migrant.lost_at for migrant in self._orphans.values())
-        delay = max(0.0, first + self.faults.worker_wait_timeout_s - time.monotonic())
+        first = min(self._gives_up_at(migrant) for migrant in self._orphans.values())
+        delay = max(0.0, first - time.monotonic())
         self._orphan_timer = asyncio.get_running_loop().call_later(delay, self._expire_orphans)
+
+    def _gives_up_at(self, migrant: Migrant) -> float:
+        """When a request waiting for a worker stops waiting (time.monotonic())."""
+        deadline = migrant.request.deadline
+        if deadline is not None:
+            return deadline
+        return migrant.lost_at + self.faults.worker_wait_timeout_s
 
     def _expire_orphans(self) -> None:
         self._orphan_timer = None
         now = time.monotonic()
         timeout = self.faults.worker_wait_timeout_s
         for request_id, migrant in list(self._orphans.items()):
-            if migrant.lost_at + timeout <= now:
-                del self._orphans[request_id]
-                migrant.queue.put_nowait(
-                    ServiceError(
-                        f"its worker was lost and no worker could take it within {timeout:g} s "
-                        "(--worker-wait-timeout); retry the request",
-                        grpc.StatusCode.UNAVAILABLE,
-                    )
+            if self._gives_up_at(migrant) > now:
+                continue
+            del self._orphans[request_id]
+            if migrant.request.deadline is not None:
+                error = ServiceError(
+                    "no worker could take it before its deadline (all were lost)",
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
                 )
+            else:
+                error = ServiceError(
+                    f"no worker could take it within {timeout:g} s (--worker-wait-timeout; "
+                    "a request with a deadline waits until its deadline); retry the request",
+                    grpc.StatusCode.UNAVAILABLE,
+                )
+            migrant.queue.put_nowait(error)
         self._arm_orphan_timer()
 
     def abort_moved(self, request_id: str) -> None:

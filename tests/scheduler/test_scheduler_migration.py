@@ -8,6 +8,7 @@ and their clients see exactly the tokens and text of a run without the fault.
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -295,3 +296,33 @@ def test_with_no_worker_within_the_wait_timeout_lost_requests_end_with_unavailab
         await pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_waiting_request_with_a_deadline_waits_until_it_not_the_wait_timeout():
+    async def scenario():
+        pool = WorkerPool(
+            SchedulerConfig(), tokenizer=None, faults=FaultConfig(worker_wait_timeout_s=0.1)
+        )
+        a, harness_a = _engine(pool, "a")
+        a._set_connected(True)
+        assert pool.accepts_without_worker()  # a worker has described itself: limits known
+        deadline = time.monotonic() + 0.6
+        patient = make_request(prompt=unique_prompt(5), max_tokens=4, deadline=deadline)
+        queue = _queue_on(a, harness_a, patient)
+        _queue_on(a, harness_a, make_request(prompt=unique_prompt(5), max_tokens=4))
+        harness_a.step()
+        _lose(pool, a)
+        await asyncio.sleep(0.3)  # past --worker-wait-timeout, before its deadline
+        assert queue.empty() and pool.num_waiting == 1
+        assert pool.accepts_without_worker()
+        error = await asyncio.wait_for(queue.get(), 2.0)
+        assert time.monotonic() >= deadline - 0.05
+        assert error.code is grpc.StatusCode.DEADLINE_EXCEEDED and pool.num_waiting == 0
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_before_any_worker_has_connected_a_new_request_cannot_wait():
+    pool = WorkerPool(SchedulerConfig(), tokenizer=None)
+    assert not pool.accepts_without_worker()
