@@ -17,31 +17,44 @@ SEEDED = {
 }
 
 
-async def _seeded_alone_then_in_batch(address: str) -> tuple[list[int], list[int]]:
+# The others run this many steps beyond the seeded request's 24: it joins them after
+# their first token, and they are still in the batch when it ends, at any CPU speed.
+OTHERS_TOKENS = 64
+
+
+async def _seeded_alone_then_in_batch(address: str) -> tuple[list[int], list[int], list[int]]:
     async with AsyncClient(address) as client:
         alone = await client.complete("Tell me a story about a fox.", **SEEDED)
-        others = [
-            client.complete(
+        started = [asyncio.Event() for _ in range(8)]
+        streamed = [0] * 8
+
+        async def other(i: int) -> None:
+            async for response in client.generate(
                 f"Describe a city number {i}.",
                 temperature=1.0,
-                max_tokens=32,
+                max_tokens=OTHERS_TOKENS,
                 ignore_eos=True,
                 seed=i if i % 2 else None,
-            )
-            for i in range(8)
-        ]
-        # The seeded request joins a step that already holds the others.
-        batch = asyncio.gather(*others)
-        await asyncio.sleep(0.3)
+            ):
+                streamed[i] += len(response.token_ids)
+                started[i].set()
+
+        batch = asyncio.gather(*(other(i) for i in range(8)))
+        # The seeded request joins a step that already holds the others: each has
+        # streamed a token, so each is running.
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 300)
         together = await client.complete("Tell me a story about a fox.", **SEEDED)
+        others_when_done = list(streamed)
         await batch
-        return alone.token_ids, together.token_ids
+        return alone.token_ids, together.token_ids, others_when_done
 
 
 def test_seeded_request_same_alone_and_in_batch(stack):
-    alone, together = asyncio.run(_seeded_alone_then_in_batch(stack.address))
+    alone, together, others = asyncio.run(_seeded_alone_then_in_batch(stack.address))
     assert len(alone) == SEEDED["max_tokens"]
     assert alone == together
+    # Every other request was still running when the seeded one finished.
+    assert all(0 < count < OTHERS_TOKENS for count in others), others
 
 
 def test_different_seeds_differ(client):
