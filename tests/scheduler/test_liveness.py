@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.grpc_options import channel_options
+from scheduler_svc import liveness
 from scheduler_svc.config import FaultConfig, SchedulerConfig
 from scheduler_svc.liveness import (
     FIRST_HOLD_OUT_S,
@@ -192,9 +193,35 @@ def test_an_idle_engine_whose_worker_dies_is_disconnected_counted_and_not_servin
         # The worker comes back on its port: reconnected, empty, and serving again.
         await worker.start(worker.port)
         await _eventually(lambda: engine.connected, timeout_s=10.0)
-        assert worker.streams == 2  # a new stream: the worker was reset
+        await _eventually(lambda: worker.streams == 2)  # a new stream: the worker resets
         assert engine.num_running == engine.num_waiting == engine.num_used_blocks == 0
         following.cancel()
+        await pool.stop()
+        await worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_flapping_engine_waits_longer_before_each_reconnect(monkeypatch):
+    monkeypatch.setattr(liveness, "RETRY_DELAYS_S", (0.05, 0.05))
+    monkeypatch.setattr(liveness, "FIRST_HOLD_OUT_S", 0.3)
+
+    async def scenario():
+        worker = await GrpcFakeWorker().start()
+        pool = WorkerPool(SchedulerConfig(), load_tokenizer())
+        await pool.start([worker.address], 5.0)
+        (engine,) = pool.engines.values()
+        away_s = []
+        for _ in range(3):
+            await worker.stop()
+            await _eventually(lambda: not engine.connected)
+            lost = asyncio.get_running_loop().time()
+            await worker.start(worker.port)
+            await _eventually(lambda: engine.connected, timeout_s=10.0)
+            away_s.append(asyncio.get_running_loop().time() - lost)
+        # First loss: back at once; then held out 0.3 s, then 0.6 s (seen from
+        # here a poll later than the engine saw the loss).
+        assert away_s[0] < 0.25 < away_s[1] < 0.55 < away_s[2], away_s
         await pool.stop()
         await worker.stop()
 
