@@ -201,6 +201,7 @@ def test_an_unreachable_worker_is_found_idle_and_mid_run(stack, reference):
     stack.proxy.heal()
     idle_back_s = stack.wait_both_connected()
 
+    recomputed_before = requests_recomputed(stack.local)
     timings = {}
 
     def cut_and_time():
@@ -216,12 +217,15 @@ def test_an_unreachable_worker_is_found_idle_and_mid_run(stack, reference):
     assert [o.tokens for o in outcomes] == expected[:8]
     assert any(count < MAX_TOKENS for count in at_fault), at_fault
     assert timings["mid_run_s"] <= WORKER_TIMEOUT_S + SLACK_S
+    recomputed = requests_recomputed(stack.local) - recomputed_before
+    assert recomputed >= 1
     back_s = stack.wait_both_connected()
     _report(
         "unreachable (proxy cut)",
         idle_detected_s=round(idle_s, 2),
         idle_reconnected_after_heal_s=round(idle_back_s, 2),
         mid_run_detected_s=round(timings["mid_run_s"], 2),
+        mid_run_requests_recomputed=int(recomputed),
         mid_run_reconnected_after_heal_s=round(back_s, 2),
     )
     wait_until_idle(stack.local)
