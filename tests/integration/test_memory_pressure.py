@@ -4,7 +4,10 @@
 requests at once, so they are preempted and recomputed, and must still give
 exactly the tokens the big pool gives. `limits_stack` runs one request at a
 time with at most two waiting, to make priorities, admission control and
-deadlines observable from outside.
+deadlines observable from outside. A request that must still be running while
+others queue behind it is sent ahead, waited on until it streams a token, and asks
+for many more tokens than the steps the queueing takes (see
+tests/integration/progress.py): no sleep decides what it is doing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ OUTPUT_TOKENS = 16
 TIMEOUT_S = 300
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
+# Long enough to outlive a deadline of DEADLINE_S plus a metrics poll at any speed:
+# 192 steps in 0.3 s would be 1.6 ms a step, scheduler round trip included.
+LONG_TOKENS = 192
+DEADLINE_S = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +120,24 @@ async def _wait_for(stack, name: str, value: float, timeout_s: float = 60.0) -> 
     deadline = time.monotonic() + timeout_s
     while stack.metrics()[name] != value:
         assert time.monotonic() < deadline, f"{name} never reached {value}"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
+
+
+async def _first_token(stream) -> tuple[list[int], asyncio.Task]:
+    """Reads `stream` until its first token; the rest is read by the returned task,
+    whose result is every token id."""
+    tokens: list[int] = []
+    started = asyncio.Event()
+
+    async def read() -> list[int]:
+        async for response in stream:
+            tokens.extend(response.token_ids)
+            started.set()
+        return tokens
+
+    task = asyncio.create_task(read())
+    await asyncio.wait_for(started.wait(), TIMEOUT_S)
+    return tokens, task
 
 
 def test_priorities_preempt_and_order_and_the_queue_is_bounded(stack, limits_stack, tokenizer):
@@ -129,13 +153,22 @@ def test_priorities_preempt_and_order_and_the_queue_is_bounded(stack, limits_sta
             token_ids=prompt, max_tokens=max_tokens, priority=priority, timeout=TIMEOUT_S, **GREEDY
         )
         finished.append(name)
-        return completion
+        return completion.token_ids
+
+    async def finish_as(name: str, reader: asyncio.Task) -> list[int]:
+        tokens = await reader
+        finished.append(name)
+        return tokens
 
     async def scenario():
         async with AsyncClient(limits_stack.address) as client:
-            low_task = asyncio.create_task(run(client, "low", low, 10, 64))
-            await _wait_for(limits_stack, "cbserve_num_requests_running", 1)
-            await asyncio.sleep(0.5)  # it has sampled tokens, so it may be preempted
+            low_stream = client.generate(
+                token_ids=low, max_tokens=64, priority=10, timeout=TIMEOUT_S, **GREEDY
+            )
+            # Once it has streamed a token it may be preempted; its 63 more steps
+            # outlast the two sends and scrapes below at any speed.
+            _, low_reader = await _first_token(low_stream)
+            low_task = asyncio.create_task(finish_as("low", low_reader))
             middle_task = asyncio.create_task(run(client, "middle", middle, 5, 32))
             await _wait_for(limits_stack, "cbserve_num_requests_waiting", 1)
             high_task = asyncio.create_task(run(client, "high", high, 0, 32))
@@ -153,7 +186,7 @@ def test_priorities_preempt_and_order_and_the_queue_is_bounded(stack, limits_sta
     # The preempted request streamed each token once, and the same ones as alone.
     with Client(stack.address) as client:
         alone = client.complete(token_ids=low, max_tokens=64, timeout=TIMEOUT_S, **GREEDY)
-    assert low_done.token_ids == alone.token_ids
+    assert low_done == alone.token_ids
 
 
 def test_a_deadline_removes_a_waiting_request(limits_stack, tokenizer):
@@ -161,18 +194,18 @@ def test_a_deadline_removes_a_waiting_request(limits_stack, tokenizer):
 
     async def scenario():
         async with AsyncClient(limits_stack.address) as client:
-            long_task = asyncio.create_task(
-                client.complete(token_ids=prompt, max_tokens=128, timeout=TIMEOUT_S, **GREEDY)
+            stream = client.generate(
+                token_ids=prompt, max_tokens=LONG_TOKENS, timeout=TIMEOUT_S, **GREEDY
             )
-            await _wait_for(limits_stack, "cbserve_num_requests_running", 1)
+            _, long_task = await _first_token(stream)  # running, and it stays so
             with pytest.raises(grpc.aio.AioRpcError) as expired:
-                await client.complete(token_ids=prompt, max_tokens=4, timeout=1.0)
+                await client.complete(token_ids=prompt, max_tokens=4, timeout=DEADLINE_S)
             # Gone from the queue while the request ahead of it still runs.
             await _wait_for(limits_stack, "cbserve_num_requests_waiting", 0, timeout_s=5.0)
             still_running = not long_task.done()
             return expired.value, still_running, await long_task
 
-    expired, still_running, long_done = asyncio.run(scenario())
+    expired, still_running, long_tokens = asyncio.run(scenario())
     assert expired.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert still_running
-    assert len(long_done.token_ids) == 128
+    assert len(long_tokens) == LONG_TOKENS
