@@ -6,12 +6,15 @@ tests/integration/test_worker_liveness.py)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2
 
+from cbserve.v1 import generation_pb2 as pb
 from cbserve.worker.v1 import worker_pb2 as wpb
+from common.errors import ServiceError
 from common.grpc_options import channel_options
 from scheduler_svc import liveness
 from scheduler_svc.config import FaultConfig, SchedulerConfig
@@ -25,6 +28,8 @@ from scheduler_svc.liveness import (
     cause_of,
 )
 from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.request_trace import RequestTrace
+from scheduler_svc.server import GenerationService
 from scheduler_svc.serving_status import follow_workers
 from scheduler_svc.worker_client import WorkerClient, WorkerLost
 from scheduler_svc.worker_pool import WorkerPool
@@ -224,5 +229,31 @@ def test_a_flapping_engine_waits_longer_before_each_reconnect(monkeypatch):
         assert away_s[0] < 0.25 < away_s[1] < 0.55 < away_s[2], away_s
         await pool.stop()
         await worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_requests_waiting_for_a_worker_count_against_max_waiting_requests():
+    async def scenario():
+        tokenizer = load_tokenizer()
+        pool = WorkerPool(SchedulerConfig(), tokenizer)
+        # A worker was connected once (its limits are known); none is now.
+        pool._known_descriptions["gone"] = SimpleNamespace(
+            max_model_len=256, vocab_size=49152, num_kv_blocks=64, block_size=4
+        )
+        service = GenerationService(pool, tokenizer, max_waiting_requests=1)
+        context = SimpleNamespace(time_remaining=lambda: 30.0)
+
+        def place(prompt: str):
+            request = pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingParams(max_tokens=4))
+            return service._place(request, context, RequestTrace(service.metrics))
+
+        _, placed_on, queue = place("wait for a worker")
+        assert placed_on is pool and pool.num_waiting == 1 and queue.empty()
+        with pytest.raises(ServiceError) as refused:
+            place("one too many")
+        assert refused.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        await pool.stop()
+        assert isinstance(queue.get_nowait(), ServiceError)
 
     asyncio.run(scenario())
