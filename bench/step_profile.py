@@ -70,7 +70,9 @@ def main() -> None:
     parser.add_argument("--context", default="200", metavar="N|LOW:HIGH")
     parser.add_argument("--prefill", type=int, default=0, help="tokens of one prefill chunk")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8")
+    )
     parser.add_argument(
         "--attention-backend",
         default="auto",
@@ -86,9 +88,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     contexts = [rng.randint(low, high) for _ in range(args.batch)]
     blocks_needed = sum(-(-(c + 64) // 16) for c in contexts) + args.prefill // 16 + 2
-    runner = make_runner(
-        getattr(torch, args.dtype), blocks_needed, attention=args.attention_backend
-    )
+    runner = make_runner(args.dtype, blocks_needed, attention=args.attention_backend)
     free = set_up(runner, contexts, args.seed)
     prefill = [rng.randrange(100, 40000) for _ in range(args.prefill)]
 

@@ -41,7 +41,7 @@ GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 
 
 def make_runner(
-    dtype: torch.dtype, num_blocks: int, block_size: int = 16, attention: str = "auto"
+    dtype: torch.dtype | str, num_blocks: int, block_size: int = 16, attention: str = "auto"
 ) -> ModelRunner:
     """A runner with the attention backend a worker would pick (`attention`, as the
     worker's --attention-backend)."""
@@ -50,7 +50,7 @@ def make_runner(
     spec = KVPoolSpec(
         loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, loaded.dtype
     )
-    backend, _ = select_backend(attention, device, dtype, block_size, loaded.head_dim)
+    backend, _ = select_backend(attention, device, loaded.dtype, block_size, loaded.head_dim)
     return ModelRunner(loaded, KVPool(spec, num_blocks), backend)
 
 

@@ -170,7 +170,14 @@ def _build_own(own, text_config, path: Path, source: str, compute_path, dtype) -
         # torch marks its quantized tensor type deprecated; fbgemm's packed int8 weights
         # are still built from it (see compute.linear.Int8Linear).
         warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
-        return own(shape, state, compute_path.name, dtype)
+        if compute_path.name != "int8":
+            return own(shape, state, compute_path.name, dtype)
+        from worker_svc.models.llama_int8 import quantize_to_int8
+
+        model = own(shape, state, "float32", dtype)
+        del state
+        quantize_to_int8(model)
+        return model
 
 
 def _load_transformers(path: Path, source: str, extra: dict, dtype: torch.dtype) -> nn.Module:

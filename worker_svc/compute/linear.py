@@ -34,6 +34,14 @@ class DenseLinear(Projection):
         return F.linear(x, self.weight)
 
 
+# Weights use 7 of their 8 bits so that activations can use all 8: AVX2's vpmaddubsw
+# adds two u8 x s8 products into a saturating int16, and 2 x 255 x 63 stays below
+# 32767. The usual choice (torch's reduce_range) halves the activations' levels
+# instead, and activations, not the per-channel weights, are where int8 loses
+# precision in these models.
+WEIGHT_LEVELS = 63.0
+
+
 class Int8Linear(Projection):
     """int8 weights (one scale per output channel) times int8 activations (one scale per
     token), accumulated in int32 by fbgemm, whose kernels use the CPU's 8-bit dot
@@ -50,15 +58,19 @@ class Int8Linear(Projection):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         weight = weight.float()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        scales = (weight.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12)
         quantized = torch.quantize_per_channel(
             weight, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
         )
         self._packed = torch.ops.quantized.linear_prepack(quantized, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            # One token: the tensor-wide scale already is its own (a single stream's
+            # decode), and five small operators a projection are worth saving there.
+            return torch.ops.quantized.linear_dynamic(x, self._packed, False)
         row_max = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12)
-        y = torch.ops.quantized.linear_dynamic(x / row_max, self._packed, True)
+        y = torch.ops.quantized.linear_dynamic(x / row_max, self._packed, False)
         return y.mul_(row_max)
 
     @property

@@ -42,14 +42,17 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos().to(dtype), persistent=False)
         self.register_buffer("sin", freqs.sin().to(dtype), persistent=False)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x `[T, heads, d]` (any number of heads: q and k rotate in one call)."""
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, d/2]
-        sin = self.sin[positions].unsqueeze(1)
-        x1, x2 = x.chunk(2, dim=-1)
-        # transformers' q * cos + rotate_half(q) * sin, halves written out: the same
-        # products and sums, so float32 results are bit-equal.
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows `[T, 1, d/2]` for a step's positions: once a step, for every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[T, heads, d]` (any number of heads: q and k rotate in one call)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    # transformers' q * cos + rotate_half(q) * sin, halves written out: the same
+    # products and sums, so float32 results are bit-equal.
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

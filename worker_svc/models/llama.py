@@ -19,7 +19,7 @@ from torch import nn
 
 from worker_svc.attention import PagedAttentionContext
 from worker_svc.compute.linear import make_projection
-from worker_svc.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from worker_svc.models.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,7 @@ class LlamaDecoderLayer(nn.Module):
         self,
         layer_idx: int,
         hidden: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryEmbedding,
+        rotary: tuple[torch.Tensor, torch.Tensor],
         attention: PagedAttentionContext,
         keep_rows: torch.Tensor | None,
     ) -> torch.Tensor:
@@ -101,7 +100,7 @@ class LlamaDecoderLayer(nn.Module):
             t, self.num_heads + 2 * self.num_kv_heads, self.head_dim
         )
         # q and k are adjacent heads of the fused output: one rotary call for both.
-        qk = rotary(positions, qkv[:, : self.num_heads + self.num_kv_heads])
+        qk = apply_rotary(qkv[:, : self.num_heads + self.num_kv_heads], *rotary)
         query, key = qk[:, : self.num_heads], qk[:, self.num_heads :]
         value = qkv[:, self.num_heads + self.num_kv_heads :]
         attended = attention.backend.forward(
@@ -148,10 +147,11 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions `[T]` -> logits `[len(sample_rows), vocab]` in float32."""
         hidden = F.embedding(input_ids, self.embed_tokens)
+        rotary = self.rotary.lookup(positions)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             keep = sample_rows if index == last else None
-            hidden = layer(index, hidden, positions, self.rotary, attention, keep)
+            hidden = layer(index, hidden, rotary, attention, keep)
         return self.lm_head(self.norm(hidden)).float()
 
 
