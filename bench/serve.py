@@ -204,6 +204,12 @@ def run(args: argparse.Namespace, command: str) -> int:
         f"output tokens; rates: {', '.join(map(rate_label, args.request_rate))}",
         file=sys.stderr,
     )
+    roofline = None
+    if not args.server:
+        from bench import roofline as roofline_module
+
+        # Timed before any stack starts, so that nothing else shares the CPU.
+        roofline = roofline_module.measure(args.model_dir, args.dtype, options.worker_threads(args))
     columns, errors = _measure(args, requests, settings)
     for column in columns:
         if column.system in ("cbserve", "static", "llamacpp") and args.ignore_eos:
@@ -224,6 +230,14 @@ def run(args: argparse.Namespace, command: str) -> int:
         with_plots=not args.no_plots,
     )
     print(table)
+    if roofline is not None:
+        from bench.metrics import summarize
+
+        served = {c.label: summarize(c.timings, c.wall_s)["output_throughput"] for c in columns}
+        line = roofline.line(served)
+        print("\n" + line)
+        with open(args.out_dir / "results.md", "a") as markdown:
+            markdown.write("\n" + line + "\n")
     for message in errors:
         print(f"cbserve bench: {message}", file=sys.stderr)
     print("wrote " + ", ".join(str(path) for path in written), file=sys.stderr)

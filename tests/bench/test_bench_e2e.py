@@ -61,3 +61,7 @@ def test_cbserve_bench_on_a_local_stack(model_dir, tmp_path):
     assert "step_overhead_pct" not in runs["hf"]["summary"]
     assert "Step time outside forward (%, server)" in done.stdout
     assert (out_dir / "results.md").exists()
+    roofline = [line for line in done.stdout.splitlines() if line.startswith("Roofline: ")]
+    assert len(roofline) == 1, done.stdout[-2000:]
+    assert "GFLOP/s -> at most" in roofline[0] and "cbserve" in roofline[0]
+    assert roofline[0] in (out_dir / "results.md").read_text()

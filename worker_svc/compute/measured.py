@@ -26,4 +26,19 @@ class MeasuredCpu:
         return m64 if m1 is None else math.sqrt(m1 * m64)
 
 
-MEASURED: tuple[MeasuredCpu, ...] = ()
+MEASURED: tuple[MeasuredCpu, ...] = (
+    MeasuredCpu(
+        name="AMD EPYC, AVX2 and FMA only (Zen 3 class)",
+        flags=frozenset({"avx2", "fma"}),
+        # bfloat16/float16 are emulated here (6-25x slower than float32: measure_dtype).
+        gflops={"float32": (9.2, 82.5), "int8": (20.1, 137.5)},
+        source="python -m bench.kernel_bench --threads 2, 2 vCPUs, torch 2.13.0, 2026-11-23",
+    ),
+    MeasuredCpu(
+        name="AMD EPYC, AVX-512 with bf16 and VNNI (Zen 5 class)",
+        flags=frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"}),
+        # M=64 only: the 120 projections of one step, fbgemm dynamic int8 (issue 12).
+        gflops={"float32": (None, 164.0), "bfloat16": (None, 571.0), "int8": (None, 1015.0)},
+        source="issue 12's measurement, 2 vCPUs, torch 2.13.0, 2026-11-23",
+    ),
+)
