@@ -45,6 +45,10 @@ def quantize_to_int8(model: LlamaForCausalLM) -> None:
     model.lm_head = DenseLinear(model.lm_head.weight.data.clone(), torch.float32)
     _smooth_into_norm(model.norm.weight, model.lm_head, input_max["lm_head"])
     model.lm_head = Int8Linear(model.lm_head.weight.data)
+    # The tensors left in float32 (embedding, norms) may still be views of the
+    # checkpoint's memory map, which would keep all of its float32 pages resident.
+    for tensor in (*model.parameters(), *model.buffers()):
+        tensor.data = tensor.data.clone()
 
 
 def _scales(activation_max: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
