@@ -26,7 +26,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-workers", type=int, default=1)
     parser.add_argument("--model", default=None, help="model directory or .gguf file")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None)
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16", "int8"],
+        default=None,
+        help="the workers' compute path (default: theirs, auto)",
+    )
+    parser.add_argument("--model-impl", choices=["auto", "cbserve", "transformers"], default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -46,7 +52,7 @@ def serve(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         scheduler_port=args.port,
         worker_ports=[args.worker_port + i for i in range(args.num_workers)],
-        worker_args=_flag_list(args, ["model", "dtype", "num_kv_blocks"]),
+        worker_args=_flag_list(args, ["model", "dtype", "model_impl", "num_kv_blocks"]),
         scheduler_args=_flag_list(args, ["max_num_seqs", "max_num_batched_tokens"])
         + (["--tokenizer", args.model] if args.model and not args.model.endswith(".gguf") else []),
         host=args.host,

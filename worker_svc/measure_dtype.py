@@ -15,7 +15,8 @@ amx nor avx512_bf16, so bfloat16 matmuls have no fast kernel here:
     loaded machine   float32   decode 64 x ctx 200:  1708 ms/step   prefill 512:  3344 ms
     (load ~5)        bfloat16  decode 64 x ctx 200: 10769 ms/step   prefill 512: 25433 ms
 
-float32 is 6-25x faster, so it is the default (config.DEFAULT_DTYPE); it is also
+float32 is 6-25x faster, so `--dtype auto` never takes bfloat16 on such a CPU (see
+compute/paths.py and bench/kernel_bench.py for the int8 path); float32 is also
 the dtype the greedy-equality tests against transformers' `generate` run in.
 On a CPU with AMX / avx512_bf16, or on CUDA, run this again before changing it,
 and run the model tests with CBSERVE_WORKER_TEST_DTYPE=bfloat16.
