@@ -10,7 +10,6 @@ registered.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,18 +165,14 @@ def _build_own(own, text_config, path: Path, source: str, compute_path, dtype) -
         state = load_state_dict(weights_at, shape.num_heads, shape.num_kv_heads)
     except Exception as exc:
         raise ModelLoadError(f"cannot read the weights of {path}: {exc}") from exc
-    with warnings.catch_warnings():
-        # torch marks its quantized tensor type deprecated; fbgemm's packed int8 weights
-        # are still built from it (see compute.linear.Int8Linear).
-        warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
-        if compute_path.name != "int8":
-            return own(shape, state, compute_path.name, dtype)
-        from worker_svc.models.llama_int8 import quantize_to_int8
+    if compute_path.name != "int8":
+        return own(shape, state, compute_path.name, dtype)
+    from worker_svc.models.llama_int8 import quantize_to_int8
 
-        model = own(shape, state, "float32", dtype)
-        del state
-        quantize_to_int8(model)
-        return model
+    model = own(shape, state, "float32", dtype)
+    del state
+    quantize_to_int8(model)
+    return model
 
 
 def _load_transformers(path: Path, source: str, extra: dict, dtype: torch.dtype) -> nn.Module:

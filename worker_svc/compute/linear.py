@@ -7,6 +7,8 @@ path relies on (see Int8Linear).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,9 +61,13 @@ class Int8Linear(Projection):
         self.out_features, self.in_features = weight.shape
         weight = weight.float()
         scales = (weight.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12)
-        quantized = torch.quantize_per_channel(
-            weight, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
-        )
+        with warnings.catch_warnings():
+            # torch marks its quantized tensor type deprecated; fbgemm's packed weights
+            # are still built from it. A torch that drops it fails here, at load.
+            warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+            quantized = torch.quantize_per_channel(
+                weight, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
+            )
         self._packed = torch.ops.quantized.linear_prepack(quantized, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
