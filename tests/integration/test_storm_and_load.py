@@ -9,7 +9,9 @@ tested elsewhere).
 
 - The storm: 500 concurrent greedy requests (ignore_eos, 4 to 8 tokens), 30% of
   them cancelled with `call.cancel()` at random moments: before they are sent,
-  after a random delay, or after their first (or k-th) token. Every request not
+  once the storm as a whole has streamed a random number of tokens (so the cancel
+  finds the request waiting, prefilling or decoding, whatever the CPU's speed), or
+  after their own first (or k-th) token. Every request not
   cancelled completes with exactly the tokens of the same prompt run without the
   storm (100 distinct prompts, run alone first); a cancelled one has streamed a
   prefix of them. Afterwards nothing runs,
@@ -45,6 +47,7 @@ from cbserve.client import build_request
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.grpc_options import MESSAGE_SIZE_OPTIONS
+from tests.integration.progress import TokenProgress
 from tests.integration.stacks import started_stack, stop_stack, wait_until_idle
 
 POOL_BLOCKS = 256
@@ -59,8 +62,10 @@ LOAD_TOKENS = 4
 # Requests reuse this many distinct prompts, so the reference run is short.
 NUM_DISTINCT = 100
 NUM_CHANNELS = 4
-# "delay" cancels land in the first this many seconds (a quiet storm lasts ~20 s).
-DELAY_SPREAD_S = 15.0
+# "storm_tokens" cancels fire before the storm has streamed this share of the tokens
+# its requests ask for: counted in tokens, not seconds, so that they land on any CPU
+# (timers of up to 15 s let 22% of the requests finish first on a fast one).
+STORM_SPREAD = 0.5
 # The bound on one round; on a quiet 2-core machine a round takes 30-40 s.
 ROUND_TIMEOUT_S = 240.0
 RSS_TOLERANCE = 0.10
@@ -144,11 +149,12 @@ def _prompts(tokenizer, count: int, seed: int) -> list[tuple[list[int], int]]:
 
 @dataclass
 class Plan:
-    """When one request is cancelled: never, before it is sent, after `delay_s`, or
-    once it has streamed `after_tokens` tokens."""
+    """When one request is cancelled: never, before it is sent, once the whole storm
+    has streamed `storm_tokens` tokens (at the latest before its own last token), or
+    once it has streamed `after_tokens` tokens itself."""
 
-    kind: str = "none"  # none | before_send | delay | after_tokens
-    delay_s: float = 0.0
+    kind: str = "none"  # none | before_send | storm_tokens | after_tokens
+    storm_tokens: int = 0
     after_tokens: int = 0
 
 
@@ -169,23 +175,32 @@ def _channels(address: str, count: int) -> list[grpc.aio.Channel]:
 
 
 async def _one(
-    stub, index: int, prompt: list[int], max_tokens: int, plan: Plan, timeout_s: float
+    stub,
+    index: int,
+    prompt: list[int],
+    max_tokens: int,
+    plan: Plan,
+    timeout_s: float,
+    progress: TokenProgress,
 ) -> Outcome:
     started = time.monotonic()
     outcome = Outcome(index, "error")
     request = build_request(token_ids=prompt, max_tokens=max_tokens, **GREEDY)
     call = stub.Generate(request, timeout=timeout_s)
-    timer = None
+    # A storm_tokens cancel is due at the storm's count or before this request's own
+    # last token, whichever comes first: on any CPU it finds the request unfinished.
+    own_limit = {"after_tokens": plan.after_tokens, "storm_tokens": max_tokens - 1}
     if plan.kind == "before_send":
         call.cancel()
-    elif plan.kind == "delay":
-        timer = asyncio.get_running_loop().call_later(plan.delay_s, call.cancel)
+    elif plan.kind == "storm_tokens":
+        progress.at(plan.storm_tokens, call.cancel)
     try:
         async for response in call:
             outcome.token_ids.extend(response.token_ids)
+            progress.add(len(response.token_ids))
             if response.finish_reason:
                 outcome.finish_reason = pb.FinishReason.Name(response.finish_reason)
-            if plan.kind == "after_tokens" and len(outcome.token_ids) >= plan.after_tokens:
+            if plan.kind in own_limit and len(outcome.token_ids) >= own_limit[plan.kind]:
                 call.cancel()
         outcome.status = "completed"
     except asyncio.CancelledError:
@@ -197,9 +212,6 @@ async def _one(
             outcome.status = "cancelled"
         else:
             outcome.error = f"{error.code().name}: {error.details()}"
-    finally:
-        if timer is not None:
-            timer.cancel()
     # A cancel that came after the last message still reads as a completion.
     if outcome.status == "cancelled" and outcome.finish_reason:
         outcome.status = "completed"
@@ -218,13 +230,13 @@ async def _run_round(
     channels = _channels(address, NUM_CHANNELS)
     stubs = [pb_grpc.GenerationStub(channel) for channel in channels]
     gate = asyncio.Semaphore(in_flight or len(pairs))
+    progress = TokenProgress()
 
     async def gated(index: int) -> Outcome:
         async with gate:
             prompt, max_tokens = pairs[index]
-            return await _one(
-                stubs[index % len(stubs)], index, prompt, max_tokens, plans[index], timeout_s
-            )
+            stub = stubs[index % len(stubs)]
+            return await _one(stub, index, prompt, max_tokens, plans[index], timeout_s, progress)
 
     try:
         return await asyncio.wait_for(
@@ -234,17 +246,18 @@ async def _run_round(
         await asyncio.gather(*(channel.close() for channel in channels))
 
 
-def _storm_plans(pairs, fraction: float, seed: int, spread_s: float) -> list[Plan]:
+def _storm_plans(pairs, fraction: float, seed: int, spread: float) -> list[Plan]:
     rng = random.Random(seed)
     plans = [Plan() for _ in pairs]
+    spread_tokens = max(1, int(spread * sum(max_tokens for _, max_tokens in pairs)))
     for index in rng.sample(range(len(pairs)), round(fraction * len(pairs))):
         max_tokens = pairs[index][1]
-        kind = rng.choice(("before_send", "delay", "delay", "first_token", "after_tokens"))
+        kind = rng.choice(("before_send", "storm", "storm", "first_token", "after_tokens"))
         if kind == "before_send":
             plans[index] = Plan("before_send")
-        elif kind == "delay":
+        elif kind == "storm":
             # Early ones land while waiting or prefilling; later ones mid-decode.
-            plans[index] = Plan("delay", delay_s=rng.uniform(0.0, spread_s))
+            plans[index] = Plan("storm_tokens", storm_tokens=rng.randint(1, spread_tokens))
         elif kind == "first_token":
             plans[index] = Plan("after_tokens", after_tokens=1)
         else:
@@ -299,7 +312,7 @@ def _storm(storm_stack, tokenizer, num_requests: int, in_flight: int | None, see
 
     log_start = storm_stack.log_size()
     before = stack.metrics()
-    plans = _storm_plans(pairs, CANCEL_FRACTION, seed + 1, spread_s=DELAY_SPREAD_S)
+    plans = _storm_plans(pairs, CANCEL_FRACTION, seed + 1, spread=STORM_SPREAD)
     started = time.monotonic()
     outcomes = asyncio.run(_run_round(stack.address, pairs, plans, in_flight))
     storm_s = time.monotonic() - started
