@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2
+from structlog.testing import capture_logs
 
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.worker.v1 import worker_pb2 as wpb
@@ -184,8 +185,13 @@ def test_an_idle_engine_whose_worker_dies_is_disconnected_counted_and_not_servin
         serving = health_pb2.HealthCheckResponse.SERVING
         await _eventually(lambda: not pool.changed.is_set())
         assert await status(servicer) == serving
-        await worker.stop()
-        await _eventually(lambda: not engine.connected, timeout_s=1.0)
+        with capture_logs() as logs:
+            await worker.stop()
+            await _eventually(lambda: not engine.connected, timeout_s=1.0)
+            await _eventually(lambda: any(e["event"] == "worker lost" for e in logs))
+            await asyncio.sleep(0.1)
+        (lost,) = [entry for entry in logs if entry["event"] == "worker lost"]
+        assert lost["cause"] == "disconnected" and lost["worker"] == worker.address
         samples = metrics.registry.render()
         assert 'cbserve_worker_lost_total{cause="disconnected"} 1' in samples
         assert 'cbserve_worker_lost_total{cause="keepalive"} 0' in samples
@@ -198,7 +204,6 @@ def test_an_idle_engine_whose_worker_dies_is_disconnected_counted_and_not_servin
         # The worker comes back on its port: reconnected, empty, and serving again.
         await worker.start(worker.port)
         await _eventually(lambda: engine.connected, timeout_s=10.0)
-        await _eventually(lambda: worker.streams == 2)  # a new stream: the worker resets
         assert engine.num_running == engine.num_waiting == engine.num_used_blocks == 0
         following.cancel()
         await pool.stop()
