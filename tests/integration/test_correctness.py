@@ -4,23 +4,32 @@ from __future__ import annotations
 
 import asyncio
 
-from cbserve.client import AsyncClient
+from cbserve.client import AsyncClient, Completion
 from tests.integration.conftest import GREEDY_TOKENS
+from tests.integration.progress import TokenProgress
+
+# Request i is sent once the run has streamed i * STAGGER_TOKENS tokens: it joins
+# while earlier ones are mid-prefill or decoding, whatever the CPU's speed.
+STAGGER_TOKENS = 3
 
 
 async def _staggered_greedy(address: str, prompts: list[list[int]]) -> list[list[int]]:
+    progress = TokenProgress()
     async with AsyncClient(address) as client:
 
         async def one(index: int, prompt: list[int]) -> list[int]:
             # Staggered arrivals: requests join while earlier ones are mid-prefill or decoding.
-            await asyncio.sleep(0.15 * index)
-            completion = await client.complete(
+            await progress.reached(STAGGER_TOKENS * index)
+            completion = Completion()
+            async for response in client.generate(
                 token_ids=prompt,
                 temperature=0.0,
                 max_tokens=GREEDY_TOKENS,
                 ignore_eos=True,
                 timeout=300,
-            )
+            ):
+                completion.add(response)
+                progress.add(len(response.token_ids))
             assert completion.finish_reason == "LENGTH"
             assert completion.usage.prompt_tokens == len(prompt)
             assert completion.usage.completion_tokens == GREEDY_TOKENS

@@ -28,8 +28,12 @@ from cbserve.v1 import generation_pb2 as pb
 from common.health_probe import check
 
 WORKER_ARGS = ["--dtype", "float32"]
-# Long enough to be in flight when the signal comes, short enough for CPU tests.
-LONG_TOKENS = 16
+# In flight when the signal comes and through the health and UNAVAILABLE checks
+# after it (a few RPCs: tens of milliseconds): 63 decode steps after the first token
+# cannot all be done first unless a step takes under about 1.5 ms. Short enough for
+# CPU tests (16 tokens, as before, are done in 0.1 s by a forward as fast as
+# llama.cpp's here, before the checks).
+LONG_TOKENS = 64
 # Generous: on a loaded CI machine a decode step can take seconds.
 EXIT_TIMEOUT_S = 60
 GRACE_S = 180
