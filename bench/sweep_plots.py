@@ -56,6 +56,11 @@ def write(path: Path, points, subtitle: str = "") -> list[Path]:
     ):
         axes.set_xscale("log", base=2)
         axes.set_yscale("log")
+        # Plain numbers (150, not 1.5x10^2) on the log axis, minor ticks included.
+        plain = plt.FuncFormatter(lambda value, _: f"{value:g}")
+        axes.yaxis.set_major_formatter(plain)
+        axes.yaxis.set_minor_formatter(plain)
+        axes.tick_params(axis="y", which="minor", labelsize="x-small")
         axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
         axes.set_xlabel("requests in flight (concurrency)")
         axes.set_ylabel(ylabel)
