@@ -107,13 +107,7 @@ class WorkerClient:
             try:
                 result = await stream.read()
             except grpc.aio.AioRpcError as error:
-                self._lose(
-                    epoch,
-                    WorkerLost(
-                        f"worker {self.address}: {error.code().name}: {error.details()}",
-                        cause_of(error),
-                    ),
-                )
+                self._lose(epoch, self._rpc_lost(error))
                 return
             if result is grpc.aio.EOF:
                 self._lose(epoch, WorkerLost(f"worker {self.address} closed its Step stream"))
@@ -134,6 +128,11 @@ class WorkerClient:
             self._waiting = None
             if not waiting[1].done():
                 waiting[1].set_result(result)
+
+    def _rpc_lost(self, error: grpc.aio.AioRpcError) -> WorkerLost:
+        return WorkerLost(
+            f"worker {self.address}: {error.code().name}: {error.details()}", cause_of(error)
+        )
 
     def _lose(self, epoch: int, error: WorkerLost) -> None:
         """Marks the stream of `epoch` lost, once; fails the step waiting on it."""
@@ -158,11 +157,16 @@ class WorkerClient:
         epoch = self.epoch
         result: asyncio.Future[wpb.StepResult] = asyncio.get_running_loop().create_future()
         self._waiting = (plan.step_id, result)
+
+        async def send_and_wait() -> wpb.StepResult:
+            await self._stream.write(plan)
+            return await result
+
         try:
-            async with asyncio.timeout(deadline_s):
-                await self._stream.write(plan)
-                return await result
-        except TimeoutError:
+            # wait_for, not asyncio.timeout: pyproject admits Python 3.10, which has
+            # only this, and raises asyncio.TimeoutError (not yet the builtin) from it.
+            return await asyncio.wait_for(send_and_wait(), deadline_s)
+        except asyncio.TimeoutError:
             self._lose(
                 epoch,
                 WorkerLost(
@@ -172,13 +176,7 @@ class WorkerClient:
                 ),
             )
         except grpc.aio.AioRpcError as error:
-            self._lose(
-                epoch,
-                WorkerLost(
-                    f"worker {self.address}: {error.code().name}: {error.details()}",
-                    cause_of(error),
-                ),
-            )
+            self._lose(epoch, self._rpc_lost(error))
         except asyncio.InvalidStateError:
             # A write on a call that has ended: the reader says why, or is about to.
             await asyncio.sleep(0)
