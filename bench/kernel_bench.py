@@ -26,13 +26,12 @@ import torch
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
 from worker_svc.compute.linear import make_projection
 from worker_svc.compute.paths import PATHS
+from worker_svc.models.dims import attention_dims
 
 
 def projection_shapes(config) -> dict[str, tuple[int, int, int]]:
     """name -> (out_features, in_features, count per step) for a transformers config."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, kv_heads, head_dim = attention_dims(config)
     hidden, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     return {
         "qkv": ((heads + 2 * kv_heads) * head_dim, hidden, layers),

@@ -20,6 +20,7 @@ from torch import nn
 from worker_svc.attention import register_with_transformers
 from worker_svc.compute.paths import PATHS, ComputePath
 from worker_svc.models import MODEL_IMPLS, own_model_class
+from worker_svc.models.dims import attention_dims
 from worker_svc.models.hf_model import TransformersCausalLM
 from worker_svc.models.weights import load_state_dict
 
@@ -98,12 +99,12 @@ def load_model(
     except Exception as exc:  # transformers raises many types; the path is what matters
         raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
     text_config = config.get_text_config()
-    own, why_not = _own_forward(text_config, model_impl)
+    own, shape, why_not = _own_forward(text_config, model_impl)
     if own is None and compute_path.needs_own_forward:
         raise ModelLoadError(f"--dtype {compute_path.name} needs the own forward: {why_not}")
     dtype = compute_path.activation_dtype
     if own is not None:
-        model = _build_own(own, text_config, path, source, compute_path, dtype)
+        model = _build_own(own, shape, path, source, compute_path, dtype)
         impl = "cbserve"
     else:
         model = TransformersCausalLM(_load_transformers(path, source, extra, dtype))
@@ -111,7 +112,7 @@ def load_model(
     model.to(device).eval()
     model.requires_grad_(False)
 
-    heads = text_config.num_attention_heads
+    heads, kv_heads, head_dim = attention_dims(text_config)
     return LoadedModel(
         model=model,
         config=text_config,
@@ -122,8 +123,8 @@ def load_model(
         model_impl=impl,
         num_layers=text_config.num_hidden_layers,
         num_heads=heads,
-        num_kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         vocab_size=text_config.vocab_size,
         max_model_len=text_config.max_position_embeddings,
     )
@@ -139,27 +140,25 @@ def _as_path(compute: str | torch.dtype | ComputePath) -> ComputePath:
     return PATHS[compute]
 
 
-def _own_forward(text_config, model_impl: str) -> tuple[type | None, str]:
-    """The own model class to use, or None and why not."""
+def _own_forward(text_config, model_impl: str) -> tuple[type | None, Any, str]:
+    """The own model class to use and its shape from the config, or None, None and why not."""
     if model_impl == "transformers":
-        return None, "--model-impl transformers was asked for"
+        return None, None, "--model-impl transformers was asked for"
     architectures = getattr(text_config, "architectures", None) or []
     own = own_model_class(architectures)
     if own is None:
         why = f"no own forward for {architectures or 'this architecture'}"
     else:
         try:
-            own.shape_class().from_config(text_config)
-            return own, ""
+            return own, own.shape_class().from_config(text_config), ""
         except NotImplementedError as exc:
             own, why = None, f"the own forward does not compute {exc}"
     if model_impl == "cbserve":
         raise ModelLoadError(f"--model-impl cbserve: {why}")
-    return None, why
+    return None, None, why
 
 
-def _build_own(own, text_config, path: Path, source: str, compute_path, dtype) -> nn.Module:
-    shape = own.shape_class().from_config(text_config)
+def _build_own(own, shape, path: Path, source: str, compute_path, dtype) -> nn.Module:
     weights_at = path if path.suffix == ".gguf" else Path(source)
     try:
         state = load_state_dict(weights_at, shape.num_heads, shape.num_kv_heads)

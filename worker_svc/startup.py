@@ -62,6 +62,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         # The paged backends attend over the whole context; say so rather than
         # silently differ from the model's own attention past the window.
         log.warning("sliding_window_ignored", sliding_window=sliding)
+    processor = _processor(device)
     backend, why = select_backend(
         config.attention_backend, device, loaded.dtype, config.block_size, loaded.head_dim
     )
@@ -79,7 +80,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         compute_path=loaded.compute_path,
         compute_path_choice=path_choice,
         model_impl=loaded.model_impl,
-        processor=_processor(device),
+        processor=processor,
         threads=torch.get_num_threads(),
         device=str(device),
         backend=backend.name,
@@ -98,7 +99,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         attention_backend=backend.name,
         instance_id=uuid.uuid4().hex,
         model_impl=loaded.model_impl,
-        processor=_processor(device),
+        processor=processor,
     )
     return Worker(ModelRunner(loaded, pool, backend), description, torch.get_num_threads())
 

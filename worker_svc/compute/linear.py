@@ -79,10 +79,6 @@ class Int8Linear(Projection):
         y = torch.ops.quantized.linear_dynamic(x / row_max, self._packed, False)
         return y.mul_(row_max)
 
-    @property
-    def weight_bytes(self) -> int:
-        return self.out_features * self.in_features
-
 
 def make_projection(weight: torch.Tensor, path: str) -> Projection:
     """The projection for a compute path name (see compute.paths)."""

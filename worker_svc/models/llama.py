@@ -19,6 +19,7 @@ from torch import nn
 
 from worker_svc.attention import PagedAttentionContext
 from worker_svc.compute.linear import make_projection
+from worker_svc.models.dims import attention_dims
 from worker_svc.models.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
 
@@ -49,15 +50,15 @@ class LlamaShape:
             raise NotImplementedError(f"hidden_act {config.hidden_act!r}")
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
             raise NotImplementedError("biased projections")
-        heads = config.num_attention_heads
+        heads, kv_heads, head_dim = attention_dims(config)
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         return cls(
             hidden_size=config.hidden_size,
             intermediate_size=config.intermediate_size,
             num_layers=config.num_hidden_layers,
             num_heads=heads,
-            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
             vocab_size=config.vocab_size,
             max_positions=config.max_position_embeddings,
             rms_norm_eps=config.rms_norm_eps,

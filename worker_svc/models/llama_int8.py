@@ -51,19 +51,25 @@ def quantize_to_int8(model: LlamaForCausalLM) -> None:
         tensor.data = tensor.data.clone()
 
 
-def _scales(activation_max: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    weight_max = weight.abs().amax(dim=0).clamp(min=1e-5)
-    return (activation_max.clamp(min=1e-5) ** ALPHA / weight_max ** (1 - ALPHA)).clamp(min=1e-5)
+def _scales(activation_max: torch.Tensor, weight_max: torch.Tensor) -> torch.Tensor:
+    """SmoothQuant's s = max|x|^alpha / max|W|^(1 - alpha), per input channel."""
+    return (
+        activation_max.clamp(min=1e-5) ** ALPHA / weight_max.clamp(min=1e-5) ** (1 - ALPHA)
+    ).clamp(min=1e-5)
+
+
+def _column_max(weight: torch.Tensor) -> torch.Tensor:
+    return weight.abs().amax(dim=0)
 
 
 def _smooth_into_norm(norm_weight, projection: DenseLinear, activation_max) -> None:
-    s = _scales(activation_max, projection.weight.data)
+    s = _scales(activation_max, _column_max(projection.weight.data))
     norm_weight.data.div_(s)
     projection.weight.data.mul_(s)
 
 
 def _smooth_down(layer, activation_max) -> None:
-    s = _scales(activation_max, layer.down_proj.weight.data)
+    s = _scales(activation_max, _column_max(layer.down_proj.weight.data))
     inter = s.numel()
     # gate_up's rows are [gate; up]: only up's rows carry the division.
     layer.gate_up_proj.weight.data[inter:].div_(s[:, None])
@@ -74,10 +80,8 @@ def _smooth_output(layer, activation_max) -> None:
     heads, kv_heads, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
     group = heads // kv_heads
     per_kv = activation_max.view(kv_heads, group, d).amax(dim=1)  # [KV, d]
-    weight_max = layer.o_proj.weight.data.abs().amax(dim=0).view(kv_heads, group, d).amax(dim=1)
-    s = (per_kv.clamp(min=1e-5) ** ALPHA / weight_max.clamp(min=1e-5) ** (1 - ALPHA)).clamp(
-        min=1e-5
-    )
+    weight_max = _column_max(layer.o_proj.weight.data).view(kv_heads, group, d).amax(dim=1)
+    s = _scales(per_kv, weight_max)
     v_start = (heads + kv_heads) * d
     layer.qkv_proj.weight.data[v_start:].div_(s.reshape(-1, 1))
     layer.o_proj.weight.data.mul_(s[:, None, :].expand(kv_heads, group, d).reshape(1, -1))
