@@ -39,12 +39,14 @@ def test_worker_flag_choices_are_the_paths():
 
 
 def test_auto_takes_the_fastest_measured_path_the_cpu_has(table):
-    assert select_path("auto", "cpu", ZEN3)[0].name == "int8"
     path, why = select_path("auto", "cpu", SAPPHIRE_RAPIDS)
     assert path.name == "bfloat16"
     assert "amx box" in why
-    # Zen 5 matches only the avx2 row (it lacks AMX): int8 is measured best there.
-    assert select_path("auto", "cpu", ZEN5)[0].name == "int8"
+    # int8 measures fastest on the avx2 row, but auto never takes it (paths.py says
+    # why): the next measured path is float32. Zen 5 matches only the avx2 row.
+    assert select_path("auto", "cpu", ZEN3)[0].name == "float32"
+    assert select_path("auto", "cpu", ZEN5)[0].name == "float32"
+    assert select_path("int8", "cpu", ZEN3)[0].name == "int8"
 
 
 def test_auto_on_an_unmeasured_cpu_follows_the_generic_order(table):

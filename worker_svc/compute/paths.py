@@ -29,6 +29,11 @@ class ComputePath:
     cpu_needs_any: tuple[str, ...]
     runs_on_cuda: bool
     needs_own_forward: bool
+    # Whether `--dtype auto` may take it. int8 may not: on SmolLM2-135M it passes
+    # vLLM's logprobs-closeness check, yet its greedy reply to the README's own chat
+    # example ("What is the capital of France?") is nonsense where float32 says Paris.
+    # It stays one flag away (--dtype int8) until its accuracy is fixed.
+    auto_eligible: bool = True
 
     def missing_on_cpu(self, flags: frozenset[str]) -> str | None:
         """Why this CPU cannot run the path (the missing feature), or None."""
@@ -64,6 +69,7 @@ PATHS: dict[str, ComputePath] = {
             ("avx2", "avx512_vnni", "avx_vnni", "amx_int8"),
             runs_on_cuda=False,
             needs_own_forward=True,
+            auto_eligible=False,
         ),
     )
 }

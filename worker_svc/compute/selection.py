@@ -55,12 +55,11 @@ def select_path(
     if device_type == "cuda":
         return PATHS["bfloat16"], "auto (CUDA: bfloat16)"
     order, source = path_order(flags)
-    skipped = []
     for name in order:
-        problem = _problem(PATHS[name], device_type, flags, own_forward)
-        if problem is None:
+        if not PATHS[name].auto_eligible:
+            continue
+        if _problem(PATHS[name], device_type, flags, own_forward) is None:
             return PATHS[name], f"auto ({source})"
-        skipped.append(name)
     return PATHS["float32"], "auto (fallback)"
 
 
