@@ -175,7 +175,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from bench import report, results, sweep_plots
     from common.defaults import converted_model_dir
-    from scheduler_svc.tokenizer import Tokenizer
+    from scheduler_svc.api.tokenizer import Tokenizer
 
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)

@@ -114,7 +114,7 @@ def make_workload(
     """The same list for the same arguments, on any machine."""
     # The scheduler's own tokenizer class: the benchmark counts tokens as the server
     # does, and never imports torch for it.
-    from scheduler_svc.tokenizer import Tokenizer
+    from scheduler_svc.api.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(tokenizer_dir)
     if dataset == "sharegpt":

@@ -26,19 +26,19 @@ from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, defaul
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
+from scheduler_svc.api.server import GenerationService, add_to_server
+from scheduler_svc.api.serving_status import follow_workers
+from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import BATCHING_MODES, FaultConfig, SchedulerConfig
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.server import GenerationService, add_to_server
-from scheduler_svc.serving_status import follow_workers
-from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.worker_client import WorkerLost
-from scheduler_svc.worker_discovery import (
+from scheduler_svc.workers.client import WorkerLost
+from scheduler_svc.workers.discovery import (
     WorkerDiscovery,
     dns_resolver,
     hosts_file_resolver,
     parse_target,
 )
-from scheduler_svc.worker_pool import WorkerPool
+from scheduler_svc.workers.pool import WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 

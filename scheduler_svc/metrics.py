@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from common.metrics import TOKEN_BUCKETS, Registry, Samples
-from scheduler_svc.liveness import LossCause
+from scheduler_svc.workers.liveness import LossCause
 
 if TYPE_CHECKING:
-    from scheduler_svc.engine import WorkerEngine
-    from scheduler_svc.worker_pool import WorkerPool
+    from scheduler_svc.workers.engine import WorkerEngine
+    from scheduler_svc.workers.pool import WorkerPool
 
 # Between two tokens of one stream: a decode step, from a fast GPU to a busy CPU.
 INTER_TOKEN_BUCKETS = (

@@ -17,6 +17,6 @@ def model_dir():
 
 @pytest.fixture(scope="session")
 def tokenizer(model_dir):
-    from scheduler_svc.tokenizer import Tokenizer
+    from scheduler_svc.api.tokenizer import Tokenizer
 
     return Tokenizer(model_dir)

@@ -13,7 +13,7 @@ import pytest
 
 from cbserve.client import Client
 from common.defaults import default_model_path
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.api.tokenizer import Tokenizer
 from tests.integration.prompts import mixed_prompts
 from tests.integration.stacks import running_stacks, started_stack, stop_stack, wait_until_idle
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_svc.tokenizer import ChatTurn, Tokenizer
+from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
 _PASSAGE = (
     "The history of the river begins in the mountains, where snow melts each spring and feeds a "

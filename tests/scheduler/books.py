@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from scheduler_svc.prefix_hash import block_hash
-from scheduler_svc.request import RequestStatus
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.core.prefix_hash import block_hash
+from scheduler_svc.core.request import RequestStatus
+from scheduler_svc.core.scheduler import Scheduler
 
 
 def check_books(scheduler: Scheduler) -> None:

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.defaults import converted_model_dir
+from scheduler_svc.api.sampling_params import SamplingConfig
+from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.request import Request, RequestError, RequestOutput
-from scheduler_svc.sampling_params import SamplingConfig
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.core.request import Request, RequestError, RequestOutput
+from scheduler_svc.core.scheduler import Scheduler
 
 from .fake_worker import FakeWorker, scripted
 

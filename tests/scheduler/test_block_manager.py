@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.block_manager import BlockManager
+from scheduler_svc.core.block_manager import BlockManager
 
 
 def _make_block_manager(num_blocks: int = 8, block_size: int = 4) -> BlockManager:

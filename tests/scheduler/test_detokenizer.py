@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.detokenizer import REPLACEMENT_CHARACTER, IncrementalDetokenizer
+from scheduler_svc.output.detokenizer import REPLACEMENT_CHARACTER, IncrementalDetokenizer
 
 from .harness import EOS, encode
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cbserve.worker.v1 import worker_pb2 as wpb
-from scheduler_svc.block_manager import BlockManager
+from scheduler_svc.core.block_manager import BlockManager
 
 from .fake_worker import FakeWorker, ProtocolViolation
 from .harness import Harness, make_request, unique_prompt

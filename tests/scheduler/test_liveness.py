@@ -17,9 +17,14 @@ from cbserve.v1 import generation_pb2 as pb
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.errors import ServiceError
 from common.grpc_options import channel_options
-from scheduler_svc import liveness
+from scheduler_svc.api.request_trace import RequestTrace
+from scheduler_svc.api.server import GenerationService
+from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.liveness import (
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.workers import liveness
+from scheduler_svc.workers.client import WorkerClient, WorkerLost
+from scheduler_svc.workers.liveness import (
     FIRST_HOLD_OUT_S,
     MAX_HOLD_OUT_S,
     RETRY_DELAYS_S,
@@ -28,12 +33,7 @@ from scheduler_svc.liveness import (
     LossCause,
     cause_of,
 )
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.request_trace import RequestTrace
-from scheduler_svc.server import GenerationService
-from scheduler_svc.serving_status import follow_workers
-from scheduler_svc.worker_client import WorkerClient, WorkerLost
-from scheduler_svc.worker_pool import WorkerPool
+from scheduler_svc.workers.pool import WorkerPool
 
 from .grpc_fake_worker import GrpcFakeWorker
 from .harness import FakeClock, load_tokenizer

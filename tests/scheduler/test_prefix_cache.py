@@ -7,8 +7,8 @@ computed itself.
 
 from __future__ import annotations
 
-from scheduler_svc.block_manager import BlockManager
-from scheduler_svc.prefix_hash import extend_block_hashes
+from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.prefix_hash import extend_block_hashes
 
 from .books import check_books
 from .harness import Harness, encode, make_request, unique_prompt

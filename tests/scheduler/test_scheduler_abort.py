@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler_svc.request import FinishReason, RequestStatus
+from scheduler_svc.core.request import FinishReason, RequestStatus
 
 from .harness import Harness, make_request
 

@@ -8,7 +8,7 @@ it does once running requests finish. So it waits behind at most
 
 from __future__ import annotations
 
-from scheduler_svc.request import RequestStatus
+from scheduler_svc.core.request import RequestStatus
 
 from .harness import Harness, make_request, unique_prompt
 

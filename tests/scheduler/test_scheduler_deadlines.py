@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import grpc
 
-from scheduler_svc.request import FinishReason
+from scheduler_svc.core.request import FinishReason
 
 from .books import check_books
 from .harness import Harness, make_request, unique_prompt

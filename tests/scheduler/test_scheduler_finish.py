@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.detokenizer import REPLACEMENT_CHARACTER
-from scheduler_svc.request import FinishReason, RequestStatus, TokenLogprob
+from scheduler_svc.core.request import FinishReason, RequestStatus, TokenLogprob
+from scheduler_svc.output.detokenizer import REPLACEMENT_CHARACTER
 
 from .harness import EOS, THE, Harness, encode, load_tokenizer, make_request
 

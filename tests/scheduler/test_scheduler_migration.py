@@ -16,9 +16,9 @@ import pytest
 
 from common.errors import ServiceError
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.engine import WorkerEngine
-from scheduler_svc.request import RequestStatus
-from scheduler_svc.worker_pool import WorkerPool
+from scheduler_svc.core.request import RequestStatus
+from scheduler_svc.workers.engine import WorkerEngine
+from scheduler_svc.workers.pool import WorkerPool
 
 from .books import check_books
 from .fake_worker import FakeWorker, scripted

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from cbserve.worker.v1 import worker_pb2 as wpb
-from scheduler_svc.request import RequestStatus
+from scheduler_svc.core.request import RequestStatus
 
 from .harness import EOS, Harness, make_request, unique_prompt
 

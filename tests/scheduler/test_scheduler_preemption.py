@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from scheduler_svc.request import FinishReason, RequestStatus
+from scheduler_svc.core.request import FinishReason, RequestStatus
 
 from .books import check_books
 from .harness import Harness, encode, make_request, unique_prompt

@@ -4,7 +4,7 @@ waiting request preempts worse running ones when, and only when, that makes room
 
 from __future__ import annotations
 
-from scheduler_svc.request import RequestStatus
+from scheduler_svc.core.request import RequestStatus
 
 from .books import check_books
 from .harness import Harness, make_request, unique_prompt

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.detokenizer import REPLACEMENT_CHARACTER
-from scheduler_svc.request import FinishReason, Request
+from scheduler_svc.core.request import FinishReason, Request
+from scheduler_svc.output.detokenizer import REPLACEMENT_CHARACTER
 
 from .books import check_books
 from .harness import EOS, Harness, encode, load_tokenizer, make_request

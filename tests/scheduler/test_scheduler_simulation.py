@@ -24,7 +24,7 @@ import grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.request import FinishReason, Request
+from scheduler_svc.core.request import FinishReason, Request
 
 from .books import check_books
 from .harness import EOS, Harness, make_request

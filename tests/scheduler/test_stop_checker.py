@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.request import FinishReason
-from scheduler_svc.stop_checker import StopChecker, StopStringMatcher
+from scheduler_svc.core.request import FinishReason
+from scheduler_svc.output.stop_checker import StopChecker, StopStringMatcher
 
 from .harness import EOS, make_request
 

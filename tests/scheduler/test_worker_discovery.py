@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from scheduler_svc.worker_discovery import (
+from scheduler_svc.workers.discovery import (
     WorkerDiscovery,
     dns_resolver,
     hosts_file_resolver,

@@ -12,14 +12,14 @@ import pytest
 from grpc_health.v1 import health, health_pb2
 
 from common.errors import ServiceError
-from scheduler_svc import worker_pool
+from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine import WorkerEngine
+from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.serving_status import follow_workers
-from scheduler_svc.stats import SchedulerStats
-from scheduler_svc.worker_client import WorkerLost
-from scheduler_svc.worker_pool import WorkerPool
+from scheduler_svc.workers import pool as worker_pool
+from scheduler_svc.workers.client import WorkerLost
+from scheduler_svc.workers.engine import WorkerEngine
+from scheduler_svc.workers.pool import WorkerPool
 
 from .harness import Harness, make_request
 

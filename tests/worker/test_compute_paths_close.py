@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.defaults import default_model_path
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.api.tokenizer import Tokenizer
 from tests.integration.prompts import mixed_prompts
 from tests.worker.conftest import build_runner
 from tests.worker.logprobs_close import check_logprobs_close, greedy_runs

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from cbserve.v1 import generation_pb2 as pb
-from scheduler_svc.sampling_params import SamplingConfig
+from scheduler_svc.api.sampling_params import SamplingConfig
 
 # Worker-facing sequence ids are unique in the process, so that ids from a
 # dropped worker stream or another worker's scheduler can never be confused.

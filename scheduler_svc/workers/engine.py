@@ -33,16 +33,16 @@ import grpc
 import structlog
 
 from common.errors import ServiceError
+from scheduler_svc.api.tokenizer import Tokenizer
+from scheduler_svc.api.validation import ValidatedRequest
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.liveness import Comeback, LossCause
-from scheduler_svc.migration import Migrant, Migrations, StreamItem, new_request
-from scheduler_svc.prefix_hash import extend_block_hashes
-from scheduler_svc.request import RequestOutput
-from scheduler_svc.scheduler import Scheduler
-from scheduler_svc.stats import SchedulerStats
-from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.validation import ValidatedRequest
-from scheduler_svc.worker_client import WorkerClient, WorkerLost, num_scheduled_tokens
+from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.request import RequestOutput
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.workers.client import WorkerClient, WorkerLost, num_scheduled_tokens
+from scheduler_svc.workers.liveness import Comeback, LossCause
+from scheduler_svc.workers.migration import Migrant, Migrations, StreamItem, new_request
 
 if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics

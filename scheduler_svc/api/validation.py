@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
-from scheduler_svc.sampling_params import SamplingConfig
-from scheduler_svc.tokenizer import ChatTurn, Tokenizer
+from scheduler_svc.api.sampling_params import SamplingConfig
+from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
 MAX_REQUEST_ID_CHARS = 256
 

@@ -45,13 +45,11 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from cbserve.worker.v1 import worker_pb2 as wpb
-from scheduler_svc.admission import AdmissionQueue
-from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.detokenizer import Decoder
-from scheduler_svc.output_processor import RequestOutputProcessor
-from scheduler_svc.prefix_hash import extend_block_hashes
-from scheduler_svc.request import (
+from scheduler_svc.core.admission import AdmissionQueue
+from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.request import (
     FinishReason,
     Request,
     RequestError,
@@ -59,7 +57,9 @@ from scheduler_svc.request import (
     RequestStatus,
     TokenLogprob,
 )
-from scheduler_svc.stats import SchedulerStats
+from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.output.detokenizer import Decoder
+from scheduler_svc.output.output_processor import RequestOutputProcessor
 
 
 class Scheduler:

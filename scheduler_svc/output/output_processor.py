@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler_svc.detokenizer import Decoder, IncrementalDetokenizer
-from scheduler_svc.request import FinishReason, Request, RequestOutput, TokenLogprob
-from scheduler_svc.stop_checker import StopChecker, StopStringMatcher
+from scheduler_svc.core.request import FinishReason, Request, RequestOutput, TokenLogprob
+from scheduler_svc.output.detokenizer import Decoder, IncrementalDetokenizer
+from scheduler_svc.output.stop_checker import StopChecker, StopStringMatcher
 
 
 class RequestOutputProcessor:

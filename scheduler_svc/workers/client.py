@@ -26,7 +26,7 @@ import grpc
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
-from scheduler_svc.liveness import LossCause, cause_of
+from scheduler_svc.workers.liveness import LossCause, cause_of
 
 
 class WorkerLost(Exception):

@@ -30,14 +30,14 @@ import grpc
 import structlog
 
 from common.errors import ServiceError
+from scheduler_svc.api.tokenizer import Tokenizer
+from scheduler_svc.api.validation import ValidatedRequest
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.engine import WorkerEngine
-from scheduler_svc.migration import Migrant, new_request
-from scheduler_svc.output_processor import RequestOutputProcessor
-from scheduler_svc.stats import SchedulerStats
-from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.validation import ValidatedRequest
-from scheduler_svc.worker_client import WorkerLost
+from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.output.output_processor import RequestOutputProcessor
+from scheduler_svc.workers.client import WorkerLost
+from scheduler_svc.workers.engine import WorkerEngine
+from scheduler_svc.workers.migration import Migrant, new_request
 
 if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics

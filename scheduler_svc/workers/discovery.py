@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 if TYPE_CHECKING:
-    from scheduler_svc.worker_pool import WorkerPool
+    from scheduler_svc.workers.pool import WorkerPool
 
 log = structlog.get_logger("scheduler.discovery")
 

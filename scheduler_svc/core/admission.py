@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from scheduler_svc.block_manager import BlockManager
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.prefix_hash import extend_block_hashes
-from scheduler_svc.request import Request, RequestError, RequestStatus
-from scheduler_svc.stats import SchedulerStats
+from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.request import Request, RequestError, RequestStatus
+from scheduler_svc.core.stats import SchedulerStats
 
 
 @dataclass

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import grpc
 import structlog
 
+from scheduler_svc.core.request import RequestOutput
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.request import RequestOutput
 
 log = structlog.get_logger("scheduler.request")
 

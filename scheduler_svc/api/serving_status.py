@@ -12,7 +12,7 @@ from __future__ import annotations
 import structlog
 
 from common.grpc_server import set_serving
-from scheduler_svc.worker_pool import WorkerPool
+from scheduler_svc.workers.pool import WorkerPool
 
 log = structlog.get_logger("scheduler.health")
 

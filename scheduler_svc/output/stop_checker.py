@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler_svc.request import FinishReason, Request
-from scheduler_svc.sampling_params import SamplingConfig
+from scheduler_svc.api.sampling_params import SamplingConfig
+from scheduler_svc.core.request import FinishReason, Request
 
 
 class StopChecker:

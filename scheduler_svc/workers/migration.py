@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from common.errors import ServiceError
-from scheduler_svc.output_processor import RequestOutputProcessor
-from scheduler_svc.request import Request, RequestOutput
-from scheduler_svc.validation import ValidatedRequest
+from scheduler_svc.api.validation import ValidatedRequest
+from scheduler_svc.core.request import Request, RequestOutput
+from scheduler_svc.output.output_processor import RequestOutputProcessor
 
 if TYPE_CHECKING:
-    from scheduler_svc.engine import WorkerEngine
+    from scheduler_svc.workers.engine import WorkerEngine
 
 # What a Generate handler reads from its queue: outputs, or the error that ended it.
 StreamItem = RequestOutput | ServiceError

@@ -25,18 +25,18 @@ from structlog.contextvars import bound_contextvars
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.errors import ServiceError
-from scheduler_svc.engine import WorkerEngine
-from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.request import FinishReason, RequestOutput
-from scheduler_svc.request_trace import RequestTrace
-from scheduler_svc.tokenizer import Tokenizer
-from scheduler_svc.validation import (
+from scheduler_svc.api.request_trace import RequestTrace
+from scheduler_svc.api.tokenizer import Tokenizer
+from scheduler_svc.api.validation import (
     MAX_REQUEST_ID_CHARS,
     ModelLimits,
     ValidatedRequest,
     validate_request,
 )
-from scheduler_svc.worker_pool import WorkerPool
+from scheduler_svc.core.request import FinishReason, RequestOutput
+from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.workers.engine import WorkerEngine
+from scheduler_svc.workers.pool import WorkerPool
 
 
 def to_response(output: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateResponse:
