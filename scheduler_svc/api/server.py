@@ -36,6 +36,7 @@ from scheduler_svc.api.validation import (
 from scheduler_svc.core.request import FinishReason, RequestOutput
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.engine import WorkerEngine
+from scheduler_svc.workers.handle import RequestHandle
 from scheduler_svc.workers.pool import WorkerPool
 
 
@@ -143,8 +144,8 @@ class GenerationService(pb_grpc.GenerationServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = False
-        # Placed requests: request_id -> (engine, queue), so that drain() can end them.
-        self._placed: dict[str, tuple[WorkerEngine, asyncio.Queue]] = {}
+        # Placed requests by id, so that drain() can end them.
+        self._placed: dict[str, RequestHandle] = {}
 
     def _limits(self) -> ModelLimits:
         return ModelLimits(
@@ -155,11 +156,11 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     def _place(
         self, request: pb.GenerateRequest, context, trace: RequestTrace
-    ) -> tuple[ValidatedRequest, WorkerEngine, asyncio.Queue]:
+    ) -> tuple[ValidatedRequest, RequestHandle]:
         """Validates the request and queues it on a worker; raises ServiceError.
 
-        With no worker connected, it waits for one (pool.park), unless no worker
-        has ever connected: then it is refused at once.
+        With no worker connected, it waits for one (the pool's orphanage), unless
+        no worker has ever connected: then it is refused at once.
         """
         connected = bool(self.pool.connected_engines())
         if not connected and not self.pool.accepts_without_worker():
@@ -178,14 +179,9 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
-        prompt = validated.prompt_token_ids
-        if connected:
-            engine = self.pool.pick(prompt, len(prompt) + validated.sampling.max_tokens)
-            queue = engine.submit(validated, _deadline(context))
-        else:
-            engine, queue = self.pool, self.pool.park(validated, _deadline(context))
-        trace.placed(engine.address, len(prompt))
-        return validated, engine, queue
+        handle = self.pool.submit(validated.to_request(_deadline(context)))
+        trace.placed(handle.address, len(validated.prompt_token_ids))
+        return validated, handle
 
     async def drain(self, grace_s: float) -> int:
         """Refuses new calls, waits up to grace_s for those in flight; returns how
@@ -197,9 +193,9 @@ class GenerationService(pb_grpc.GenerationServicer):
         except asyncio.TimeoutError:
             pass
         left = list(self._placed.items())
-        for request_id, (engine, queue) in left:
-            engine.abort(request_id)
-            queue.put_nowait(
+        for _request_id, handle in left:
+            handle.abort()
+            handle.fail(
                 ServiceError(
                     "the server is shutting down (grace period over); retry on another server",
                     grpc.StatusCode.UNAVAILABLE,
@@ -243,25 +239,24 @@ class GenerationService(pb_grpc.GenerationServicer):
         # before validation refuses one that is too long).
         with bound_contextvars(request_id=request.request_id[:MAX_REQUEST_ID_CHARS]):
             try:
-                validated, engine, queue = self._place(request, context, trace)
+                validated, handle = self._place(request, context, trace)
             except ServiceError as error:
                 trace.failed(error.code, error.message)
                 await context.abort(error.code, error.message)
-            async for response in self._stream(validated.request_id, engine, queue, trace):
+            async for response in self._stream(handle, trace):
                 yield response
             if trace.failure is not None:
                 await context.abort(*trace.failure)
 
-    async def _stream(
-        self, request_id: str, engine: WorkerEngine, queue: asyncio.Queue, trace: RequestTrace
-    ):
+    async def _stream(self, handle: RequestHandle, trace: RequestTrace):
         """Yields the request's responses; records how it ended in trace."""
+        request_id = handle.request_id
         self._in_flight.add(request_id)
-        self._placed[request_id] = (engine, queue)
+        self._placed[request_id] = handle
         outcome: ServiceError | FinishReason | None = None
         try:
             while outcome is None:
-                item = await queue.get()
+                item = await handle.queue.get()
                 if isinstance(item, ServiceError):
                     outcome = item
                     break
@@ -271,10 +266,10 @@ class GenerationService(pb_grpc.GenerationServicer):
         finally:
             self._in_flight.discard(request_id)
             self._placed.pop(request_id, None)
-            trace.first_scheduled = engine.take_first_scheduled_time(request_id)
+            trace.first_scheduled = handle.first_scheduled
             if outcome is None:
                 # Cancelled, disconnected or past its deadline: free its blocks.
-                engine.abort(request_id)
+                handle.abort()
                 trace.finished(FinishReason.ABORT.value)
             elif isinstance(outcome, ServiceError):
                 trace.failed(outcome.code, outcome.message)

@@ -8,6 +8,7 @@ allowed range. What passes is guaranteed to fit the model and the KV pool.
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
 from scheduler_svc.api.sampling_params import SamplingConfig
 from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
+from scheduler_svc.core.request import Request
 
 MAX_REQUEST_ID_CHARS = 256
 
@@ -38,6 +40,18 @@ class ValidatedRequest:
     sampling: SamplingConfig
     # Lower runs first; any int32 is allowed.
     priority: int = 0
+
+    def to_request(self, deadline: float | None) -> Request:
+        """The scheduler's Request for it, arriving now; deadline is a time.monotonic()
+        value (the call's gRPC deadline)."""
+        return Request(
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            sampling=self.sampling,
+            arrival_time=time.monotonic(),
+            priority=self.priority,
+            deadline=deadline,
+        )
 
 
 def _request_id(request: pb.GenerateRequest) -> str:

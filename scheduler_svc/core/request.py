@@ -89,6 +89,11 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def max_kv_tokens(self) -> int:
+        """The most tokens of KV the request can hold: its prompt plus max_tokens."""
+        return self.num_prompt_tokens + self.sampling.max_tokens
+
+    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

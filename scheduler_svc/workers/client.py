@@ -18,7 +18,6 @@ results; the engine reconnects with a new stream, which resets the worker.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import grpc
@@ -26,15 +25,14 @@ import grpc
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
-from scheduler_svc.workers.liveness import LossCause, cause_of
+from scheduler_svc.workers.liveness import (
+    LossCause,
+    WorkerLost,
+    cause_of,
+    reconnect_channel_options,
+)
 
-
-class WorkerLost(Exception):
-    """The worker's stream broke, it stopped answering, or it answered out of protocol."""
-
-    def __init__(self, message: str, cause: LossCause = LossCause.DISCONNECTED) -> None:
-        super().__init__(message)
-        self.cause = cause
+__all__ = ["WorkerClient", "WorkerLost", "num_scheduled_tokens"]
 
 
 class WorkerClient:
@@ -60,39 +58,24 @@ class WorkerClient:
         # Why the current stream is lost (None while it is fine).
         self.lost: WorkerLost | None = None
 
-    async def connect(
-        self, timeout_s: float, retry_interval_s: float = 0.5
-    ) -> wpb.WorkerDescription:
-        """Describe the worker and open the Step stream, retrying until timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        last_error: Exception | None = None
-        while True:
-            await self.close()
-            self._channel = grpc.aio.insecure_channel(
-                self.address, options=channel_options(self.keepalive_timeout_s)
+    async def connect(self, timeout_s: float) -> wpb.WorkerDescription:
+        """One connect attempt: Describe the worker and open the Step stream, waiting
+        up to timeout_s for it to answer (the channel retries with its reconnect
+        backoff meanwhile); raises WorkerLost. Retrying attempts is keep_trying's."""
+        await self.close()
+        options = [*channel_options(self.keepalive_timeout_s), *reconnect_channel_options()]
+        self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        self._stub = wpb_grpc.WorkerStub(self._channel)
+        try:
+            self.description = await self._stub.Describe(
+                wpb.DescribeRequest(), timeout=timeout_s, wait_for_ready=True
             )
-            self._stub = wpb_grpc.WorkerStub(self._channel)
-            remaining = deadline - time.monotonic()
-            try:
-                self.description = await self._stub.Describe(
-                    wpb.DescribeRequest(),
-                    timeout=max(1.0, min(5.0, remaining)),
-                    wait_for_ready=True,
-                )
-                self._open_stream()
-                return self.description
-            except grpc.aio.AioRpcError as error:
-                last_error = error
-            if time.monotonic() + retry_interval_s >= deadline:
-                detail = (
-                    last_error.details()
-                    if isinstance(last_error, grpc.aio.AioRpcError)
-                    else last_error
-                )
-                raise WorkerLost(
-                    f"worker {self.address} unreachable after {timeout_s:.0f}s: {detail}"
-                ) from last_error
-            await asyncio.sleep(retry_interval_s)
+        except grpc.aio.AioRpcError as error:
+            raise WorkerLost(
+                f"worker {self.address} unreachable after {timeout_s:g}s: {error.details()}"
+            ) from error
+        self._open_stream()
+        return self.description
 
     def _open_stream(self) -> None:
         self.epoch += 1

@@ -13,12 +13,12 @@ A lost worker (see liveness: its stream broke, a keepalive ping or a step
 went unanswered; idle or not) loses nothing: it is marked disconnected the
 moment it is found, so that nothing new is placed on it; its unfinished
 requests are taken out of its Scheduler as Migrants (request with its output
-so far, output processor, the client's queue) and handed to the pool
-(Migrations.requests_lost), which queues them on another worker's engine
-(adopt) where they are prefilled over prompt + output and go on where they
-stopped: the client sees no token twice and none lost. Then the engine
-reconnects with backoff (a flapping worker is held out longer) and serves
-again from an empty state.
+so far, output processor, the client's handle) and handed to on_requests_lost
+(the pool's orphanage), which queues them on another worker's engine (adopt)
+where they are prefilled over prompt + output and go on where they stopped:
+the client sees no token twice and none lost. Then the engine reconnects with
+backoff (a flapping worker is held out longer) and serves again from an empty
+state.
 """
 
 from __future__ import annotations
@@ -34,20 +34,23 @@ import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
-from scheduler_svc.api.validation import ValidatedRequest
 from scheduler_svc.config import FaultConfig, SchedulerConfig
 from scheduler_svc.core.prefix_hash import extend_block_hashes
-from scheduler_svc.core.request import RequestOutput
+from scheduler_svc.core.request import Request, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.workers.client import WorkerClient, WorkerLost, num_scheduled_tokens
-from scheduler_svc.workers.liveness import Comeback, LossCause
-from scheduler_svc.workers.migration import Migrant, Migrations, StreamItem, new_request
+from scheduler_svc.workers.handle import Migrant, RequestHandle
+from scheduler_svc.workers.liveness import Comeback, LossCause, keep_trying
 
 if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.engine")
+
+# How long one reconnect attempt waits for a lost worker to answer (gRPC's own
+# channel backoff retries within it); keep_trying spaces the attempts.
+RECONNECT_ATTEMPT_S = 2.0
 
 
 class WorkerEngine:
@@ -60,12 +63,12 @@ class WorkerEngine:
         metrics: SchedulerMetrics | None = None,
         on_connection_change: Callable[[WorkerEngine], None] | None = None,
         faults: FaultConfig | None = None,
-        migrations: Migrations | None = None,
+        on_requests_lost: Callable[[list[Migrant]], None] | None = None,
     ) -> None:
         self.address = address
         self.faults = faults if faults is not None else FaultConfig()
         # Without it (an engine on its own), a lost worker's requests end with UNAVAILABLE.
-        self.migrations = migrations
+        self.on_requests_lost = on_requests_lost
         self.config = config
         self.tokenizer = tokenizer
         self.client = WorkerClient(address, self.faults.worker_timeout_s, self._worker_lost)
@@ -80,10 +83,8 @@ class WorkerEngine:
         self._metrics = metrics
         self._on_connection_change = on_connection_change
         self._connected = False
-        self._queues: dict[str, asyncio.Queue[StreamItem]] = {}
-        # When each in-flight request was first put in a plan (its queue time
-        # ends there); its Generate handler takes the entry when it ends.
-        self._first_scheduled: dict[str, float] = {}
+        # The requests this engine holds, by id: their clients' streams.
+        self._handles: dict[str, RequestHandle] = {}
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -105,7 +106,7 @@ class WorkerEngine:
 
     @property
     def load(self) -> int:
-        return len(self._queues)
+        return len(self._handles)
 
     @property
     def num_running(self) -> int:
@@ -141,22 +142,8 @@ class WorkerEngine:
         hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1)
         return len(hits) * manager.block_size
 
-    def take_first_scheduled_time(self, request_id: str) -> float | None:
-        """When the request was first scheduled (time.monotonic()), None if never; forgets it.
-
-        Asks the pool when the request has moved to another worker since.
-        """
-        if request_id in self._first_scheduled:
-            return self._first_scheduled.pop(request_id)
-        if self.migrations is not None:
-            return self.migrations.take_moved_first_scheduled_time(request_id)
-        return None
-
-    def take_local_first_scheduled_time(self, request_id: str) -> float | None:
-        return self._first_scheduled.pop(request_id, None)
-
     def holds(self, request_id: str) -> bool:
-        return request_id in self._queues
+        return request_id in self._handles
 
     def adopt(self, migrant: Migrant) -> None:
         """Queues a request from a lost worker; its client's stream goes on from here."""
@@ -169,9 +156,8 @@ class WorkerEngine:
             self.scheduler.adopt(request, migrant.processor)
         except ValueError as error:
             raise ServiceError(str(error), grpc.StatusCode.UNAVAILABLE) from error
-        self._queues[request.request_id] = migrant.queue
-        if migrant.first_scheduled is not None:
-            self._first_scheduled[request.request_id] = migrant.first_scheduled
+        migrant.handle.holder = self
+        self._handles[request.request_id] = migrant.handle
         self._wakeup.set()
 
     async def start(self, connect_timeout_s: float) -> None:
@@ -200,39 +186,32 @@ class WorkerEngine:
         self._set_connected(True)
         self._comeback.connected()
 
-    def submit(
-        self, validated: ValidatedRequest, deadline: float | None = None
-    ) -> asyncio.Queue[StreamItem]:
-        """Queues a request; deadline is a time.monotonic() value (its gRPC deadline)."""
+    def submit(self, request: Request) -> RequestHandle:
+        """Queues a new request; its client streams from the handle."""
         if not self.connected or self.scheduler is None:
             raise ServiceError(
                 f"worker {self.address} is not connected", grpc.StatusCode.UNAVAILABLE
             )
-        request = new_request(validated, deadline)
         try:
             self.scheduler.add_request(request)
         except ValueError as error:
             # Validation makes this unreachable for well-formed requests; keep
             # the engine alive and tell the client if it ever happens.
             raise ServiceError(str(error), grpc.StatusCode.INVALID_ARGUMENT) from error
-        queue: asyncio.Queue[StreamItem] = asyncio.Queue()
-        self._queues[request.request_id] = queue
+        handle = RequestHandle(request.request_id, self)
+        self._handles[request.request_id] = handle
         self.num_submitted += 1
         self._wakeup.set()
-        return queue
+        return handle
 
     def fits(self, num_tokens: int) -> bool:
         """Whether a request that may hold num_tokens of KV fits this worker's pool."""
         return num_tokens <= self.capacity_tokens
 
-    def abort(self, request_id: str) -> None:
-        """The client is gone: free its blocks at the next step (wherever the request moved)."""
-        if not self.abort_local(request_id) and self.migrations is not None:
-            self.migrations.abort_moved(request_id)
-
     def abort_local(self, request_id: str) -> bool:
-        """Aborts the request if this engine holds it; whether it did."""
-        if self._queues.pop(request_id, None) is None:
+        """Aborts the request if this engine holds it (its blocks are freed at the next
+        step); whether it did."""
+        if self._handles.pop(request_id, None) is None:
             return False
         if self.scheduler is not None:
             self.scheduler.abort_request(request_id)
@@ -295,8 +274,9 @@ class WorkerEngine:
         now = time.monotonic()
         new_seq_ids = {sequence.seq_id for sequence in plan.new_sequences}
         for request in self.scheduler.running:
-            if request.seq_id in new_seq_ids and request.request_id in self._queues:
-                self._first_scheduled.setdefault(request.request_id, now)
+            handle = self._handles.get(request.request_id)
+            if request.seq_id in new_seq_ids and handle and handle.first_scheduled is None:
+                handle.first_scheduled = now
 
     def _next_deadline(self) -> float | None:
         deadlines = [
@@ -309,23 +289,25 @@ class WorkerEngine:
     async def _sleep_until_woken_or(self, deadline: float | None) -> None:
         """Idle until a request arrives or leaves, or a queued request's deadline passes."""
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        with contextlib.suppress(TimeoutError):
+        # asyncio.TimeoutError: what wait_for raises on Python 3.10 (an alias of
+        # TimeoutError only from 3.11 on).
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
 
     def _deliver_failures(self) -> None:
         """Ends the streams of requests the scheduler failed (deadline, pool too small)."""
         for request in self.scheduler.take_failed():
-            queue = self._queues.pop(request.request_id, None)
-            if queue is not None:
-                queue.put_nowait(ServiceError(request.error.message, request.error.code))
+            handle = self._handles.pop(request.request_id, None)
+            if handle is not None:
+                handle.fail(ServiceError(request.error.message, request.error.code))
 
     def _deliver(self, output: RequestOutput) -> None:
-        queue = self._queues.get(output.request_id)
-        if queue is None:
+        handle = self._handles.get(output.request_id)
+        if handle is None:
             return  # aborted while its step was in flight
-        queue.put_nowait(output)
+        handle.queue.put_nowait(output)
         if output.finish_reason is not None:
-            del self._queues[output.request_id]
+            del self._handles[output.request_id]
 
     async def _recover(self, error: WorkerLost) -> None:
         """Hands the worker's unfinished requests to the pool, then reconnects with backoff.
@@ -340,26 +322,19 @@ class WorkerEngine:
             worker=self.address,
             cause=error.cause.value,
             error=str(error),
-            requests=len(self._queues),
+            requests=len(self._handles),
             reconnect_in_s=hold_out_s,
             quick_losses=self._comeback.quick_losses,
         )
         if self._metrics is not None:
-            self._metrics.observe_worker_lost(error.cause.value, len(self._queues))
+            self._metrics.observe_worker_lost(error.cause.value, len(self._handles))
         await self.client.close()
-        if self.migrations is None:
+        if self.on_requests_lost is None:
             self._fail_all(f"worker {self.address} failed mid-request ({error})")
         else:
-            self.migrations.requests_lost(self, self.take_migrants())
+            self.on_requests_lost(self.take_migrants())
         await asyncio.sleep(hold_out_s)
-        attempts = 1
-        for delay in self._comeback.retry_delays():
-            try:
-                await self.client.connect(timeout_s=max(2.0, delay * 2))
-                break
-            except WorkerLost:
-                await asyncio.sleep(delay)
-                attempts += 1
+        attempts = await keep_trying(lambda: self.client.connect(RECONNECT_ATTEMPT_S))
         self._reset_scheduler()
         log.info(
             "worker reconnected",
@@ -376,17 +351,16 @@ class WorkerEngine:
         now = time.monotonic()
         migrants = []
         for request, processor in self.scheduler.take_unfinished():
-            queue = self._queues.pop(request.request_id, None)
-            if queue is None:
+            handle = self._handles.pop(request.request_id, None)
+            if handle is None:
                 continue  # its client is gone
-            first = self._first_scheduled.pop(request.request_id, None)
-            migrants.append(Migrant(request, processor, queue, first, now))
+            migrants.append(Migrant(request, processor, handle, now))
         # Any queue left has no request behind it any more (cannot happen; never hang one).
         self._fail_all(f"worker {self.address} was lost")
         return migrants
 
     def _fail_all(self, reason: str) -> None:
         failure = ServiceError(f"{reason}; retry the request", grpc.StatusCode.UNAVAILABLE)
-        for queue in self._queues.values():
-            queue.put_nowait(failure)
-        self._queues.clear()
+        for handle in self._handles.values():
+            handle.fail(failure)
+        self._handles.clear()

@@ -19,11 +19,15 @@ forgiven.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from enum import StrEnum
 
 import grpc
+import structlog
+
+log = structlog.get_logger("scheduler.liveness")
 
 
 class LossCause(StrEnum):
@@ -36,6 +40,14 @@ class LossCause(StrEnum):
     STEP_TIMEOUT = "step_timeout"
     # The worker answered out of protocol or ended the stream with an error.
     PROTOCOL = "protocol"
+
+
+class WorkerLost(Exception):
+    """The worker's stream broke, it stopped answering, or it answered out of protocol."""
+
+    def __init__(self, message: str, cause: LossCause = LossCause.DISCONNECTED) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 def cause_of(error: grpc.aio.AioRpcError) -> LossCause:
@@ -54,7 +66,10 @@ def cause_of(error: grpc.aio.AioRpcError) -> LossCause:
     return LossCause.PROTOCOL
 
 
-# Pause before the first reconnect attempt, then between attempts that failed.
+# Pause before the first reconnect attempt, then between attempts that failed:
+# the one backoff policy of every (re)connect to a worker (keep_trying; the
+# channel's own reconnect backoff is bounded by the same figures, see
+# reconnect_channel_options).
 RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 # A worker lost less than this long after it (re)connected is flapping.
 STABLE_AFTER_S = 60.0
@@ -102,3 +117,35 @@ class Comeback:
         yield from RETRY_DELAYS_S[1:]
         while True:
             yield RETRY_DELAYS_S[-1]
+
+
+def reconnect_channel_options() -> list[tuple[str, int]]:
+    """gRPC's channel reconnect backoff, within one connect attempt, on the same
+    figures as keep_trying: from the first delay up to the last."""
+    return [
+        ("grpc.initial_reconnect_backoff_ms", int(RETRY_DELAYS_S[0] * 1000)),
+        ("grpc.min_reconnect_backoff_ms", int(RETRY_DELAYS_S[0] * 1000)),
+        ("grpc.max_reconnect_backoff_ms", int(RETRY_DELAYS_S[-1] * 1000)),
+        # A worker's name that does not resolve yet (its container or pod is
+        # starting) is looked up again as often, not every 30 s (grpc's default).
+        ("grpc.dns_min_time_between_resolutions_ms", int(RETRY_DELAYS_S[0] * 1000)),
+    ]
+
+
+async def keep_trying(
+    connect: Callable[[], Awaitable[object]],
+    on_failure: Callable[[WorkerLost], None] | None = None,
+) -> int:
+    """Awaits connect() until it stops raising WorkerLost, pausing RETRY_DELAYS_S
+    between failed attempts; returns how many attempts it took."""
+    delays = Comeback.retry_delays()
+    attempts = 1
+    while True:
+        try:
+            await connect()
+            return attempts
+        except WorkerLost as error:
+            if on_failure is not None:
+                on_failure(error)
+            await asyncio.sleep(next(delays))
+            attempts += 1

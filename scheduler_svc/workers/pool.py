@@ -1,21 +1,19 @@
-"""The scheduler's workers, which come and go, and which one a new request goes to.
+"""The scheduler's workers, which come and go: who is in the pool, and where a
+request goes (placement) or waits (the orphanage).
 
 Two kinds of worker, one engine each: static ones (--worker), which must all
 answer at start and are reconnected forever when lost, and discovered ones
-(--worker-dns, see worker_discovery), added and removed while the scheduler
-runs. A discovered worker is connected in the background, retrying until it
-answers or its address disappears, so the scheduler starts before any worker
-is up and becomes SERVING when the first one connects (`changed` is set on
-every connect and disconnect; the health status follows it).
+(--worker-dns, see discovery), added and removed while the scheduler runs. A
+discovered worker is connected in the background, retrying until it answers
+or its address disappears, so the scheduler starts before any worker is up
+and becomes SERVING when the first one connects (`changed` is set on every
+connect and disconnect; the health status follows it).
 
-Requests of a lost worker (engine.Migrations) are queued on the connected
-worker with the fewest requests in flight whose pool holds them. With no such
-worker they wait in the pool for one to connect (a lost worker reconnecting
-counts), and so do new requests that arrive while no worker is connected
-(park): until their own deadline (then DEADLINE_EXCEEDED), or, without one,
-for --worker-wait-timeout (then UNAVAILABLE); --max-waiting-requests counts
-them. Only before any worker has ever described itself is a new request
-refused at once: its model limits are not known yet.
+Requests of a lost worker go to the orphanage, which queues them on a
+connected worker that can hold them, or keeps them until one connects (a lost
+worker reconnecting counts); so do new requests that arrive while no worker is
+connected (park). Only before any worker has ever described itself is a new
+request refused at once: its model limits are not known yet.
 """
 
 from __future__ import annotations
@@ -31,13 +29,15 @@ import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
-from scheduler_svc.api.validation import ValidatedRequest
 from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.core.request import Request
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.output.output_processor import RequestOutputProcessor
-from scheduler_svc.workers.client import WorkerLost
 from scheduler_svc.workers.engine import WorkerEngine
-from scheduler_svc.workers.migration import Migrant, new_request
+from scheduler_svc.workers.handle import Migrant, RequestHandle
+from scheduler_svc.workers.liveness import keep_trying
+from scheduler_svc.workers.orphans import Orphanage
+from scheduler_svc.workers.placement import pick_for_new
 
 if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics
@@ -66,11 +66,9 @@ class WorkerPool:
         self.changed = asyncio.Event()
         # Counters of removed engines, so that the totals exported never go down.
         self.retired_stats = SchedulerStats()
+        self.orphans = Orphanage(self.faults.worker_wait_timeout_s, self.connected_engines)
         self._static: set[str] = set()
         self._connecting: dict[str, asyncio.Task] = {}
-        # Requests of lost workers waiting for a worker to take them, by request id.
-        self._orphans: dict[str, Migrant] = {}
-        self._orphan_timer: asyncio.TimerHandle | None = None
         # The last description of every worker ever connected: the model limits
         # new requests are validated against while no worker is connected.
         self._known_descriptions: dict[str, object] = {}
@@ -83,8 +81,8 @@ class WorkerPool:
             metrics=self.metrics,
             on_connection_change=self._connection_changed,
             faults=self.faults,
-            migrations=self,
         )
+        engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
         self.engines[address] = engine
         return engine
 
@@ -97,130 +95,46 @@ class WorkerPool:
         self.changed.set()
         if engine.connected:
             self._known_descriptions[engine.address] = engine.client.description
-        if engine.connected and self._orphans:
-            self._place_orphans()
+            self.orphans.place()
 
-    # -- new requests while no worker is connected -----------------------------------
-
-    # What the Generate handler reads as a parked request's "engine" address.
-    address = "(waiting for a worker)"
-
-    def accepts_without_worker(self) -> bool:
-        """Whether a new request may wait for a worker: one has connected before, so
-        its model limits are known."""
-        return bool(self._known_descriptions)
-
-    def park(self, validated: ValidatedRequest, deadline: float | None) -> asyncio.Queue:
-        """Queues a new request until a worker connects; it waits as the requests of
-        a lost worker do (until its deadline, or --worker-wait-timeout without one)."""
-        request = new_request(validated, deadline)
-        eos = self.tokenizer.eos_token_ids
-        processor = RequestOutputProcessor(request, self.tokenizer, eos, self.max_model_len)
-        queue: asyncio.Queue = asyncio.Queue()
-        migrant = Migrant(request, processor, queue, first_scheduled=None, lost_at=time.monotonic())
-        self._orphans[request.request_id] = migrant
-        self._place_orphans()
-        return queue
-
-    def abort(self, request_id: str) -> None:
-        """A parked request's client is gone (the handler calls this as on an engine)."""
-        self.abort_moved(request_id)
-
-    def take_first_scheduled_time(self, request_id: str) -> float | None:
-        return self.take_moved_first_scheduled_time(request_id)
-
-    # -- requests of lost workers (engine.Migrations) ---------------------------------
-
-    def requests_lost(self, engine: WorkerEngine, migrants: list[Migrant]) -> None:
-        """Resumes a lost worker's requests elsewhere, or keeps them until a worker connects."""
-        for migrant in migrants:
-            self._orphans[migrant.request.request_id] = migrant
+    def _requests_lost(self, engine: WorkerEngine, migrants: list[Migrant]) -> None:
         log.warning(
             "moving a lost worker's requests",
             worker=engine.address,
             requests=len(migrants),
             workers_connected=len(self.connected_engines()),
         )
-        self._place_orphans()
+        self.orphans.take_in(migrants)
 
-    def _place_orphans(self) -> None:
-        for request_id, migrant in list(self._orphans.items()):
-            request = migrant.request
-            num_tokens = request.num_prompt_tokens + request.sampling.max_tokens
-            fitting = [e for e in self.connected_engines() if e.fits(num_tokens)]
-            if not fitting:
-                continue
-            engine = min(fitting, key=lambda e: (e.load, e.num_submitted))
-            del self._orphans[request_id]
-            try:
-                engine.adopt(migrant)
-            except ServiceError as error:
-                migrant.queue.put_nowait(error)
-                continue
-            log.info(
-                "request resumed on another worker",
-                request_id=request_id,
-                worker=engine.address,
-                output_tokens=request.num_output_tokens,
-            )
-        self._arm_orphan_timer()
+    # -- placing new requests -----------------------------------------------------------
 
-    def _arm_orphan_timer(self) -> None:
-        if self._orphan_timer is not None:
-            self._orphan_timer.cancel()
-            self._orphan_timer = None
-        if not self._orphans:
-            return
-        first = min(self._gives_up_at(migrant) for migrant in self._orphans.values())
-        delay = max(0.0, first - time.monotonic())
-        self._orphan_timer = asyncio.get_running_loop().call_later(delay, self._expire_orphans)
+    def submit(self, request: Request) -> RequestHandle:
+        """Queues a new request on the best connected worker (placement), or, with none
+        connected, in the orphanage until one connects; raises ServiceError."""
+        engines = self.connected_engines()
+        if not engines and self.accepts_without_worker():
+            return self.park(request)
+        engine = pick_for_new(engines, request.prompt_token_ids, request.max_kv_tokens)
+        return engine.submit(request)
 
-    def _gives_up_at(self, migrant: Migrant) -> float:
-        """When a request waiting for a worker stops waiting (time.monotonic())."""
-        deadline = migrant.request.deadline
-        if deadline is not None:
-            return deadline
-        return migrant.lost_at + self.faults.worker_wait_timeout_s
+    def accepts_without_worker(self) -> bool:
+        """Whether a new request may wait for a worker: one has connected before, so
+        its model limits are known."""
+        return bool(self._known_descriptions)
 
-    def _expire_orphans(self) -> None:
-        self._orphan_timer = None
-        now = time.monotonic()
-        timeout = self.faults.worker_wait_timeout_s
-        for request_id, migrant in list(self._orphans.items()):
-            if self._gives_up_at(migrant) > now:
-                continue
-            del self._orphans[request_id]
-            if migrant.request.deadline is not None:
-                error = ServiceError(
-                    "no worker could take it before its deadline (all were lost)",
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                )
-            else:
-                error = ServiceError(
-                    f"no worker could take it within {timeout:g} s (--worker-wait-timeout; "
-                    "a request with a deadline waits until its deadline); retry the request",
-                    grpc.StatusCode.UNAVAILABLE,
-                )
-            migrant.queue.put_nowait(error)
-        self._arm_orphan_timer()
+    def park(self, request: Request) -> RequestHandle:
+        """Queues a new request until a worker connects (as a lost worker's requests wait)."""
+        eos = self.tokenizer.eos_token_ids
+        processor = RequestOutputProcessor(request, self.tokenizer, eos, self.max_model_len)
+        handle = RequestHandle(request.request_id, self.orphans)
+        self.orphans.take_in([Migrant(request, processor, handle, lost_at=time.monotonic())])
+        return handle
 
-    def abort_moved(self, request_id: str) -> None:
-        if self._orphans.pop(request_id, None) is not None:
-            self._arm_orphan_timer()
-            return
-        for engine in self.engines.values():
-            if engine.abort_local(request_id):
-                return
+    def pick(self, prompt_token_ids: Sequence[int], num_tokens: int) -> WorkerEngine:
+        """The connected worker a new request would go to (see placement.pick_for_new)."""
+        return pick_for_new(self.connected_engines(), prompt_token_ids, num_tokens)
 
-    def take_moved_first_scheduled_time(self, request_id: str) -> float | None:
-        migrant = self._orphans.get(request_id)
-        if migrant is not None:
-            return migrant.first_scheduled
-        for engine in self.engines.values():
-            first = engine.take_local_first_scheduled_time(request_id)
-            if first is not None:
-                return first
-        return None
+    # -- membership -----------------------------------------------------------------------
 
     async def start(self, addresses: Sequence[str], connect_timeout_s: float) -> None:
         """Connects the static workers; raises WorkerLost naming the first that did not answer."""
@@ -241,14 +155,10 @@ class WorkerPool:
         )
 
     async def _connect(self, engine: WorkerEngine) -> None:
-        attempts = 0
-        while True:
-            attempts += 1
-            try:
-                await engine.start(self.connect_timeout_s)
-                break
-            except WorkerLost as error:
-                log.warning("worker not answering yet", worker=engine.address, error=str(error))
+        def not_yet(error: Exception) -> None:
+            log.warning("worker not answering yet", worker=engine.address, error=str(error))
+
+        await keep_trying(lambda: engine.start(self.connect_timeout_s), not_yet)
         self._connecting.pop(engine.address, None)
         others = {
             other.client.description.model_name
@@ -281,59 +191,26 @@ class WorkerPool:
             setattr(self.retired_stats, item.name, total)
 
     async def stop(self) -> None:
-        if self._orphan_timer is not None:
-            self._orphan_timer.cancel()
-            self._orphan_timer = None
-        for migrant in self._orphans.values():
-            migrant.queue.put_nowait(
-                ServiceError(
-                    "the scheduler is stopping; retry the request", grpc.StatusCode.UNAVAILABLE
-                )
+        self.orphans.fail_all(
+            ServiceError(
+                "the scheduler is stopping; retry the request", grpc.StatusCode.UNAVAILABLE
             )
-        self._orphans.clear()
+        )
         for task in self._connecting.values():
             task.cancel()
         await asyncio.gather(*self._connecting.values(), return_exceptions=True)
         self._connecting.clear()
         await asyncio.gather(*(engine.stop() for engine in self.engines.values()))
 
-    @property
-    def num_waiting(self) -> int:
-        """Requests queued on every worker, not yet running, and those waiting for a worker."""
-        return len(self._orphans) + sum(engine.num_waiting for engine in self.engines.values())
-
     def connected_engines(self) -> list[WorkerEngine]:
         return [engine for engine in self.engines.values() if engine.connected]
 
-    def pick(self, prompt_token_ids: Sequence[int], num_tokens: int) -> WorkerEngine:
-        """Of the connected workers whose pool can hold num_tokens: the longest cached
-        prefix of the prompt, then the fewest requests in flight, then the fewest
-        placed so far (equal workers take turns).
+    # -- what the pool as a whole reports ---------------------------------------------
 
-        A cached prefix counts only on a worker with nobody waiting: a hit saves a
-        prefill, but queueing behind a backlog costs more, and without this rule
-        every request sharing a popular prefix (a system prompt) would pile onto
-        the one worker that cached it while the others idle.
-        """
-        engines = self.connected_engines()
-        if not engines:
-            raise ServiceError(
-                "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
-            )
-        fitting = [engine for engine in engines if engine.fits(num_tokens)]
-        if not fitting:
-            raise ServiceError(
-                f"no connected worker's KV pool holds {num_tokens} tokens; lower max_tokens",
-                grpc.StatusCode.UNAVAILABLE,
-            )
-        return max(
-            fitting,
-            key=lambda engine: (
-                engine.cached_prefix_tokens(prompt_token_ids) if engine.num_waiting == 0 else 0,
-                -engine.load,
-                -engine.num_submitted,
-            ),
-        )
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued on every worker, not yet running, and those waiting for a worker."""
+        return len(self.orphans) + sum(engine.num_waiting for engine in self.engines.values())
 
     def _descriptions(self):
         connected = [engine.client.description for engine in self.connected_engines()]

@@ -253,8 +253,9 @@ def test_requests_waiting_for_a_worker_count_against_max_waiting_requests():
             request = pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingParams(max_tokens=4))
             return service._place(request, context, RequestTrace(service.metrics))
 
-        _, placed_on, queue = place("wait for a worker")
-        assert placed_on is pool and pool.num_waiting == 1 and queue.empty()
+        _, handle = place("wait for a worker")
+        queue = handle.queue
+        assert handle.holder is pool.orphans and pool.num_waiting == 1 and queue.empty()
         with pytest.raises(ServiceError) as refused:
             place("one too many")
         assert refused.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -16,8 +16,7 @@ FORBIDDEN = ("torch", "transformers")
 def test_importing_every_scheduler_module_loads_neither_torch_nor_transformers():
     # Every module of every sub-package, not only the top level.
     modules = sorted(
-        info.name
-        for info in pkgutil.walk_packages(scheduler_svc.__path__, prefix="scheduler_svc.")
+        info.name for info in pkgutil.walk_packages(scheduler_svc.__path__, prefix="scheduler_svc.")
     )
     assert "scheduler_svc.core.scheduler" in modules
     script = "\n".join(

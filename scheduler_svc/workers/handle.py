@@ -1,0 +1,61 @@
+"""A request as its Generate handler holds it, wherever the request runs.
+
+The handler streams from the handle's queue and, when its client goes, aborts
+through the handle. Whoever holds the request now (a worker's engine, or the
+orphanage while it waits for a worker) is the handle's holder; moving a lost
+worker's request elsewhere only changes the holder, so the handler never
+learns of the move and never has to ask around for its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from common.errors import ServiceError
+from scheduler_svc.core.request import Request, RequestOutput
+from scheduler_svc.output.output_processor import RequestOutputProcessor
+
+# What a Generate handler reads from its queue: outputs, or the error that ended it.
+StreamItem = RequestOutput | ServiceError
+
+
+class Holder(Protocol):
+    """Where a request is now: an engine, or the orphanage."""
+
+    address: str
+
+    def abort_local(self, request_id: str) -> bool: ...
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    request_id: str
+    holder: Holder
+    queue: asyncio.Queue[StreamItem] = field(default_factory=asyncio.Queue)
+    # When a plan first included the request (time.monotonic()); its queue time ends there.
+    first_scheduled: float | None = None
+
+    @property
+    def address(self) -> str:
+        return self.holder.address
+
+    def abort(self) -> None:
+        """The client is gone: its holder frees the request's blocks at the next step."""
+        self.holder.abort_local(self.request_id)
+
+    def fail(self, error: ServiceError) -> None:
+        self.queue.put_nowait(error)
+
+
+@dataclass
+class Migrant:
+    """An unfinished request off a lost worker (or a new one with no worker yet),
+    on its way to a worker: its output so far lives in request and processor."""
+
+    request: Request
+    processor: RequestOutputProcessor
+    handle: RequestHandle
+    # Since when it waits for a worker (time.monotonic()).
+    lost_at: float
