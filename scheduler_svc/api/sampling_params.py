@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 
 from cbserve.v1 import generation_pb2 as pb
-from cbserve.worker.v1 import worker_pb2 as wpb
 from common.defaults import DEFAULT_MAX_TOKENS
 from common.errors import InvalidArgument
 
@@ -115,22 +114,12 @@ class SamplingConfig:
             max_tokens_explicit=has("max_tokens"),
         )
 
-    def to_worker_proto(self, eos_token_ids: tuple[int, ...]) -> wpb.SequenceSampling:
-        banned = list(self.stop_token_ids)
+    def banned_until_min_tokens(self, eos_token_ids: tuple[int, ...]) -> list[int]:
+        """Token ids the worker must not sample while fewer than min_tokens are out:
+        the stop tokens, and EOS unless ignored (nothing without min_tokens)."""
+        if not self.min_tokens:
+            return []
+        banned = set(self.stop_token_ids)
         if not self.ignore_eos:
-            banned.extend(eos_token_ids)
-        message = wpb.SequenceSampling(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
-            num_logprobs=self.logprobs,
-            min_tokens=self.min_tokens,
-            min_tokens_banned_ids=sorted(set(banned)) if self.min_tokens else [],
-        )
-        if self.seed is not None:
-            message.seed = self.seed
-        return message
+            banned.update(eos_token_ids)
+        return sorted(banned)

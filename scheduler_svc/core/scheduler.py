@@ -44,10 +44,16 @@ from collections.abc import Callable, Sequence
 
 import grpc
 
-from cbserve.worker.v1 import worker_pb2 as wpb
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.plan import (
+    ContinuingSequence,
+    NewSequence,
+    SampledLogprobs,
+    StepOutput,
+    StepPlan,
+)
 from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.request import (
     FinishReason,
@@ -203,14 +209,14 @@ class Scheduler:
         failed, self._failed = self._failed, []
         return failed
 
-    def schedule(self) -> wpb.StepPlan | None:
+    def schedule(self) -> StepPlan | None:
         """The next step's plan; None when there is nothing to compute or tell the worker."""
         if self._step_in_flight is not None:
             raise RuntimeError(
                 f"step {self._step_in_flight} is still in flight: call update_from_output first"
             )
         self._expire_deadlines()
-        plan = wpb.StepPlan(step_id=self._next_step_id)
+        plan = StepPlan(step_id=self._next_step_id)
         budget = self.config.max_num_batched_tokens
         step = self.queue.begin_step()
         if self.config.batching == "continuous":
@@ -244,31 +250,32 @@ class Scheduler:
                 request.seen_by_worker = False
         plan.finished_seq_ids.extend(self._finished_seq_ids)
         self._finished_seq_ids.clear()
-        if not (plan.new_sequences or plan.continuing_sequences or plan.finished_seq_ids):
+        if plan.is_empty:
             return None
         self._next_step_id += 1
         self._step_in_flight = plan.step_id
         return plan
 
-    def _add_to_plan(self, request: Request, num_scheduled: int, plan: wpb.StepPlan) -> None:
+    def _add_to_plan(self, request: Request, num_scheduled: int, plan: StepPlan) -> None:
         end = request.num_computed_tokens + num_scheduled
         # Cannot fail: make_room or admission secured the blocks.
         new_block_ids = self.block_manager.append_slots(request.seq_id, end)
         if request.seen_by_worker:
-            plan.continuing_sequences.add(
-                seq_id=request.seq_id,
-                num_scheduled_tokens=num_scheduled,
-                new_block_ids=new_block_ids,
+            plan.continuing_sequences.append(
+                ContinuingSequence(request.seq_id, num_scheduled, list(new_block_ids))
             )
             return
-        plan.new_sequences.add(
-            seq_id=request.seq_id,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-            num_computed_tokens=request.num_computed_tokens,
-            num_scheduled_tokens=num_scheduled,
-            block_ids=self.block_manager.block_table(request.seq_id),
-            sampling=request.sampling.to_worker_proto(self._eos_token_ids),
+        plan.new_sequences.append(
+            NewSequence(
+                seq_id=request.seq_id,
+                prompt_token_ids=list(request.prompt_token_ids),
+                output_token_ids=list(request.output_token_ids),
+                num_computed_tokens=request.num_computed_tokens,
+                num_scheduled_tokens=num_scheduled,
+                block_ids=list(self.block_manager.block_table(request.seq_id)),
+                sampling=request.sampling,
+                min_tokens_banned_ids=request.sampling.banned_until_min_tokens(self._eos_token_ids),
+            )
         )
         request.seen_by_worker = True
 
@@ -286,7 +293,7 @@ class Scheduler:
                     ),
                 )
 
-    def update_from_output(self, plan: wpb.StepPlan, result: wpb.StepResult) -> list[RequestOutput]:
+    def update_from_output(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
         """Applies a step's result; returns one output per request that got a token."""
         if plan.step_id != self._step_in_flight or result.step_id != plan.step_id:
             raise RuntimeError(
@@ -300,7 +307,6 @@ class Scheduler:
                 f"{len(result.token_ids)} token ids"
             )
         sampled_index = {seq_id: index for index, seq_id in enumerate(result.seq_ids)}
-        logprobs_by_index = {entry.index: entry for entry in result.logprobs}
         scheduled = [(s.seq_id, s.num_scheduled_tokens) for s in plan.new_sequences]
         scheduled += [(s.seq_id, s.num_scheduled_tokens) for s in plan.continuing_sequences]
         unexpected = sampled_index.keys() - {seq_id for seq_id, _ in scheduled}
@@ -328,7 +334,7 @@ class Scheduler:
             token_id = result.token_ids[index]
             request.output_token_ids.append(token_id)
             request.sampled_since_admission = True
-            logprob = self._token_logprob(request, token_id, logprobs_by_index.get(index))
+            logprob = self._token_logprob(request, token_id, result.logprobs.get(index))
             output = self._processors[request.request_id].process_token(request, logprob)
             if output.finish_reason is not None:
                 self._finish(request, output.finish_reason)
@@ -351,12 +357,11 @@ class Scheduler:
 
     @staticmethod
     def _token_logprob(
-        request: Request, token_id: int, entry: wpb.SampledLogprobs | None
+        request: Request, token_id: int, entry: SampledLogprobs | None
     ) -> TokenLogprob | None:
         if entry is None or request.sampling.logprobs == 0:
             return None
-        top = tuple(zip(entry.top_token_ids, entry.top_logprobs, strict=True))
-        return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=top)
+        return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error

@@ -25,6 +25,8 @@ import grpc
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
+from scheduler_svc.core.plan import StepOutput, StepPlan
+from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
 from scheduler_svc.workers.liveness import (
     LossCause,
     WorkerLost,
@@ -32,7 +34,7 @@ from scheduler_svc.workers.liveness import (
     reconnect_channel_options,
 )
 
-__all__ = ["WorkerClient", "WorkerLost", "num_scheduled_tokens"]
+__all__ = ["WorkerClient", "WorkerLost"]
 
 
 class WorkerClient:
@@ -134,16 +136,22 @@ class WorkerClient:
         if self._stream is None:
             raise WorkerLost(f"worker {self.address}: no open Step stream")
 
-    async def step(self, plan: wpb.StepPlan, deadline_s: float) -> wpb.StepResult:
-        """Sends the plan; its result, or WorkerLost when none comes within deadline_s."""
+    async def step(self, plan: StepPlan, deadline_s: float) -> StepOutput:
+        """Sends the plan; its output, or WorkerLost when none comes within deadline_s."""
         self.raise_if_lost()
         epoch = self.epoch
         result: asyncio.Future[wpb.StepResult] = asyncio.get_running_loop().create_future()
         self._waiting = (plan.step_id, result)
 
-        async def send_and_wait() -> wpb.StepResult:
-            await self._stream.write(plan)
-            return await result
+        async def send_and_wait() -> StepOutput:
+            await self._stream.write(plan_to_proto(plan))
+            answer = await result
+            try:
+                return output_from_proto(answer)
+            except ValueError as error:  # top_token_ids and top_logprobs of unequal length
+                raise WorkerLost(
+                    f"worker {self.address}: step {plan.step_id}: {error}", LossCause.PROTOCOL
+                ) from error
 
         try:
             # wait_for, not asyncio.timeout: pyproject admits Python 3.10, which has
@@ -154,12 +162,14 @@ class WorkerClient:
                 epoch,
                 WorkerLost(
                     f"worker {self.address} gave no result for step {plan.step_id} "
-                    f"({num_scheduled_tokens(plan)} tokens) within {deadline_s:.3g} s",
+                    f"({plan.num_scheduled_tokens} tokens) within {deadline_s:.3g} s",
                     LossCause.STEP_TIMEOUT,
                 ),
             )
         except grpc.aio.AioRpcError as error:
             self._lose(epoch, self._rpc_lost(error))
+        except WorkerLost as error:
+            self._lose(epoch, error)
         except asyncio.InvalidStateError:
             # A write on a call that has ended: the reader says why, or is about to.
             await asyncio.sleep(0)
@@ -185,8 +195,3 @@ class WorkerClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
-
-
-def num_scheduled_tokens(plan: wpb.StepPlan) -> int:
-    """Tokens the plan has the worker compute: what its deadline scales with."""
-    return sum(s.num_scheduled_tokens for s in (*plan.new_sequences, *plan.continuing_sequences))

@@ -39,7 +39,7 @@ from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.request import Request, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.workers.client import WorkerClient, WorkerLost, num_scheduled_tokens
+from scheduler_svc.workers.client import WorkerClient, WorkerLost
 from scheduler_svc.workers.handle import Migrant, RequestHandle
 from scheduler_svc.workers.liveness import Comeback, LossCause, keep_trying
 
@@ -249,7 +249,7 @@ class WorkerEngine:
                 continue
             self._note_first_scheduled(plan)
             started = time.monotonic()
-            deadline_s = self.faults.step_deadline_s(num_scheduled_tokens(plan))
+            deadline_s = self.faults.step_deadline_s(plan.num_scheduled_tokens)
             result = await self.client.step(plan, deadline_s)
             step_s = time.monotonic() - started
             try:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cbserve.worker.v1 import worker_pb2 as wpb
+from scheduler_svc.core.plan import StepOutput, StepPlan
+from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
 
 # (seq_id, index of the output token to sample) -> token id
 TokenScript = Callable[[int, int], int]
@@ -83,7 +85,11 @@ class FakeWorker:
         # Slots written so far, for tests that want to see what was (re)computed.
         self.num_slots_written = 0
 
-    def step(self, plan: wpb.StepPlan) -> wpb.StepResult:
+    def step(self, plan: StepPlan) -> StepOutput:
+        """Runs a scheduler's plan through the wire format, as a real worker gets it."""
+        return output_from_proto(self.step_proto(plan_to_proto(plan)))
+
+    def step_proto(self, plan: wpb.StepPlan) -> wpb.StepResult:
         self.plans.append(plan)
         self._check(plan.step_id > self.last_step_id, f"step {plan.step_id} out of order")
         self.last_step_id = plan.step_id

@@ -67,7 +67,7 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
         stream = self.streams
         worker = FakeWorker(NUM_BLOCKS, BLOCK_SIZE, lambda *_: THE)
         async for plan in request_iterator:
-            result = worker.step(plan)
+            result = worker.step_proto(plan)
             result.step_id += self.step_id_offset
             result.num_tokens = stream
             if self.delay_s:

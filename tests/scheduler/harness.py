@@ -12,11 +12,11 @@ import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 
-from cbserve.worker.v1 import worker_pb2 as wpb
 from common.defaults import converted_model_dir
 from scheduler_svc.api.sampling_params import SamplingConfig
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.plan import StepPlan
 from scheduler_svc.core.request import Request, RequestError, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 
@@ -123,7 +123,7 @@ class Harness:
         self.scheduler.add_request(request)
         return request
 
-    def step(self) -> wpb.StepPlan | None:
+    def step(self) -> StepPlan | None:
         """One engine iteration; returns the plan (None if there was nothing to do)."""
         plan = self.schedule()
         if plan is None:
@@ -132,7 +132,7 @@ class Harness:
         self.deliver(self.scheduler.update_from_output(plan, result))
         return plan
 
-    def schedule(self) -> wpb.StepPlan | None:
+    def schedule(self) -> StepPlan | None:
         """schedule(), then collect the requests it failed, as the engine does."""
         plan = self.scheduler.schedule()
         self.collect_failed()

@@ -32,27 +32,35 @@ def _new(seq_id, prompt, block_ids, computed=0, scheduled=None, output=()):
 
 def test_a_hit_must_find_the_sequences_own_kv():
     worker = _worker()
-    worker.step(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 1])]))
+    worker.step_proto(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 1])]))
     # Same first block: found, only the rest is computed.
-    worker.step(wpb.StepPlan(step_id=2, new_sequences=[_new(2, [5, 6, 9], [0, 2], computed=2)]))
+    worker.step_proto(
+        wpb.StepPlan(step_id=2, new_sequences=[_new(2, [5, 6, 9], [0, 2], computed=2)])
+    )
     # Same tokens at a different position, or after different tokens: not its KV.
     with pytest.raises(ProtocolViolation, match="not its own KV"):
-        worker.step(wpb.StepPlan(step_id=3, new_sequences=[_new(3, [6, 8, 1], [1, 3], computed=2)]))
+        worker.step_proto(
+            wpb.StepPlan(step_id=3, new_sequences=[_new(3, [6, 8, 1], [1, 3], computed=2)])
+        )
     with pytest.raises(ProtocolViolation, match="not its own KV"):
-        worker.step(wpb.StepPlan(step_id=4, new_sequences=[_new(4, [5, 6, 1], [3, 2], computed=2)]))
+        worker.step_proto(
+            wpb.StepPlan(step_id=4, new_sequences=[_new(4, [5, 6, 1], [3, 2], computed=2)])
+        )
 
 
 def test_writing_into_a_block_that_live_sequences_share_is_refused():
     worker = _worker()
-    worker.step(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 1])]))
+    worker.step_proto(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 1])]))
     # Sequence 2 holds block 1 too, and would write its third token there.
     with pytest.raises(ProtocolViolation, match="2 live sequences share"):
-        worker.step(wpb.StepPlan(step_id=2, new_sequences=[_new(2, [5, 6, 8], [0, 1], computed=2)]))
+        worker.step_proto(
+            wpb.StepPlan(step_id=2, new_sequences=[_new(2, [5, 6, 8], [0, 1], computed=2)])
+        )
 
 
 def test_a_block_held_twice_by_one_sequence_is_refused():
     with pytest.raises(ProtocolViolation, match="holds a block twice"):
-        _worker().step(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 0])]))
+        _worker().step_proto(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 0])]))
 
 
 def test_a_prefix_cache_that_forgets_to_unregister_evicted_blocks_is_caught(monkeypatch):

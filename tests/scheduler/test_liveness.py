@@ -14,13 +14,13 @@ from grpc_health.v1 import health, health_pb2
 from structlog.testing import capture_logs
 
 from cbserve.v1 import generation_pb2 as pb
-from cbserve.worker.v1 import worker_pb2 as wpb
 from common.errors import ServiceError
 from common.grpc_options import channel_options
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.core.plan import StepPlan
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers import liveness
 from scheduler_svc.workers.client import WorkerClient, WorkerLost
@@ -39,9 +39,9 @@ from .grpc_fake_worker import GrpcFakeWorker
 from .harness import FakeClock, load_tokenizer
 
 
-def _plan(step_id: int) -> wpb.StepPlan:
+def _plan(step_id: int) -> StepPlan:
     """A plan that drops nothing and computes nothing: valid on any stream."""
-    return wpb.StepPlan(step_id=step_id)
+    return StepPlan(step_id=step_id)
 
 
 async def _eventually(check, timeout_s: float = 5.0) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from cbserve.worker.v1 import worker_pb2 as wpb
+from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.core.request import RequestStatus
 
 from .harness import EOS, Harness, make_request, unique_prompt
 
 
-def _scheduled(plan: wpb.StepPlan) -> dict[int, int]:
+def _scheduled(plan: StepPlan) -> dict[int, int]:
     sequences = [*plan.new_sequences, *plan.continuing_sequences]
     return {seq.seq_id: seq.num_scheduled_tokens for seq in sequences}
 
@@ -38,7 +38,8 @@ def test_new_requests_are_all_admitted_in_one_step(harness):
         assert seq.num_scheduled_tokens == 5
         assert list(seq.block_ids) == list(harness.block_manager.block_table(request.seq_id))
         assert len(seq.block_ids) == 2  # 5 tokens in blocks of 4
-        assert seq.sampling == request.sampling.to_worker_proto((EOS,))
+        assert seq.sampling == request.sampling
+        assert seq.min_tokens_banned_ids == request.sampling.banned_until_min_tokens((EOS,))
         assert request.status is RequestStatus.RUNNING
         assert request.num_computed_tokens == 5
         assert request.num_output_tokens == 1
@@ -169,7 +170,7 @@ def test_step_ids_increase_and_a_plan_must_be_answered_before_the_next():
     assert harness.step().step_id == first.step_id + 1
 
 
-def _planned_step() -> tuple[Harness, wpb.StepPlan]:
+def _planned_step() -> tuple[Harness, StepPlan]:
     harness = Harness()
     harness.add(make_request(prompt=4, max_tokens=3))
     return harness, harness.scheduler.schedule()
@@ -178,13 +179,13 @@ def _planned_step() -> tuple[Harness, wpb.StepPlan]:
 def test_results_that_break_the_protocol_are_refused():
     harness, plan = _planned_step()
     with pytest.raises(RuntimeError, match="do not match"):
-        harness.scheduler.update_from_output(plan, wpb.StepResult(step_id=plan.step_id + 1))
+        harness.scheduler.update_from_output(plan, StepOutput(step_id=plan.step_id + 1))
     harness, plan = _planned_step()
     # The prompt's last token was scheduled, so the sequence must sample.
     with pytest.raises(RuntimeError, match="must sample exactly when"):
-        harness.scheduler.update_from_output(plan, wpb.StepResult(step_id=plan.step_id))
+        harness.scheduler.update_from_output(plan, StepOutput(step_id=plan.step_id))
     harness, plan = _planned_step()
-    result = wpb.StepResult(step_id=plan.step_id, seq_ids=[10**9], token_ids=[5])
+    result = StepOutput(step_id=plan.step_id, seq_ids=[10**9], token_ids=[5])
     with pytest.raises(RuntimeError, match="unscheduled"):
         harness.scheduler.update_from_output(plan, result)
 

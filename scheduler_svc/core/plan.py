@@ -1,0 +1,79 @@
+"""What one step asks of a worker, and what the worker answers: plain data.
+
+The scheduler builds a StepPlan and takes a StepOutput; it never sees the wire
+format (workers/codec.py turns these into the worker protocol's messages and
+back). The plan is a diff, as vLLM's SchedulerOutput is: a sequence the worker
+has not seen carries its tokens, sampling settings and block table; one it
+holds carries only how many tokens to compute and its new blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_svc.api.sampling_params import SamplingConfig
+
+
+@dataclass
+class NewSequence:
+    seq_id: int
+    prompt_token_ids: list[int]
+    # Tokens generated before a preemption or a move: computed again, not sampled.
+    output_token_ids: list[int]
+    # Leading tokens whose KV the worker already holds (a prefix-cache hit).
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    block_ids: list[int]
+    sampling: SamplingConfig
+    # Token ids the worker must not sample while fewer than min_tokens are out.
+    min_tokens_banned_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ContinuingSequence:
+    seq_id: int
+    num_scheduled_tokens: int
+    new_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    new_sequences: list[NewSequence] = field(default_factory=list)
+    continuing_sequences: list[ContinuingSequence] = field(default_factory=list)
+    # Sequences the worker drops before this step (finished, aborted, preempted).
+    finished_seq_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens the plan has the worker compute: what its deadline scales with."""
+        sequences = (*self.new_sequences, *self.continuing_sequences)
+        return sum(sequence.num_scheduled_tokens for sequence in sequences)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new_sequences or self.continuing_sequences or self.finished_seq_ids)
+
+
+@dataclass(frozen=True)
+class SampledLogprobs:
+    logprob: float
+    # The most likely tokens, most likely first: (token_id, logprob).
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class StepOutput:
+    """A step's sampled tokens: token_ids[i] for seq_ids[i] (sequences that finished
+    their scheduled tokens this step; a prefill chunk that is not the last samples
+    nothing)."""
+
+    step_id: int
+    seq_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    # By index into seq_ids, for sequences that asked for logprobs.
+    logprobs: dict[int, SampledLogprobs] = field(default_factory=dict)
+    # Time inside the worker's model runner (validate, forward, sample).
+    forward_seconds: float = 0.0
+    # Tokens the worker computed in the step, as it counted them.
+    num_tokens: int = 0
