@@ -46,3 +46,10 @@ def test_measure_dtype_times_decode_and_prefill(model_dir):
     assert re.fullmatch(
         r"float32 +decode batch=2 ctx=10: +[\d.]+ ms/step +prefill 16 tokens: +[\d.]+ ms", line
     ), line
+
+
+def test_detokenize_cost_compares_both_decoders(model_dir):
+    out = run_module("bench.detokenize_cost", "--repeats", "1", "--eos-run", "50")
+    for decoder in ("IncrementalDetokenizer", "DecodeStream"):
+        assert re.search(rf"^CJK \+ emoji +\d+ tokens +{decoder} +[\d.]+ us/token", out, re.M)
+    assert "IncrementalDetokenizer ' ok'" in out.splitlines()[-1]
