@@ -18,6 +18,8 @@ import statistics
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+import numpy
+
 SLO_METRICS = ("ttft", "tpot", "e2el")
 STATS = ("mean", "median", "p99")
 
@@ -60,14 +62,11 @@ class RequestTiming:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks, as numpy's default does."""
+    """numpy's percentile, linear interpolation between closest ranks (as vLLM's
+    benchmark reports them); nan where numpy would raise on an empty list."""
     if not values:
         return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return float(numpy.percentile(values, q, method="linear"))
 
 
 def stats_ms(values: list[float]) -> dict[str, float]:

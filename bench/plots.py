@@ -30,11 +30,9 @@ def _pyplot():
 
 def _cdf(axes, values_ms: list[float], label: str) -> None:
     # A log axis cannot show 0 (two messages in one read): those are left out.
-    ordered = sorted(value for value in values_ms if value > 0)
-    if not ordered:
-        return
-    fractions = [(index + 1) / len(ordered) for index in range(len(ordered))]
-    axes.step(ordered, fractions, where="post", label=f"{label} (n={len(ordered)})")
+    shown = [value for value in values_ms if value > 0]
+    if shown:
+        axes.ecdf(shown, label=f"{label} (n={len(shown)})")
 
 
 def throughput_vs_rate(curves: dict[str, list[tuple[float, float]]], path: Path, plt) -> bool:

@@ -1,58 +1,49 @@
-"""A small progress bar on stderr, so the benchmark needs no tqdm.
+"""The benchmark's progress bar: tqdm, drawn as `label [####------] done/total 1.2s`.
 
-On a terminal it redraws one line; in a log (CI) it prints a line at every tenth of
-the way, so the log shows progress without thousands of carriage returns.
+On a terminal tqdm redraws its one line. In a log (CI) every redraw would be another
+carriage return, thousands for a long run, so off a terminal a whole line is written
+only at every tenth of the way.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
 
+from tqdm import tqdm
+
 WIDTH = 30
+BAR_FORMAT = f"{{desc}} [{{bar:{WIDTH}}}] {{n}}/{{total}} {{elapsed_s:.1f}}s"
+# tqdm's charset for an ASCII bar: the empty cell first, the full cell last.
+BAR_CHARS = "-#"
 
 
-class Progress:
+class Progress(tqdm):
     def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
-        self.total = max(total, 0)
-        self.label = label
-        self.done = 0
-        self.stream = stream or sys.stderr
-        self.started = time.perf_counter()
-        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        stream = stream or sys.stderr
+        self._log = not (hasattr(stream, "isatty") and stream.isatty())
         self._last_tenth = -1
-        self._draw()
+        super().__init__(
+            total=max(total, 0),
+            desc=label,
+            file=stream,
+            bar_format=BAR_FORMAT,
+            ascii=BAR_CHARS,
+            # In a log every update reaches display(), which picks the lines; the
+            # last one is written there too, so close() must not repeat it.
+            mininterval=0 if self._log else 0.1,
+            miniters=1 if self._log else None,
+            leave=not self._log,
+        )
 
-    def update(self, count: int = 1) -> None:
-        self.done = min(self.done + count, self.total)
-        self._draw()
-
-    def line(self) -> str:
-        fraction = self.done / self.total if self.total else 1.0
-        filled = int(fraction * WIDTH)
-        bar = "#" * filled + "-" * (WIDTH - filled)
-        elapsed = time.perf_counter() - self.started
-        return f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:.1f}s"
-
-    def _draw(self) -> None:
-        if self._tty:
-            self.stream.write("\r" + self.line())
-            self.stream.flush()
-            return
-        tenth = int(10 * self.done / self.total) if self.total else 10
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        if not self._log:
+            return super().display(msg, pos)
+        if msg is not None:  # tqdm clearing its line at close: a log keeps its lines
+            return False
+        tenth = 10 * self.n // self.total if self.total else 10
         if tenth != self._last_tenth:
             self._last_tenth = tenth
-            self.stream.write(self.line() + "\n")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self._tty:
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+            self.fp.write(str(self) + "\n")
+            self.fp.flush()
+        return True

@@ -24,9 +24,9 @@ import time
 
 import torch
 
+from bench.measure_dtype import GREEDY, make_runner, new_sequence
 from bench.workload import parse_range
 from cbserve.worker.v1 import worker_pb2 as pb
-from worker_svc.measure_dtype import GREEDY, make_runner, new_sequence
 from worker_svc.model_runner import ModelRunner
 
 

@@ -7,27 +7,24 @@ sequences become one flat `[T]` batch with no padding; logits are computed only
 at the last scheduled position of each sequence that samples, which is every
 sequence whose scheduled tokens reach the end of the tokens it has.
 
-The whole plan is validated before any state changes, so a rejected plan
+The whole plan is validated first (plan_validation.py), so a rejected plan
 leaves the worker as it was.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 
 import torch
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
-from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
+from worker_svc.plan_validation import PlanValidator
 from worker_svc.sampler import Sampler
 from worker_svc.sampling_params import SamplingParams
 from worker_svc.sequence import SequenceState
-
-__all__ = ["ModelRunner", "PlanError"]
 
 
 class ModelRunner:
@@ -43,6 +40,7 @@ class ModelRunner:
         self.backend = backend
         self.sampler = sampler or Sampler(loaded.device)
         self.sequences: dict[int, SequenceState] = {}
+        self.validator = PlanValidator(loaded.vocab_size, loaded.max_model_len, pool)
 
     def reset(self) -> None:
         """Forget every sequence (a new Step stream starts empty)."""
@@ -50,7 +48,7 @@ class ModelRunner:
 
     def execute(self, plan: worker_pb2.StepPlan) -> worker_pb2.StepResult:
         started = time.perf_counter()
-        sampling = self._validate(plan)
+        sampling = self.validator.validate(plan, self.sequences)
         scheduled = self._apply(plan, sampling)
         result = worker_pb2.StepResult(step_id=plan.step_id)
         # Decodes first, longest context first: the attention backends then see
@@ -64,84 +62,6 @@ class ModelRunner:
         result.num_tokens = sum(n for _, n in work)
         result.forward_seconds = time.perf_counter() - started
         return result
-
-    # -- validation: no state changes ------------------------------------------------------
-
-    def _validate(self, plan: worker_pb2.StepPlan) -> dict[int, SamplingParams]:
-        live = set(self.sequences) - set(plan.finished_seq_ids)
-        listed: set[int] = set()
-        sampling: dict[int, SamplingParams] = {}
-        for new in plan.new_sequences:
-            sid = new.seq_id
-            if sid in listed or sid in live:
-                raise PlanError(f"new sequence {sid} is already held or listed twice")
-            listed.add(sid)
-            if not new.prompt_token_ids:
-                raise PlanError(f"new sequence {sid} has no prompt tokens")
-            self._check_token_ids(sid, new.prompt_token_ids)
-            self._check_token_ids(sid, new.output_token_ids)
-            self._check_block_ids(sid, new.block_ids)
-            total = len(new.prompt_token_ids) + len(new.output_token_ids)
-            self._check_extent(
-                sid, new.num_computed_tokens, new.num_scheduled_tokens, total, len(new.block_ids)
-            )
-            try:
-                sampling[sid] = SamplingParams.from_proto(new.sampling)
-            except ValueError as exc:
-                raise PlanError(f"sequence {sid}: {exc}") from None
-        for cont in plan.continuing_sequences:
-            sid = cont.seq_id
-            if sid in listed:
-                raise PlanError(f"sequence {sid} is listed twice")
-            listed.add(sid)
-            if sid not in live:
-                raise PlanError(f"unknown sequence {sid}: not held by this worker on this stream")
-            seq = self.sequences[sid]
-            self._check_block_ids(sid, cont.new_block_ids)
-            self._check_extent(
-                sid,
-                seq.num_computed_tokens,
-                cont.num_scheduled_tokens,
-                seq.num_tokens,
-                len(seq.block_ids) + len(cont.new_block_ids),
-            )
-        return sampling
-
-    def _check_token_ids(self, sid: int, token_ids: Iterable[int]) -> None:
-        vocab = self.loaded.vocab_size
-        bad = [t for t in token_ids if t >= vocab]
-        if bad:
-            raise PlanError(
-                f"sequence {sid}: token ids {bad[:5]} are outside the vocabulary ({vocab})"
-            )
-
-    def _check_block_ids(self, sid: int, block_ids: Iterable[int]) -> None:
-        bad = self.pool.out_of_range(block_ids)
-        if bad:
-            raise PlanError(
-                f"sequence {sid}: block ids {bad[:5]} out of range (pool has "
-                f"{self.pool.num_blocks} blocks)"
-            )
-
-    def _check_extent(
-        self, sid: int, computed: int, scheduled: int, total: int, num_blocks: int
-    ) -> None:
-        end = computed + scheduled
-        if end > total:
-            raise PlanError(
-                f"sequence {sid}: {scheduled} tokens scheduled after {computed} computed, "
-                f"but it has only {total} tokens"
-            )
-        if end > self.loaded.max_model_len:
-            raise PlanError(
-                f"sequence {sid}: {end} tokens exceed the model length {self.loaded.max_model_len}"
-            )
-        needed = self.pool.spec.blocks_for_tokens(end)
-        if num_blocks < needed:
-            raise PlanError(
-                f"sequence {sid}: {num_blocks} blocks cannot hold {end} tokens "
-                f"(block size {self.pool.block_size}, {needed} needed)"
-            )
 
     # -- state changes and the forward ------------------------------------------------------
 

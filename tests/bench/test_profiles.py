@@ -1,4 +1,4 @@
-"""The two profiling scripts RESULTS.md quotes, run small so that they keep working."""
+"""The profiling scripts RESULTS.md quotes, run small so that they keep working."""
 
 from __future__ import annotations
 
@@ -35,3 +35,21 @@ def test_step_profile_runs_a_served_shaped_step(model_dir):
     line = out.strip().splitlines()[-1]
     assert line.startswith("float32 cpu threads=1 batch=3 context=5..40"), line
     assert "prefill=20" in line and line.endswith("decode tokens/s")
+
+
+def test_measure_dtype_times_decode_and_prefill(model_dir):
+    out = run_module(
+        "bench.measure_dtype", "--batch", "2", "--context", "10", "--prefill", "16",
+        "--steps", "1", "--threads", "1", "--dtypes", "float32",
+    )  # fmt: skip
+    line = out.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"float32 +decode batch=2 ctx=10: +[\d.]+ ms/step +prefill 16 tokens: +[\d.]+ ms", line
+    ), line
+
+
+def test_detokenize_cost_compares_both_decoders(model_dir):
+    out = run_module("bench.detokenize_cost", "--repeats", "1", "--eos-run", "50")
+    for decoder in ("IncrementalDetokenizer", "DecodeStream"):
+        assert re.search(rf"^CJK \+ emoji +\d+ tokens +{decoder} +[\d.]+ us/token", out, re.M)
+    assert "IncrementalDetokenizer ' ok'" in out.splitlines()[-1]

@@ -60,6 +60,14 @@ def test_a_character_left_incomplete_is_never_emitted(tokenizer):
     assert "".join(_stream(tokenizer, encode("Hi"), ids)) == " ok"
 
 
+def test_prompt_ending_inside_a_character(tokenizer):
+    # A token-id prompt may stop mid-emoji: its tail is never repeated in the output,
+    # and the character it leaves broken is not emitted either.
+    prompt = encode("Look: 🤗")[:-1]
+    assert REPLACEMENT_CHARACTER in tokenizer.decode(prompt)
+    assert "".join(_stream(tokenizer, prompt, encode(" ok"))) == " ok"
+
+
 def test_single_token_prompt(tokenizer):
     assert _stream(tokenizer, [EOS], encode(" a b")) == [" a", " b"]
 

@@ -2,7 +2,7 @@
 
 CBSERVE_WORKER_TEST_DTYPE=bfloat16 runs the model tests (ours and transformers'
 reference) in bfloat16 instead of float32: that is how the default dtype is
-chosen (see worker_svc/measure_dtype.py).
+chosen (see bench/measure_dtype.py).
 """
 
 from __future__ import annotations

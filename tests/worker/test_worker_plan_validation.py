@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cbserve.worker.v1 import worker_pb2 as pb
-from worker_svc.model_runner import PlanError
+from worker_svc.errors import PlanError
 
 GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 

@@ -30,7 +30,7 @@ MEASURED: tuple[MeasuredCpu, ...] = (
     MeasuredCpu(
         name="AMD EPYC, AVX2 and FMA only (Zen 3 class)",
         flags=frozenset({"avx2", "fma"}),
-        # bfloat16/float16 are emulated here (6-25x slower than float32: measure_dtype).
+        # bfloat16/float16 are emulated here (6-25x slower than float32: bench/measure_dtype.py).
         gflops={"float32": (12.7, 113.2), "int8": (33.1, 237.2)},
         source="python -m bench.kernel_bench --threads 2, 2 vCPUs, idle, torch 2.13.0, 2026-11-23",
     ),

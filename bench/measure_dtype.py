@@ -1,6 +1,6 @@
 """Measures float32 against bfloat16 for the worker's two typical steps, in-process.
 
-    .venv/bin/python -m worker_svc.measure_dtype [--threads 2] [--batch 64] [--context 200]
+    .venv/bin/python -m bench.measure_dtype [--threads 2] [--batch 64] [--context 200]
         [--prefill 512] [--steps 5]
 
 - decode: one step of `batch` sequences, each with `context` tokens of KV;
@@ -16,7 +16,7 @@ amx nor avx512_bf16, so bfloat16 matmuls have no fast kernel here:
     (load ~5)        bfloat16  decode 64 x ctx 200: 10769 ms/step   prefill 512: 25433 ms
 
 float32 is 6-25x faster, so `--dtype auto` never takes bfloat16 on such a CPU (see
-compute/paths.py and bench/kernel_bench.py for the int8 path); float32 is also
+worker_svc/compute/paths.py and bench/kernel_bench.py for the int8 path); float32 is also
 the dtype the greedy-equality tests against transformers' `generate` run in.
 On a CPU with AMX / avx512_bf16, or on CUDA, run this again before changing it,
 and run the model tests with CBSERVE_WORKER_TEST_DTYPE=bfloat16.

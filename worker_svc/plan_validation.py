@@ -1,0 +1,106 @@
+"""Checks a StepPlan against the worker's state before anything changes.
+
+A plan that contradicts what the worker holds (an unknown or twice-listed sequence,
+a token outside the vocabulary, a block outside the pool, more tokens scheduled than
+a sequence has or its blocks can hold) is rejected whole with a PlanError, which the
+server answers with INVALID_ARGUMENT: the worker is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cbserve.worker.v1 import worker_pb2
+from worker_svc.errors import PlanError
+from worker_svc.kv_pool import KVPool
+from worker_svc.sampling_params import SamplingParams
+from worker_svc.sequence import SequenceState
+
+
+@dataclass(frozen=True)
+class PlanValidator:
+    """What every plan is checked against: the model's vocabulary and length, the pool."""
+
+    vocab_size: int
+    max_model_len: int
+    pool: KVPool
+
+    def validate(
+        self, plan: worker_pb2.StepPlan, sequences: Mapping[int, SequenceState]
+    ) -> dict[int, SamplingParams]:
+        """The sampling parameters of the plan's new sequences; raises PlanError."""
+        live = set(sequences) - set(plan.finished_seq_ids)
+        listed: set[int] = set()
+        sampling: dict[int, SamplingParams] = {}
+        for new in plan.new_sequences:
+            sid = new.seq_id
+            if sid in listed or sid in live:
+                raise PlanError(f"new sequence {sid} is already held or listed twice")
+            listed.add(sid)
+            if not new.prompt_token_ids:
+                raise PlanError(f"new sequence {sid} has no prompt tokens")
+            self._check_token_ids(sid, new.prompt_token_ids)
+            self._check_token_ids(sid, new.output_token_ids)
+            self._check_block_ids(sid, new.block_ids)
+            total = len(new.prompt_token_ids) + len(new.output_token_ids)
+            self._check_extent(
+                sid, new.num_computed_tokens, new.num_scheduled_tokens, total, len(new.block_ids)
+            )
+            try:
+                sampling[sid] = SamplingParams.from_proto(new.sampling)
+            except ValueError as exc:
+                raise PlanError(f"sequence {sid}: {exc}") from None
+        for cont in plan.continuing_sequences:
+            sid = cont.seq_id
+            if sid in listed:
+                raise PlanError(f"sequence {sid} is listed twice")
+            listed.add(sid)
+            if sid not in live:
+                raise PlanError(f"unknown sequence {sid}: not held by this worker on this stream")
+            seq = sequences[sid]
+            self._check_block_ids(sid, cont.new_block_ids)
+            self._check_extent(
+                sid,
+                seq.num_computed_tokens,
+                cont.num_scheduled_tokens,
+                seq.num_tokens,
+                len(seq.block_ids) + len(cont.new_block_ids),
+            )
+        return sampling
+
+    def _check_token_ids(self, sid: int, token_ids: Iterable[int]) -> None:
+        bad = [t for t in token_ids if t >= self.vocab_size]
+        if bad:
+            raise PlanError(
+                f"sequence {sid}: token ids {bad[:5]} are outside the vocabulary "
+                f"({self.vocab_size})"
+            )
+
+    def _check_block_ids(self, sid: int, block_ids: Iterable[int]) -> None:
+        bad = self.pool.out_of_range(block_ids)
+        if bad:
+            raise PlanError(
+                f"sequence {sid}: block ids {bad[:5]} out of range (pool has "
+                f"{self.pool.num_blocks} blocks)"
+            )
+
+    def _check_extent(
+        self, sid: int, computed: int, scheduled: int, total: int, num_blocks: int
+    ) -> None:
+        end = computed + scheduled
+        if end > total:
+            raise PlanError(
+                f"sequence {sid}: {scheduled} tokens scheduled after {computed} computed, "
+                f"but it has only {total} tokens"
+            )
+        if end > self.max_model_len:
+            raise PlanError(
+                f"sequence {sid}: {end} tokens exceed the model length {self.max_model_len}"
+            )
+        needed = self.pool.spec.blocks_for_tokens(end)
+        if num_blocks < needed:
+            raise PlanError(
+                f"sequence {sid}: {num_blocks} blocks cannot hold {end} tokens "
+                f"(block size {self.pool.block_size}, {needed} needed)"
+            )
