@@ -7,7 +7,7 @@ Both get the same prompt context (the last few prompt ids) and never see skipped
 special tokens, so only the decoding differs; both outputs are checked against a
 plain decode of all ids. Then the two cases where they differ: a run of skipped
 EOS tokens (ignore_eos) given to each as it comes, and a prompt that ends inside a
-character. scheduler_svc/detokenizer.py says why it keeps its own code.
+character. scheduler_svc/output/detokenizer.py says why it keeps its own code.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
 from common.defaults import REPO_ROOT, converted_model_dir
-from scheduler_svc.detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer
-from scheduler_svc.tokenizer import Tokenizer
+from scheduler_svc.api.tokenizer import Tokenizer
+from scheduler_svc.output.detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer
 
 PROMPT = "Write something long:"
 MIXED = " 日本語のテキストを書きます。🚀🎉 Привет мир 👨‍👩‍👧 café — “quotes” 𝕏" * 60
