@@ -1,7 +1,10 @@
 """A tiny HTTP/1.1 server on the process's event loop that answers GET /metrics.
 
-Prometheus scrapes plain HTTP. The body is rendered on the event loop, where
-the values live, so a scrape sees a consistent snapshot and needs no lock.
+Prometheus scrapes plain HTTP; the body is prometheus-client's exposition of
+the registry (common.metrics.exposition). It is rendered on the event loop,
+where the values live, so a scrape sees a consistent snapshot and needs no
+lock; prometheus-client's own server would read them from another thread while
+the loop changes them.
 Anything but GET or HEAD of /metrics gets a 404 or 405; a malformed or slow
 request is dropped after a short timeout so a bad client cannot hold a
 connection open.
@@ -13,18 +16,18 @@ import asyncio
 import contextlib
 
 import structlog
+from prometheus_client import CollectorRegistry
 
-from common.metrics import Registry
+from common.metrics import exposition
 
 log = structlog.get_logger("metrics")
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 READ_TIMEOUT_S = 5.0
 MAX_HEADER_BYTES = 16 * 1024
 
 
 class MetricsServer:
-    def __init__(self, registry: Registry, host: str, port: int) -> None:
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         self.registry = registry
         self.host = host
         self.port = port
@@ -47,20 +50,26 @@ class MetricsServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request_line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
-            # Drain the headers; none of them changes the answer.
+            # Drain the headers; only Accept (which format the scraper reads) matters.
+            accept = ""
             while True:
                 line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
                 if line in (b"\r\n", b"\n", b""):
                     break
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "accept":
+                    accept = value.strip()
             method, path = _parse_request_line(request_line)
+            content_type = "text/plain; charset=utf-8"
             if path.split("?", 1)[0] != "/metrics":
                 status, body = "404 Not Found", b"only /metrics is served here\n"
             elif method not in ("GET", "HEAD"):
                 status, body = "405 Method Not Allowed", b"use GET\n"
             else:
-                status, body = "200 OK", self.registry.render().encode()
+                status = "200 OK"
+                body, content_type = exposition(self.registry, accept)
             head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\n"
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             )
             writer.write(head.encode() + (b"" if method == "HEAD" else body))

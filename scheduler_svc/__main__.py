@@ -209,7 +209,7 @@ async def serve(args: argparse.Namespace) -> None:
         server, health, _ = create_server(f"{args.host}:{args.port}")
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
-    metrics = SchedulerMetrics()
+    metrics = SchedulerMetrics(model_name=tokenizer.name)
     pool = WorkerPool(
         config, tokenizer, metrics, connect_timeout_s=args.worker_connect_timeout, faults=faults
     )

@@ -3,24 +3,21 @@
 Two sources. Request histograms and the finished/failed counters are observed
 as things happen (RequestTrace at the end of each Generate call, the engines
 for step durations). Queue lengths, block counts and per-worker gauges are
-read from the engines at scrape time, so they cost nothing per step; the
-totals sum the live engines and the pool's retired_stats (the counters of
-removed workers), so that a counter never goes backwards when a worker leaves.
-Per-worker series carry the worker's address as the `worker` label and vanish
-with the worker.
+read from the pool's engines at scrape time (scheduler_svc.pool_metrics), so
+they cost nothing per step.
+
+Every cbserve_* series carries `model_name`, as vLLM's do: the name of the
+model directory the scheduler's tokenizer is read from. The registry also
+holds the process's own metrics (process_resident_memory_bytes and the like).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from prometheus_client import Counter, Histogram
 
-from common.metrics import TOKEN_BUCKETS, Registry, Samples
+from common.metrics import LATENCY_BUCKETS, MODEL_NAME_LABEL, TOKEN_BUCKETS, new_registry
+from scheduler_svc.pool_metrics import PoolCollector, PoolView
 from scheduler_svc.workers.liveness import LossCause
-
-if TYPE_CHECKING:
-    from scheduler_svc.workers.engine import WorkerEngine
-    from scheduler_svc.workers.pool import WorkerPool
 
 # Between two tokens of one stream: a decode step, from a fast GPU to a busy CPU.
 INTER_TOKEN_BUCKETS = (
@@ -31,184 +28,120 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 class SchedulerMetrics:
-    def __init__(self) -> None:
-        self.registry = registry = Registry()
-        self.time_to_first_token = registry.histogram(
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = registry = new_registry()
+
+        def histogram(name: str, help_text: str, buckets=LATENCY_BUCKETS, labels=()):
+            labelnames = (MODEL_NAME_LABEL, *labels)
+            return Histogram(name, help_text, labelnames, buckets=buckets, registry=registry)
+
+        def request_histogram(name: str, help_text: str, buckets=LATENCY_BUCKETS):
+            # Bound to the model now, so that the series shows 0 before the first request.
+            return histogram(name, help_text, buckets).labels(model_name)
+
+        self.time_to_first_token = request_histogram(
             "cbserve_time_to_first_token_seconds",
             "From the Generate call to its first token sent to the client.",
         )
-        self.inter_token_latency = registry.histogram(
+        self.inter_token_latency = request_histogram(
             "cbserve_inter_token_latency_seconds",
             "Between consecutive tokens of one stream.",
             INTER_TOKEN_BUCKETS,
         )
-        self.e2e_request_latency = registry.histogram(
+        self.e2e_request_latency = request_histogram(
             "cbserve_e2e_request_latency_seconds",
             "From the Generate call to its last token, for requests that finished.",
         )
-        self.request_queue_time = registry.histogram(
+        self.request_queue_time = request_histogram(
             "cbserve_request_queue_time_seconds",
             "From placement on a worker to the first step that computes the request.",
         )
-        self.request_prompt_tokens = registry.histogram(
+        self.request_prompt_tokens = request_histogram(
             "cbserve_request_prompt_tokens", "Prompt tokens of finished requests.", TOKEN_BUCKETS
         )
-        self.request_generation_tokens = registry.histogram(
+        self.request_generation_tokens = request_histogram(
             "cbserve_request_generation_tokens",
             "Generated tokens of finished requests.",
             TOKEN_BUCKETS,
         )
-        self.step_duration = registry.histogram(
+        self.step_duration = histogram(
             "cbserve_step_duration_seconds",
             "One model step as the scheduler sees it: plan sent to result received.",
-            labelnames=("worker",),
+            labels=("worker",),
         )
         # Forward and overhead split one engine iteration (schedule, step, postprocess)
         # in two; their sums give the share of a step the model does not use.
-        self.step_forward = registry.histogram(
+        self.step_forward = histogram(
             "cbserve_step_forward_seconds",
             "One step's time inside the worker's model runner (validate, forward, sample), "
             "as the worker reports it.",
-            labelnames=("worker",),
+            labels=("worker",),
         )
-        self.step_overhead = registry.histogram(
+        self.step_overhead = histogram(
             "cbserve_step_overhead_seconds",
             "One engine iteration's time outside the worker's model runner: scheduling, "
             "protobuf, network, detokenizing and streaming to clients.",
-            labelnames=("worker",),
+            labels=("worker",),
         )
-        self.requests_finished = registry.counter(
+        self.requests_finished = Counter(
             "cbserve_requests_finished_total",
             "Requests that ended normally: stop (EOS, stop token or string), length "
             "(max_tokens, model length), abort (cancelled or disconnected client).",
-            labelnames=("reason",),
+            (MODEL_NAME_LABEL, "reason"),
+            registry=registry,
         )
-        self.requests_failed = registry.counter(
+        self.requests_failed = Counter(
             "cbserve_requests_failed_total",
             "Generate calls that ended with an error status, by gRPC status code.",
-            labelnames=("code",),
+            (MODEL_NAME_LABEL, "code"),
+            registry=registry,
         )
-        self.workers_lost = registry.counter(
+        self.workers_lost = Counter(
             "cbserve_worker_lost_total",
             "Workers declared lost, by cause: disconnected (stream or connection ended), "
             "keepalive (a ping unanswered: stopped or unreachable), step_timeout (no result "
             "within the step's deadline), protocol (an answer out of protocol or an error).",
-            labelnames=("cause",),
+            (MODEL_NAME_LABEL, "cause"),
+            registry=registry,
         )
-        self.requests_recomputed = registry.counter(
+        self.requests_recomputed = Counter(
             "cbserve_requests_recomputed_total",
             "Unfinished requests of lost workers, moved to be recomputed on another worker.",
-        )
+            (MODEL_NAME_LABEL,),
+            registry=registry,
+        ).labels(model_name)
         # Known label values start at 0, so that rate() sees the first one.
         for reason in FINISH_REASONS:
-            self.requests_finished.inc(0, reason=reason)
+            self.requests_finished.labels(model_name, reason)
         for cause in LossCause:
-            self.workers_lost.inc(0, cause=cause.value)
-        self.requests_recomputed.inc(0)
+            self.workers_lost.labels(model_name, cause.value)
+
+    def count_finished(self, reason: str) -> None:
+        """A request ended normally: stop, length or abort."""
+        self.requests_finished.labels(self.model_name, reason).inc()
+
+    def count_failed(self, code: str) -> None:
+        """A Generate call ended with the error status named code (a grpc.StatusCode's name)."""
+        self.requests_failed.labels(self.model_name, code).inc()
 
     def forget_worker(self, address: str) -> None:
         """A worker left the pool: its own series go (the scrape-time ones go by themselves)."""
         for histogram in (self.step_duration, self.step_forward, self.step_overhead):
-            histogram.remove(worker=address)
+            histogram.remove(self.model_name, address)
 
     def observe_worker_lost(self, cause: str, num_requests: int) -> None:
         """A worker was lost with num_requests unfinished on it (they move elsewhere)."""
-        self.workers_lost.inc(cause=cause)
+        self.workers_lost.labels(self.model_name, cause).inc()
         self.requests_recomputed.inc(num_requests)
 
     def observe_iteration(self, address: str, step_s: float, forward_s: float, total_s: float):
         """One engine iteration: the RPC's time, the worker's forward time, the whole."""
-        self.step_duration.observe(step_s, worker=address)
-        self.step_forward.observe(forward_s, worker=address)
-        self.step_overhead.observe(max(0.0, total_s - forward_s), worker=address)
+        labels = (self.model_name, address)
+        self.step_duration.labels(*labels).observe(step_s)
+        self.step_forward.labels(*labels).observe(forward_s)
+        self.step_overhead.labels(*labels).observe(max(0.0, total_s - forward_s))
 
-    def watch(self, pool: WorkerPool) -> None:
+    def watch(self, pool: PoolView) -> None:
         """Adds the gauges and counters read from the pool's engines at scrape time."""
-        registry = self.registry
-
-        def total(value: Callable[[WorkerEngine], float]) -> Callable[[], Samples]:
-            return lambda: [({}, float(sum(value(engine) for engine in pool.engines.values())))]
-
-        def counter_total(name: str, help_text: str, stat: str) -> None:
-            def samples() -> Samples:
-                live = sum(getattr(engine.stats, stat) for engine in pool.engines.values())
-                return [({}, float(getattr(pool.retired_stats, stat) + live))]
-
-            registry.counter(name, help_text).set_callback(samples)
-
-        def per_worker(value: Callable[[WorkerEngine], float]) -> Callable[[], Samples]:
-            return lambda: [
-                ({"worker": address}, float(value(engine)))
-                for address, engine in sorted(pool.engines.items())
-            ]
-
-        registry.gauge(
-            "cbserve_num_requests_running",
-            "Requests admitted to a worker's batch (prefilling or decoding).",
-        ).set_callback(total(lambda engine: engine.num_running))
-        registry.gauge(
-            "cbserve_num_requests_waiting",
-            "Requests queued for admission, including preempted ones.",
-        ).set_callback(total(lambda engine: engine.num_waiting))
-        registry.gauge(
-            "cbserve_kv_blocks_total", "KV cache blocks in the connected workers' pools."
-        ).set_callback(total(lambda engine: engine.num_kv_blocks if engine.connected else 0))
-        registry.gauge(
-            "cbserve_kv_blocks_used",
-            "KV blocks held by live requests; free blocks kept for the prefix cache do not count.",
-        ).set_callback(total(lambda engine: engine.num_used_blocks))
-        registry.gauge(
-            "cbserve_kv_blocks_cached", "Free KV blocks that still hold a reusable prefix."
-        ).set_callback(total(lambda engine: engine.num_cached_blocks))
-        counter_total(
-            "cbserve_num_preemptions_total",
-            "Running requests preempted (their KV freed, recomputed later) for lack of blocks.",
-            "num_preemptions",
-        )
-        counter_total(
-            "cbserve_prefix_cache_queries_total",
-            "Tokens looked up in the prefix cache when requests were admitted.",
-            "prefix_cache_queries",
-        )
-        counter_total(
-            "cbserve_prefix_cache_hits_total",
-            "Tokens whose KV was found in the prefix cache at admission.",
-            "prefix_cache_hits",
-        )
-        registry.gauge(
-            "cbserve_workers_connected", "Workers with an open Step stream."
-        ).set_callback(lambda: [({}, float(len(pool.connected_engines())))])
-
-        def worker_gauge(name: str, help_text: str, value: Callable[[WorkerEngine], float]):
-            registry.gauge(name, help_text, ("worker",)).set_callback(per_worker(value))
-
-        worker_gauge(
-            "cbserve_worker_connected",
-            "1 while the worker's Step stream is open, 0 while it is (re)connecting.",
-            lambda engine: 1 if engine.connected else 0,
-        )
-        worker_gauge(
-            "cbserve_worker_num_requests_running",
-            "Requests in the worker's batch.",
-            lambda engine: engine.num_running,
-        )
-        worker_gauge(
-            "cbserve_worker_num_requests_waiting",
-            "Requests queued for the worker.",
-            lambda engine: engine.num_waiting,
-        )
-        worker_gauge(
-            "cbserve_worker_kv_blocks_used",
-            "KV blocks of the worker held by live requests.",
-            lambda engine: engine.num_used_blocks,
-        )
-        worker_gauge(
-            "cbserve_worker_kv_blocks_total",
-            "KV blocks in the worker's pool.",
-            lambda engine: engine.num_kv_blocks if engine.connected else 0,
-        )
-        registry.counter(
-            "cbserve_worker_requests_total",
-            "Requests placed on the worker since it joined the pool.",
-            ("worker",),
-        ).set_callback(per_worker(lambda engine: engine.num_submitted))
+        self.registry.register(PoolCollector(pool, self.model_name))

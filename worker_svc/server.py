@@ -23,6 +23,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -54,8 +55,8 @@ class _Superseded(Exception):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, metrics: WorkerMetrics | None = None) -> None:
-        self.metrics = metrics if metrics is not None else WorkerMetrics()
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self.metrics = metrics
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
         self._worker: Worker | None = None
         # Event-loop side: the newest stream's number and its "superseded" signal.
@@ -232,7 +233,9 @@ async def serve(
         server, health, port = create_server(config.address)
     except PortUnavailable as exc:
         raise StartupError(str(exc)) from None
-    servicer = WorkerServicer()
+    # Labelled with the name Describe will report (model_loader: the path's last part),
+    # known before the model loads.
+    servicer = WorkerServicer(WorkerMetrics(model_name=Path(config.model).name))
     metrics_server = None
     if metrics_port >= 0:
         metrics_server = MetricsServer(servicer.metrics.registry, config.host, metrics_port)

@@ -90,7 +90,7 @@ class RequestTrace:
     def finished(self, reason: str) -> None:
         """The request ended with a finish reason: stop, length, or abort (client gone)."""
         metrics = self.metrics
-        metrics.requests_finished.inc(reason=reason)
+        metrics.count_finished(reason)
         if reason != "abort":
             metrics.e2e_request_latency.observe(self.clock() - self.arrival)
             metrics.request_prompt_tokens.observe(self.prompt_tokens)
@@ -101,7 +101,7 @@ class RequestTrace:
 
     def failed(self, code: grpc.StatusCode, message: str) -> None:
         self.failure = (code, message)
-        self.metrics.requests_failed.inc(code=code.name)
+        self.metrics.count_failed(code.name)
         if self.queue_time is not None:
             self.metrics.request_queue_time.observe(self.queue_time)
         log.info("request failed", code=code.name, error=message, **self._summary())

@@ -137,7 +137,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self.tokenizer = tokenizer
         self.max_waiting_requests = max_waiting_requests
         self.max_concurrent_streams = max_concurrent_streams
-        self.metrics = metrics if metrics is not None else SchedulerMetrics()
+        self.metrics = metrics if metrics is not None else SchedulerMetrics(tokenizer.name)
         self._in_flight: set[str] = set()
         # Generate calls between their first line and their last, valid or not.
         self._num_streams = 0

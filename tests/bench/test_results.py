@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import math
 
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
 from bench.results import Column, step_split, summaries
 from bench.runner import counter_growth
-from common.metrics import Registry, parse_samples
+from common.metrics import parse_samples
 
 
-def _scrape(registry: Registry) -> dict[str, float]:
-    return parse_samples(registry.render())
+def _scrape(registry: CollectorRegistry) -> dict[str, float]:
+    return parse_samples(generate_latest(registry).decode())
 
 
 def test_step_split_sums_every_worker_of_a_scrape():
-    registry = Registry()
-    forward = registry.histogram("cbserve_step_forward_seconds", "f", labelnames=("worker",))
-    overhead = registry.histogram("cbserve_step_overhead_seconds", "o", labelnames=("worker",))
+    registry = CollectorRegistry()
+    labels = ("model_name", "worker")
+    forward = Histogram("cbserve_step_forward_seconds", "f", labels, registry=registry)
+    overhead = Histogram("cbserve_step_overhead_seconds", "o", labels, registry=registry)
     before = _scrape(registry)
     for worker, f, o in [("a", 0.09, 0.01), ("a", 0.18, 0.02), ("b", 0.27, 0.03)]:
-        forward.observe(f, worker=worker)
-        overhead.observe(o, worker=worker)
+        forward.labels("m", worker).observe(f)
+        overhead.labels("m", worker).observe(o)
     split = step_split(counter_growth(before, _scrape(registry)))
     assert split["steps"] == 3
     assert math.isclose(split["mean_step_ms"], 200.0)

@@ -1,4 +1,7 @@
-"""Helpers for the operations tests: health checks, worker metrics, waiting for a state."""
+"""Helpers for the operations tests: health checks, worker metrics, waiting for a state.
+
+Metrics are read with prometheus-client's parser (common.metrics.parse_samples,
+exposed_types)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from cbserve.local_stack import ChildProcess
 from common.metrics import parse_samples
@@ -27,6 +31,15 @@ def health_status(address: str, service: str = "") -> int:
 def scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=5) as response:
         return parse_samples(response.read().decode())
+
+
+def exposed_types(text: str) -> dict[str, str]:
+    """Metric name, as exposed, -> its type ("counter", "gauge", "histogram")."""
+    # The parser names a counter family without its `_total`, as OpenMetrics does.
+    return {
+        family.name + ("_total" if family.type == "counter" else ""): family.type
+        for family in text_string_to_metric_families(text)
+    }
 
 
 def worker_metrics_url(worker: ChildProcess) -> str:

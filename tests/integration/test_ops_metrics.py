@@ -2,20 +2,27 @@
 
 The scheduler serves its metrics at --metrics-port; the worker, started with
 --metrics-port 0, serves its own forward-time histogram and prints the port in
-its ready line.
+its ready line. Both label every cbserve_* series with `model_name` and serve
+their process metrics beside them. Read with prometheus-client's parser.
 """
 
 from __future__ import annotations
 
-import re
 import urllib.request
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cbserve.client import Client
 from cbserve.local_stack import LocalStack
-from tests.integration.ops import per_worker, scrape, wait_for, worker_metrics_url
+from tests.integration.ops import (
+    exposed_types,
+    per_worker,
+    scrape,
+    wait_for,
+    worker_metrics_url,
+)
 
 HISTOGRAMS = [
     "cbserve_time_to_first_token_seconds",
@@ -42,12 +49,14 @@ GAUGES = [
     "cbserve_kv_blocks_total",
     "cbserve_kv_blocks_used",
     "cbserve_kv_blocks_cached",
+    "cbserve_kv_cache_usage_ratio",
     "cbserve_workers_connected",
     "cbserve_worker_connected",
     "cbserve_worker_num_requests_running",
     "cbserve_worker_num_requests_waiting",
     "cbserve_worker_kv_blocks_used",
     "cbserve_worker_kv_blocks_total",
+    "cbserve_worker_kv_cache_usage_ratio",
 ]
 WORKER_HISTOGRAMS = ["cbserve_worker_forward_seconds", "cbserve_worker_batch_tokens"]
 MAX_TOKENS = 5
@@ -64,10 +73,6 @@ def _text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return response.read().decode()
-
-
-def _types(text: str) -> dict[str, str]:
-    return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
 
 
 def test_finished_failed_and_cancelled_requests_are_counted(metrics_stack):
@@ -108,7 +113,7 @@ def test_every_scheduler_metric_is_exposed_with_its_type(metrics_stack):
     with Client(metrics_stack.address) as client:
         client.complete("Hello", max_tokens=3, ignore_eos=True)
     text = _text(metrics_stack.metrics_url)
-    types = _types(text)
+    types = exposed_types(text)
     expected = {
         **dict.fromkeys(HISTOGRAMS, "histogram"),
         **dict.fromkeys(COUNTERS, "counter"),
@@ -135,7 +140,7 @@ def test_the_worker_exposes_its_forward_time(metrics_stack):
         before = scrape(url)
         client.complete("Hello", max_tokens=3, ignore_eos=True)
     after = scrape(url)
-    types = _types(_text(url))
+    types = exposed_types(_text(url))
     for name in WORKER_HISTOGRAMS:
         assert types[name] == "histogram"
     # One prefill step and two decodes at least (the plan that drops the finished
@@ -147,4 +152,51 @@ def test_the_worker_exposes_its_forward_time(metrics_stack):
     assert steps >= 3
     assert (
         after["cbserve_worker_forward_seconds_sum"] > before["cbserve_worker_forward_seconds_sum"]
+    )
+
+
+def _model_names(text: str) -> set[str | None]:
+    """The model_name label of every cbserve_* sample."""
+    return {
+        sample.labels.get("model_name")
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("cbserve_")
+    }
+
+
+def test_both_processes_label_the_model_and_expose_process_metrics(metrics_stack):
+    with Client(metrics_stack.address) as client:
+        model = client.model_info().model_name
+    worker_url = worker_metrics_url(metrics_stack.workers[0])
+    # The scheduler names the model directory of its tokenizer, the worker the
+    # one it loaded: the same directory here, and the name GetModelInfo reports.
+    assert _model_names(_text(metrics_stack.metrics_url)) == {model}
+    assert _model_names(_text(worker_url)) == {model}
+    for url in (metrics_stack.metrics_url, worker_url):
+        samples = scrape(url)
+        assert samples["process_resident_memory_bytes"] > 0
+        assert samples["process_cpu_seconds_total"] > 0
+
+
+def test_the_kv_cache_usage_ratio_is_used_over_total_blocks(metrics_stack):
+    worker = f"{metrics_stack.host}:{metrics_stack.worker_ports[0]}"
+    with Client(metrics_stack.address) as client:
+        # Far more tokens than the scrape below takes on any machine: still running then.
+        stream = client.generate("Tell me a long story.", max_tokens=1000, ignore_eos=True)
+        next(stream)
+        # While the request holds blocks: one scrape, so used and ratio agree.
+        busy = metrics_stack.metrics()
+        stream.close()
+    assert busy["cbserve_kv_blocks_total"] == 128
+    assert 0 < busy["cbserve_kv_cache_usage_ratio"] <= 1
+    assert busy["cbserve_kv_cache_usage_ratio"] == busy["cbserve_kv_blocks_used"] / 128
+    assert (
+        per_worker(busy, "cbserve_worker_kv_cache_usage_ratio", worker)
+        == (busy["cbserve_kv_cache_usage_ratio"])
+    )
+    wait_for(
+        "the cancelled request's blocks are freed",
+        lambda: metrics_stack.metrics()["cbserve_kv_cache_usage_ratio"] == 0,
+        timeout_s=30,
     )

@@ -11,11 +11,13 @@ from types import SimpleNamespace
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2
+from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import ServiceError
 from common.grpc_options import channel_options
+from common.metrics import parse_samples
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
@@ -169,7 +171,7 @@ def test_an_idle_engine_whose_worker_dies_is_disconnected_counted_and_not_servin
 
     async def scenario():
         worker = await GrpcFakeWorker().start()
-        metrics = SchedulerMetrics()
+        metrics = SchedulerMetrics(model_name="fake")
         pool = WorkerPool(
             SchedulerConfig(),
             load_tokenizer(),
@@ -192,10 +194,10 @@ def test_an_idle_engine_whose_worker_dies_is_disconnected_counted_and_not_servin
             await asyncio.sleep(0.1)
         (lost,) = [entry for entry in logs if entry["event"] == "worker lost"]
         assert lost["cause"] == "disconnected" and lost["worker"] == worker.address
-        samples = metrics.registry.render()
-        assert 'cbserve_worker_lost_total{cause="disconnected"} 1' in samples
-        assert 'cbserve_worker_lost_total{cause="keepalive"} 0' in samples
-        assert f'cbserve_worker_connected{{worker="{worker.address}"}} 0' in samples
+        samples = parse_samples(generate_latest(metrics.registry).decode())
+        assert samples['cbserve_worker_lost_total{cause="disconnected"}'] == 1
+        assert samples['cbserve_worker_lost_total{cause="keepalive"}'] == 0
+        assert samples[f'cbserve_worker_connected{{worker="{worker.address}"}}'] == 0
         for _ in range(100):
             if await status(servicer) == health_pb2.HealthCheckResponse.NOT_SERVING:
                 break
