@@ -20,8 +20,9 @@ class ServiceError(Exception):
         return str(self)
 
 
-class InvalidArgument(ServiceError):
-    """Bad input: the message names the field and the allowed range."""
+class InvalidArgument(ServiceError, ValueError):
+    """Bad input: the message names the field and the allowed range (a ValueError
+    too, so that code validating its own input catches it as one)."""
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 

@@ -18,12 +18,12 @@ import time
 import torch
 
 from cbserve.worker.v1 import worker_pb2
+from common.sampling_params import SamplingParams
 from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
 from worker_svc.plan_validation import PlanValidator
 from worker_svc.sampler import Sampler
-from worker_svc.sampling_params import SamplingParams
 from worker_svc.sequence import SequenceState
 
 

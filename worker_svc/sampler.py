@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from worker_svc.sampling_params import SamplingParams
+from common.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 
@@ -207,15 +207,15 @@ class Sampler:
         raw: torch.Tensor, tokens: torch.Tensor, rows: Sequence[SamplingRow]
     ) -> list[TokenLogprobs | None]:
         result: list[TokenLogprobs | None] = [None] * len(rows)
-        idx = _rows([r.sampling.num_logprobs > 0 for r in rows], raw.device)
+        idx = _rows([r.sampling.logprobs > 0 for r in rows], raw.device)
         if idx.numel() == 0:
             return result
         logprobs = raw[idx].log_softmax(-1)
         chosen = logprobs.gather(1, tokens[idx][:, None])[:, 0].tolist()
-        max_k = min(max(rows[i].sampling.num_logprobs for i in idx.tolist()), raw.shape[-1])
+        max_k = min(max(rows[i].sampling.logprobs for i in idx.tolist()), raw.shape[-1])
         top_values, top_ids = logprobs.topk(max_k, dim=-1)
         for j, i in enumerate(idx.tolist()):
-            k = min(rows[i].sampling.num_logprobs, max_k)
+            k = min(rows[i].sampling.logprobs, max_k)
             result[i] = TokenLogprobs(
                 logprob=chosen[j],
                 top_token_ids=top_ids[j, :k].tolist(),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.sampling_params import SamplingParams
 from worker_svc.sampler import PenaltyCounts
-from worker_svc.sampling_params import SamplingParams
 
 
 @dataclass

@@ -1,125 +1,29 @@
-"""Sampling settings: validated once, at the door, into a frozen dataclass.
-
-Unset proto fields take vLLM's defaults, except max_tokens (256). Every
-out-of-range value raises InvalidArgument naming the field and its range.
-"""
+"""The client's SamplingParams message as common.sampling_params.SamplingParams."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 from cbserve.v1 import generation_pb2 as pb
 from common.defaults import DEFAULT_MAX_TOKENS
-from common.errors import InvalidArgument
-
-MAX_TEMPERATURE = 100.0
-MAX_LOGPROBS = 20
-MAX_STOP_STRINGS = 16
-MAX_STOP_STRING_CHARS = 256
-MAX_STOP_TOKEN_IDS = 64
+from common.sampling_params import SamplingParams
 
 
-def _check_range(name: str, value: float, low: float, high: float, low_open=False) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidArgument(name, f"must be a finite number, got {value}")
-    too_low = value <= low if low_open else value < low
-    if too_low or value > high:
-        bracket = "(" if low_open else "["
-        raise InvalidArgument(name, f"must be in {bracket}{low:g}, {high:g}], got {value:g}")
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    min_tokens: int = 0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logprobs: int = 0
-    # Whether max_tokens came from the client (an explicit value that does not
-    # fit the model is an error; the default is shortened to fit instead).
-    max_tokens_explicit: bool = field(default=False, compare=False)
-
-    def __post_init__(self) -> None:
-        _check_range("sampling.temperature", self.temperature, 0.0, MAX_TEMPERATURE)
-        _check_range("sampling.top_p", self.top_p, 0.0, 1.0, low_open=True)
-        if self.top_k < -1:
-            raise InvalidArgument(
-                "sampling.top_k", f"must be -1, 0 (disabled) or >= 1, got {self.top_k}"
-            )
-        _check_range("sampling.min_p", self.min_p, 0.0, 1.0)
-        if self.max_tokens < 1:
-            raise InvalidArgument("sampling.max_tokens", f"must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise InvalidArgument(
-                "sampling.min_tokens",
-                f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",
-            )
-        if len(self.stop) > MAX_STOP_STRINGS:
-            raise InvalidArgument(
-                "sampling.stop", f"at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
-            )
-        for text in self.stop:
-            if not 0 < len(text) <= MAX_STOP_STRING_CHARS:
-                raise InvalidArgument(
-                    "sampling.stop",
-                    f"each stop string must have 1 to {MAX_STOP_STRING_CHARS} characters",
-                )
-        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise InvalidArgument(
-                "sampling.stop_token_ids",
-                f"at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}",
-            )
-        _check_range("sampling.presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _check_range("sampling.frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _check_range(
-            "sampling.repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True
-        )
-        if not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise InvalidArgument(
-                "sampling.logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
-            )
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @classmethod
-    def from_proto(cls, params: pb.SamplingParams) -> SamplingConfig:
-        has = params.HasField
-        return cls(
-            temperature=params.temperature if has("temperature") else 1.0,
-            top_p=params.top_p if has("top_p") else 1.0,
-            top_k=params.top_k,
-            min_p=params.min_p,
-            seed=params.seed if has("seed") else None,
-            max_tokens=params.max_tokens if has("max_tokens") else DEFAULT_MAX_TOKENS,
-            min_tokens=params.min_tokens,
-            stop=tuple(params.stop),
-            stop_token_ids=tuple(params.stop_token_ids),
-            ignore_eos=params.ignore_eos,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            repetition_penalty=params.repetition_penalty if has("repetition_penalty") else 1.0,
-            logprobs=params.logprobs,
-            max_tokens_explicit=has("max_tokens"),
-        )
-
-    def banned_until_min_tokens(self, eos_token_ids: tuple[int, ...]) -> list[int]:
-        """Token ids the worker must not sample while fewer than min_tokens are out:
-        the stop tokens, and EOS unless ignored (nothing without min_tokens)."""
-        if not self.min_tokens:
-            return []
-        banned = set(self.stop_token_ids)
-        if not self.ignore_eos:
-            banned.update(eos_token_ids)
-        return sorted(banned)
+def sampling_from_proto(params: pb.SamplingParams) -> SamplingParams:
+    """Unset optional fields take their defaults; raises InvalidArgument."""
+    has = params.HasField
+    return SamplingParams(
+        temperature=params.temperature if has("temperature") else 1.0,
+        top_p=params.top_p if has("top_p") else 1.0,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        seed=params.seed if has("seed") else None,
+        max_tokens=params.max_tokens if has("max_tokens") else DEFAULT_MAX_TOKENS,
+        min_tokens=params.min_tokens,
+        stop=tuple(params.stop),
+        stop_token_ids=tuple(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty if has("repetition_penalty") else 1.0,
+        logprobs=params.logprobs,
+        max_tokens_explicit=has("max_tokens"),
+    )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
-from scheduler_svc.api.sampling_params import SamplingConfig
+from common.sampling_params import SamplingParams
+from scheduler_svc.api.sampling_params import sampling_from_proto
 from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 from scheduler_svc.core.request import Request
 
@@ -37,7 +38,7 @@ class ModelLimits:
 class ValidatedRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    sampling: SamplingConfig
+    sampling: SamplingParams
     # Lower runs first; any int32 is allowed.
     priority: int = 0
 
@@ -119,8 +120,8 @@ def _prompt_token_ids(
 
 
 def _fit_max_tokens(
-    sampling: SamplingConfig, prompt_len: int, limits: ModelLimits
-) -> SamplingConfig:
+    sampling: SamplingParams, prompt_len: int, limits: ModelLimits
+) -> SamplingParams:
     room = min(limits.max_model_len, limits.kv_capacity_tokens) - prompt_len
     if room < 1:
         limit = min(limits.max_model_len, limits.kv_capacity_tokens)
@@ -156,7 +157,7 @@ def validate_request(
 ) -> ValidatedRequest:
     """Raises InvalidArgument; returns a request that is safe to schedule."""
     request_id = _request_id(request)
-    sampling = SamplingConfig.from_proto(request.sampling)
+    sampling = sampling_from_proto(request.sampling)
     for index, token_id in enumerate(sampling.stop_token_ids):
         if token_id >= limits.vocab_size:
             raise InvalidArgument(

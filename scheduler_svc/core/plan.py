@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler_svc.api.sampling_params import SamplingConfig
+from common.sampling_params import SamplingParams
 
 
 @dataclass
@@ -24,7 +24,7 @@ class NewSequence:
     num_computed_tokens: int
     num_scheduled_tokens: int
     block_ids: list[int]
-    sampling: SamplingConfig
+    sampling: SamplingParams
     # Token ids the worker must not sample while fewer than min_tokens are out.
     min_tokens_banned_ids: list[int] = field(default_factory=list)
 

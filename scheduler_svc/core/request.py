@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from cbserve.v1 import generation_pb2 as pb
-from scheduler_svc.api.sampling_params import SamplingConfig
+from common.sampling_params import SamplingParams
 
 # Worker-facing sequence ids are unique in the process, so that ids from a
 # dropped worker stream or another worker's scheduler can never be confused.
@@ -46,7 +46,7 @@ _FINISH_REASON_PROTO = {
 class Request:
     request_id: str
     prompt_token_ids: list[int]
-    sampling: SamplingConfig
+    sampling: SamplingParams
     arrival_time: float = 0.0
     # Lower runs first; equal priorities run in arrival order.
     priority: int = 0

@@ -274,7 +274,9 @@ class Scheduler:
                 num_scheduled_tokens=num_scheduled,
                 block_ids=list(self.block_manager.block_table(request.seq_id)),
                 sampling=request.sampling,
-                min_tokens_banned_ids=request.sampling.banned_until_min_tokens(self._eos_token_ids),
+                min_tokens_banned_ids=list(
+                    request.sampling.banned_until_min_tokens(self._eos_token_ids)
+                ),
             )
         )
         request.seen_by_worker = True

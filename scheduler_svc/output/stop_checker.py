@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler_svc.api.sampling_params import SamplingConfig
+from common.sampling_params import SamplingParams
 from scheduler_svc.core.request import FinishReason, Request
 
 
@@ -26,7 +26,7 @@ class StopChecker:
     """Decides from a request's token ids whether it has finished."""
 
     def __init__(
-        self, sampling: SamplingConfig, eos_token_ids: Sequence[int], max_model_len: int
+        self, sampling: SamplingParams, eos_token_ids: Sequence[int], max_model_len: int
     ) -> None:
         eos = () if sampling.ignore_eos else tuple(eos_token_ids)
         self._stop_ids = frozenset(eos) | frozenset(sampling.stop_token_ids)

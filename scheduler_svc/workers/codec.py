@@ -8,12 +8,12 @@ messages.
 from __future__ import annotations
 
 from cbserve.worker.v1 import worker_pb2 as wpb
-from scheduler_svc.api.sampling_params import SamplingConfig
+from common.sampling_params import SamplingParams
 from scheduler_svc.core.plan import SampledLogprobs, StepOutput, StepPlan
 
 
 def sampling_to_proto(
-    sampling: SamplingConfig, min_tokens_banned_ids: list[int]
+    sampling: SamplingParams, min_tokens_banned_ids: list[int]
 ) -> wpb.SequenceSampling:
     message = wpb.SequenceSampling(
         temperature=sampling.temperature,
@@ -25,6 +25,7 @@ def sampling_to_proto(
         repetition_penalty=sampling.repetition_penalty,
         num_logprobs=sampling.logprobs,
         min_tokens=sampling.min_tokens,
+        max_tokens=sampling.max_tokens,
         min_tokens_banned_ids=min_tokens_banned_ids,
     )
     if sampling.seed is not None:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from common.defaults import converted_model_dir
-from scheduler_svc.api.sampling_params import SamplingConfig
+from common.sampling_params import SamplingParams
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.plan import StepPlan
@@ -56,7 +56,7 @@ def make_request(
     return Request(
         request_id=request_id or f"req-{next(_request_ids)}",
         prompt_token_ids=prompt_ids,
-        sampling=SamplingConfig(**sampling),
+        sampling=SamplingParams(**sampling),
         arrival_time=arrival_time,
         priority=priority,
         deadline=deadline,

@@ -39,7 +39,7 @@ def test_new_requests_are_all_admitted_in_one_step(harness):
         assert list(seq.block_ids) == list(harness.block_manager.block_table(request.seq_id))
         assert len(seq.block_ids) == 2  # 5 tokens in blocks of 4
         assert seq.sampling == request.sampling
-        assert seq.min_tokens_banned_ids == request.sampling.banned_until_min_tokens((EOS,))
+        assert seq.min_tokens_banned_ids == list(request.sampling.banned_until_min_tokens((EOS,)))
         assert request.status is RequestStatus.RUNNING
         assert request.num_computed_tokens == 5
         assert request.num_output_tokens == 1

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from common.sampling_params import SamplingParams
 from worker_svc.sampler import PenaltyCounts, Sampler, apply_min_tokens, apply_penalties
-from worker_svc.sampling_params import SamplingParams
 
 VOCAB = 50
 
@@ -142,9 +142,9 @@ def test_min_tokens_masks_banned_ids_until_reached():
 def test_logprobs_come_from_raw_logits(temperature):
     logits = random_logits(3, seed=9)
     rows = [
-        Row(SamplingParams(temperature=temperature, num_logprobs=3, repetition_penalty=1.5)),
+        Row(SamplingParams(temperature=temperature, logprobs=3, repetition_penalty=1.5)),
         Row(SamplingParams(temperature=temperature)),
-        Row(SamplingParams(temperature=temperature, num_logprobs=1)),
+        Row(SamplingParams(temperature=temperature, logprobs=1)),
     ]
     out = Sampler(seed=0).sample(logits, rows)
     expected = logits.log_softmax(-1)
