@@ -26,9 +26,10 @@ from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, defaul
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
-from scheduler_svc.api.server import GenerationService, add_to_server
+from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
+from scheduler_svc.api.wire import add_to_server
 from scheduler_svc.config import BATCHING_MODES, FaultConfig, SchedulerConfig
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.client import WorkerLost

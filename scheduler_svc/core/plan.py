@@ -77,3 +77,24 @@ class StepOutput:
     forward_seconds: float = 0.0
     # Tokens the worker computed in the step, as it counted them.
     num_tokens: int = 0
+
+
+def match_output(
+    plan: StepPlan, output: StepOutput
+) -> tuple[list[tuple[int, int]], dict[int, int]]:
+    """The plan's (seq_id, scheduled tokens) pairs, and each sampling sequence's index
+    in the output; raises RuntimeError for an output out of protocol."""
+    if len(output.token_ids) != len(output.seq_ids):
+        raise RuntimeError(
+            f"step {output.step_id}: {len(output.seq_ids)} sequence ids but "
+            f"{len(output.token_ids)} token ids"
+        )
+    sampled_index = {seq_id: index for index, seq_id in enumerate(output.seq_ids)}
+    scheduled = [(s.seq_id, s.num_scheduled_tokens) for s in plan.new_sequences]
+    scheduled += [(s.seq_id, s.num_scheduled_tokens) for s in plan.continuing_sequences]
+    unexpected = sampled_index.keys() - {seq_id for seq_id, _ in scheduled}
+    if unexpected:
+        raise RuntimeError(
+            f"step {output.step_id}: tokens for unscheduled sequences {sorted(unexpected)}"
+        )
+    return scheduled, sampled_index

@@ -47,12 +47,14 @@ import grpc
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.handover import HandoverMixin
 from scheduler_svc.core.plan import (
     ContinuingSequence,
     NewSequence,
     SampledLogprobs,
     StepOutput,
     StepPlan,
+    match_output,
 )
 from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.request import (
@@ -68,7 +70,7 @@ from scheduler_svc.output.detokenizer import Decoder
 from scheduler_svc.output.output_processor import RequestOutputProcessor
 
 
-class Scheduler:
+class Scheduler(HandoverMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -150,59 +152,6 @@ class Scheduler:
         request = self._requests.get(request_id)
         if request is not None:
             self._finish(request, FinishReason.ABORT)
-
-    def take_unfinished(self) -> list[tuple[Request, RequestOutputProcessor]]:
-        """Empties the scheduler of its unfinished requests, for another worker to resume.
-
-        Called when the worker is lost: whatever it held (KV, a step in flight)
-        is gone. Each request comes back as a resumed one, WAITING with nothing
-        computed and unseen by any worker, with its output so far and the
-        processor that holds its detokenizer and stop state; `adopt` on another
-        scheduler prefills it over prompt + output and it goes on where it
-        stopped. In arrival order (priority first), as they were queued.
-        """
-        requests = sorted(
-            [*self.running, *self.waiting], key=lambda r: (r.priority, r.arrival_time, r.seq_id)
-        )
-        taken = []
-        for request in requests:
-            self.queue.remove(request)
-            if self.block_manager.has_blocks(request.seq_id):
-                self.block_manager.free(request.seq_id)
-            request.status = RequestStatus.WAITING
-            request.num_computed_tokens = 0
-            request.seen_by_worker = False
-            request.sampled_since_admission = False
-            request.num_bypassed = 0
-            del self._requests[request.request_id]
-            taken.append((request, self._processors.pop(request.request_id)))
-        # The worker is gone: nothing to tell it, and its step will never answer.
-        self._finished_seq_ids.clear()
-        self._step_in_flight = None
-        return taken
-
-    def adopt(self, request: Request, processor: RequestOutputProcessor) -> None:
-        """Queues a request taken from another scheduler (take_unfinished) with its processor.
-
-        Raises ValueError for a request that is not in the state take_unfinished
-        leaves, or whose tokens this worker could never hold.
-        """
-        if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already scheduled")
-        if (
-            request.status is not RequestStatus.WAITING
-            or request.num_computed_tokens
-            or request.seen_by_worker
-        ):
-            raise ValueError(f"request {request.request_id!r} is not a waiting request")
-        if request.num_tokens >= self.max_model_len:
-            raise ValueError(
-                f"request {request.request_id!r} has {request.num_tokens} tokens; this "
-                f"worker's max_model_len is {self.max_model_len}"
-            )
-        self._requests[request.request_id] = request
-        self._processors[request.request_id] = processor
-        self.queue.add_waiting(request)
 
     def take_failed(self) -> list[Request]:
         """Requests the scheduler ended with an error (request.error) since the last call."""
@@ -303,19 +252,7 @@ class Scheduler:
                 f"the step in flight ({self._step_in_flight})"
             )
         self._step_in_flight = None
-        if len(result.token_ids) != len(result.seq_ids):
-            raise RuntimeError(
-                f"step {result.step_id}: {len(result.seq_ids)} sequence ids but "
-                f"{len(result.token_ids)} token ids"
-            )
-        sampled_index = {seq_id: index for index, seq_id in enumerate(result.seq_ids)}
-        scheduled = [(s.seq_id, s.num_scheduled_tokens) for s in plan.new_sequences]
-        scheduled += [(s.seq_id, s.num_scheduled_tokens) for s in plan.continuing_sequences]
-        unexpected = sampled_index.keys() - {seq_id for seq_id, _ in scheduled}
-        if unexpected:
-            raise RuntimeError(
-                f"step {result.step_id}: tokens for unscheduled sequences {sorted(unexpected)}"
-            )
+        scheduled, sampled_index = match_output(plan, result)
         running_by_seq_id = {request.seq_id: request for request in self.running}
         outputs = []
         for seq_id, num_scheduled in scheduled:
