@@ -47,9 +47,14 @@ def add_flags(
     line or its variable sets it, so that `to_argv` passes on only what was asked for.
     """
     added = flags_of(cls, only)
+    exclusive: dict[str, Any] = {}
     for each in added:
         title = group or each.spec.group
         target = _group(parser, title) if title else parser
+        if each.spec.excludes:
+            partners = [exclusive[name] for name in each.spec.excludes if name in exclusive]
+            target = partners[0] if partners else target.add_mutually_exclusive_group()
+            exclusive[each.field.name] = target
         default = _env_text(each)
         if default is None and forward_to is None:
             default = each.default()
@@ -65,6 +70,10 @@ def add_flags(
             kwargs["metavar"] = _metavar(each)
             if each.is_list:
                 kwargs.update(action=_Extend, nargs="+" if each.spec.several else None)
+            elif each.spec.excludes:
+                dests = {other.field.name: other.dest for other in flags_of(cls)}
+                clears = [dests[name] for name in each.spec.excludes]
+                kwargs.update(action=_StoreClearing, clears=clears)
         target.add_argument(each.option, **kwargs)
     return added
 
@@ -177,6 +186,19 @@ class _Switch(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, True)
+
+
+class _StoreClearing(argparse.Action):
+    """Stores its value and clears the fields it excludes (set by their variables)."""
+
+    def __init__(self, option_strings, dest, clears=(), **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.clears = clears
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        for name in self.clears:
+            setattr(namespace, name, None)
 
 
 class _Extend(argparse.Action):

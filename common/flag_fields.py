@@ -37,6 +37,9 @@ class FlagSpec:
     # list: one occurrence takes several values (`--request-rate 1 2 4`).
     several: bool = False
     group: str | None = None
+    # Fields this one cannot be given with: both on the command line is an error, and
+    # this one on the command line clears theirs from a variable (the command line wins).
+    excludes: tuple[str, ...] = ()
 
 
 def flag(default: Any = dataclasses.MISSING, *, help: str, default_factory=None, **spec) -> Any:

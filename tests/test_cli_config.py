@@ -24,6 +24,8 @@ class Example:
     quiet: bool = flag(False, switch=True, help="say less")
     peer: list[str] = flag(default_factory=list, help="a peer; repeat for several")
     path: str | None = flag(None, env_aliases=("CBSERVE_OLD_PATH",), help="where")
+    blocks: int | None = flag(None, excludes=("memory",), help="pool in blocks")
+    memory: int | None = flag(None, excludes=("blocks",), help="pool in bytes")
     unflagged: int = 7
 
     def __post_init__(self) -> None:
@@ -43,7 +45,7 @@ def parse(*argv: str) -> Example:
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    for name in ("COUNT", "WAIT", "MODE", "CACHING", "QUIET", "PEER", "PATH"):
+    for name in ("COUNT", "WAIT", "MODE", "CACHING", "QUIET", "PEER", "PATH", "BLOCKS", "MEMORY"):
         monkeypatch.delenv(f"CBSERVE_EXAMPLE_{name}", raising=False)
     monkeypatch.delenv("CBSERVE_OLD_PATH", raising=False)
 
@@ -89,6 +91,15 @@ def test_an_older_variable_name_is_read_after_the_main_one(monkeypatch):
     assert parse().path == "/old"
     monkeypatch.setenv("CBSERVE_EXAMPLE_PATH", "/new")
     assert parse().path == "/new"
+
+
+def test_a_flag_clears_the_variable_of_a_flag_it_excludes(monkeypatch, capsys):
+    monkeypatch.setenv("CBSERVE_EXAMPLE_MEMORY", "1024")
+    assert (parse().blocks, parse().memory) == (None, 1024)
+    assert (parse("--blocks", "8").blocks, parse("--blocks", "8").memory) == (8, None)
+    with pytest.raises(SystemExit):
+        parse("--blocks", "8", "--memory", "64")
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_an_empty_variable_counts_as_unset(monkeypatch):

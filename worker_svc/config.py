@@ -64,11 +64,15 @@ class WorkerConfig:
     block_size: int = flag(DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     # At most one of these two; with neither, DEFAULT_KV_TOKENS worth of blocks.
     num_kv_blocks: int | None = flag(
-        None, default_help=f"{DEFAULT_KV_TOKENS} tokens' worth", help="KV pool size in blocks"
+        None,
+        excludes=("kv_cache_memory",),
+        default_help=f"{DEFAULT_KV_TOKENS} tokens' worth",
+        help="KV pool size in blocks",
     )
     kv_cache_memory: int | None = flag(
         None,
         parse=parse_bytes,
+        excludes=("num_kv_blocks",),
         metavar="BYTES",
         help="KV pool size in bytes (2G, 512MiB, ...); exclusive with --num-kv-blocks",
     )
