@@ -8,6 +8,10 @@ with one clear message when it cannot start.
 With --worker-dns the scheduler starts without waiting for any worker: it is
 ready (listening) at once, and its health status turns SERVING when the first
 worker behind the name connects.
+
+Every flag is a field of ProcessConfig, SchedulerConfig or FaultConfig
+(scheduler_svc/config.py), with the variable CBSERVE_SCHEDULER_<FLAG> as its
+default (`--help` lists them).
 """
 
 from __future__ import annotations

@@ -90,12 +90,14 @@ class FaultConfig:
     worker_wait_timeout_s: float = flag(
         30.0,
         name="worker-wait-timeout",
+        metavar="SECONDS",
         help="seconds accepted requests wait for a worker when none is connected, before "
         "UNAVAILABLE (sooner at their own deadline)",
     )
     worker_timeout_s: float = flag(
         10.0,
         name="worker-timeout",
+        metavar="SECONDS",
         help="a worker that answers no keepalive ping for this many seconds (dead, stopped, "
         "unreachable) is lost, idle or mid-step, and its requests are recomputed on others; "
         "also a one-token step's deadline (at least 2)",
@@ -106,7 +108,10 @@ class FaultConfig:
         "prefill is not taken for a hang",
     )
     grace_period_s: float = flag(
-        30.0, name="grace-period", help="on SIGTERM, seconds in-flight requests get to finish"
+        30.0,
+        name="grace-period",
+        metavar="SECONDS",
+        help="on SIGTERM, seconds in-flight requests get to finish",
     )
     max_concurrent_streams: int = flag(
         1024, help="Generate calls in flight at once before RESOURCE_EXHAUSTED"
@@ -148,12 +153,11 @@ class ProcessConfig:
         help="a worker; repeat for several (or comma-separate). Each must answer at start; "
         "a lost one is reconnected for as long as the scheduler runs",
     )
-    # A Kubernetes headless Service: addresses that appear are added, those that vanish
-    # are dropped.
     worker_dns: str | None = flag(
         None,
         metavar="NAME:PORT",
-        help="follow every A/AAAA address behind NAME as a worker on PORT",
+        help="follow every A/AAAA address behind NAME (e.g. a Kubernetes headless Service) "
+        "as a worker on PORT: addresses that appear are added, those that vanish dropped",
     )
     worker_dns_interval_s: float = flag(
         5.0,
@@ -161,15 +165,15 @@ class ProcessConfig:
         metavar="SECONDS",
         help="how often --worker-dns is resolved again",
     )
-    # For tests and hosts without DNS.
     worker_hosts_file: str | None = flag(
         None,
         metavar="PATH",
         help="resolve --worker-dns from this file of `IP NAME` lines (the /etc/hosts "
-        "format, re-read at every lookup) instead of DNS",
+        "format, re-read at every lookup) instead of DNS: for tests and hosts without DNS",
     )
     tokenizer: str | None = flag(
         None,
+        metavar="DIR",
         default_help="the converted default model",
         help="Hugging Face model directory to read the tokenizer and chat template from",
     )
@@ -178,11 +182,12 @@ class ProcessConfig:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port, "
         "-1 turns metrics off)",
     )
-    # Workers found through --worker-dns are retried for as long as they are listed.
     worker_connect_timeout_s: float = flag(
         120.0,
         name="worker-connect-timeout",
-        help="seconds to wait at start for each --worker to answer",
+        metavar="SECONDS",
+        help="seconds to wait at start for each --worker to answer; workers found through "
+        "--worker-dns are retried for as long as they are listed",
     )
     log_level: str = flag("info", help="debug, info, warning, error")
 
