@@ -11,7 +11,7 @@ Generated gRPC modules live beside it: `cbserve.v1` (the public API) and
 
 from __future__ import annotations
 
-__all__ = ["AsyncClient", "Client", "Completion"]
+__all__ = ["AsyncClient", "Client", "Completion", "RetryPolicy"]
 
 
 def __getattr__(name: str):

@@ -21,6 +21,11 @@ Errors are gRPC statuses raised as `grpc.RpcError` (`grpc.aio.AioRpcError` for t
 asyncio client): INVALID_ARGUMENT for bad input, with a message naming the field,
 RESOURCE_EXHAUSTED when the queue is full, DEADLINE_EXCEEDED past `timeout`,
 UNAVAILABLE when no server or worker answers. Example: examples/python_client.py.
+
+A call refused with UNAVAILABLE or RESOURCE_EXHAUSTED before anything was streamed is
+retried by gRPC itself, with exponential backoff, up to 5 attempts in all (`retry`,
+a cbserve.retry.RetryPolicy, or None for no retries); a stream that fails after its
+first response is not. See cbserve/retry.py.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from cbserve.retry import DEFAULT_RETRY, RetryPolicy, channel_options
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
-from common.grpc_options import MESSAGE_SIZE_OPTIONS
 
 Message = tuple[str, str] | dict
 
@@ -106,10 +111,15 @@ class Client:
     """A blocking client over one insecure gRPC channel to the scheduler at `address`.
 
     Thread-safe, like the channel under it. Use it as a context manager, or call close().
+    `retry`: how refused calls (UNAVAILABLE, RESOURCE_EXHAUSTED) are retried, by gRPC's
+    service-config retryPolicy (cbserve/retry.py); None turns retries off. A streaming
+    `generate` is retried only before its first response arrives.
     """
 
-    def __init__(self, address: str = "localhost:50051") -> None:
-        self._channel = grpc.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
+    def __init__(
+        self, address: str = "localhost:50051", *, retry: RetryPolicy | None = DEFAULT_RETRY
+    ) -> None:
+        self._channel = grpc.insecure_channel(address, options=channel_options(retry))
         self._stub = pb_grpc.GenerationStub(self._channel)
 
     def generate(
@@ -155,10 +165,12 @@ class Client:
 
 class AsyncClient:
     """The asyncio flavour of `Client`: the same methods, to be awaited (`generate` is an
-    async iterator); `async with` closes it."""
+    async iterator), and the same `retry`; `async with` closes it."""
 
-    def __init__(self, address: str = "localhost:50051") -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=MESSAGE_SIZE_OPTIONS)
+    def __init__(
+        self, address: str = "localhost:50051", *, retry: RetryPolicy | None = DEFAULT_RETRY
+    ) -> None:
+        self._channel = grpc.aio.insecure_channel(address, options=channel_options(retry))
         self._stub = pb_grpc.GenerationStub(self._channel)
 
     async def generate(

@@ -1,9 +1,19 @@
-"""Scheduler limits and policies, validated once at construction."""
+"""Scheduler limits and policies, validated once at construction.
+
+They are also `python -m scheduler_svc`'s flags (common.cli_config): each `flag(...)`
+field is one, with the variable CBSERVE_SCHEDULER_<FLAG>.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT
+from common.flag_fields import flag
+from scheduler_svc.workers.discovery import parse_target
+
+ENV_PREFIX = "CBSERVE_SCHEDULER_"
 BATCHING_MODES = ("continuous", "static")
 # Keepalive pings every half of it must stay at or above 1 s (common.grpc_options).
 MIN_WORKER_TIMEOUT_S = 2.0
@@ -11,27 +21,38 @@ MIN_WORKER_TIMEOUT_S = 2.0
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    ENV_PREFIX: ClassVar[str] = ENV_PREFIX
+
     # Most sequences admitted (running) at once, hence most sequences in one step
     # (see max_running_seqs).
-    max_num_seqs: int = 128
-    # Token budget of one step: decodes take one token each, prefills take what is
-    # left, split over several steps when a prompt is longer (chunked prefill).
-    max_num_batched_tokens: int = 512
-    # Requests queued (not yet running) across all workers; past it Generate
-    # answers RESOURCE_EXHAUSTED at once instead of growing an unbounded queue.
-    max_waiting_requests: int = 1024
-    # Share full KV blocks between requests with equal prefixes.
-    enable_prefix_caching: bool = True
+    max_num_seqs: int = flag(128, help="most sequences in one step")
+    # Chunked prefill: a prompt longer than what is left of the budget is split
+    # over several steps, after the decodes (one token each) have taken theirs.
+    max_num_batched_tokens: int = flag(
+        512, help="token budget of one step; longer prompts are prefilled in chunks"
+    )
+    # Past it Generate answers at once instead of growing an unbounded queue.
+    max_waiting_requests: int = flag(
+        1024,
+        help="requests queued across all workers before Generate answers RESOURCE_EXHAUSTED",
+    )
+    # Only full KV blocks are shared.
+    enable_prefix_caching: bool = flag(
+        True, help="share the KV of equal prompt prefixes between requests"
+    )
     # How often requests behind a waiting request may be admitted while it does
     # not fit, before the queue stops at it until it does (no starvation).
     max_bypasses: int = 16
     # Fraction of the pool kept free when admitting beside running requests, so
     # that their decodes do not need a preemption at every block boundary.
     watermark: float = 0.01
-    # "continuous": requests join and leave at every step. "static": a batch is
-    # admitted only when the previous one has completely finished (the
-    # pre-continuous-batching baseline the benchmark compares against).
-    batching: str = "continuous"
+    # "static" is the pre-continuous-batching baseline the benchmark compares against.
+    batching: str = flag(
+        "continuous",
+        choices=BATCHING_MODES,
+        help="continuous: requests join and leave at every step; static: a batch runs "
+        "until all its requests finish before new ones join (a baseline)",
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests"):
@@ -63,20 +84,38 @@ class SchedulerConfig:
 class FaultConfig:
     """How long the scheduler waits for things that may never come."""
 
-    # With no worker connected, accepted requests wait this long for one to come
-    # back before they end with UNAVAILABLE (sooner at their own deadline); new
-    # requests get UNAVAILABLE at once once no worker has been seen for this long.
-    worker_wait_timeout_s: float = 30.0
-    # A worker that answers no keepalive ping for this long (dead, stopped,
-    # unreachable) is lost, idle or not; it is also the deadline of a one-token step.
-    worker_timeout_s: float = 10.0
-    # What a step's deadline grows by per token it computes, so that a long
-    # prefill is not taken for a hung forward pass (seconds per token).
-    step_seconds_per_token: float = 0.05
-    # On SIGTERM: in-flight requests get this long to finish before the exit.
-    grace_period_s: float = 30.0
-    # Generate calls in flight at once; past it, RESOURCE_EXHAUSTED.
-    max_concurrent_streams: int = 1024
+    ENV_PREFIX: ClassVar[str] = ENV_PREFIX
+
+    # New requests get UNAVAILABLE at once once no worker has been seen for this long.
+    worker_wait_timeout_s: float = flag(
+        30.0,
+        name="worker-wait-timeout",
+        metavar="SECONDS",
+        help="seconds accepted requests wait for a worker when none is connected, before "
+        "UNAVAILABLE (sooner at their own deadline)",
+    )
+    worker_timeout_s: float = flag(
+        10.0,
+        name="worker-timeout",
+        metavar="SECONDS",
+        help="a worker that answers no keepalive ping for this many seconds (dead, stopped, "
+        "unreachable) is lost, idle or mid-step, and its requests are recomputed on others; "
+        "also a one-token step's deadline (at least 2)",
+    )
+    step_seconds_per_token: float = flag(
+        0.05,
+        help="what a step's deadline grows by for each token it computes, so that a long "
+        "prefill is not taken for a hang",
+    )
+    grace_period_s: float = flag(
+        30.0,
+        name="grace-period",
+        metavar="SECONDS",
+        help="on SIGTERM, seconds in-flight requests get to finish",
+    )
+    max_concurrent_streams: int = flag(
+        1024, help="Generate calls in flight at once before RESOURCE_EXHAUSTED"
+    )
 
     def __post_init__(self) -> None:
         for name in ("worker_wait_timeout_s", "worker_timeout_s", "grace_period_s"):
@@ -98,3 +137,68 @@ class FaultConfig:
     def step_deadline_s(self, num_tokens: int) -> float:
         """Seconds a step computing num_tokens may take before its worker counts as hung."""
         return self.worker_timeout_s + num_tokens * self.step_seconds_per_token
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    """Where `python -m scheduler_svc` listens, and where it finds its workers."""
+
+    ENV_PREFIX: ClassVar[str] = ENV_PREFIX
+
+    host: str = flag("0.0.0.0", help="address to listen on")
+    port: int = flag(DEFAULT_SCHEDULER_PORT, help="the gRPC port clients connect to")
+    worker: list[str] = flag(
+        default_factory=list,
+        metavar="HOST:PORT",
+        help="a worker; repeat for several (or comma-separate). Each must answer at start; "
+        "a lost one is reconnected for as long as the scheduler runs",
+    )
+    worker_dns: str | None = flag(
+        None,
+        metavar="NAME:PORT",
+        help="follow every A/AAAA address behind NAME (e.g. a Kubernetes headless Service) "
+        "as a worker on PORT: addresses that appear are added, those that vanish dropped",
+    )
+    worker_dns_interval_s: float = flag(
+        5.0,
+        name="worker-dns-interval",
+        metavar="SECONDS",
+        help="how often --worker-dns is resolved again",
+    )
+    worker_hosts_file: str | None = flag(
+        None,
+        metavar="PATH",
+        help="resolve --worker-dns from this file of `IP NAME` lines (the /etc/hosts "
+        "format, re-read at every lookup) instead of DNS: for tests and hosts without DNS",
+    )
+    tokenizer: str | None = flag(
+        None,
+        metavar="DIR",
+        default_help="the converted default model",
+        help="Hugging Face model directory to read the tokenizer and chat template from",
+    )
+    metrics_port: int = flag(
+        DEFAULT_METRICS_PORT,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port, "
+        "-1 turns metrics off)",
+    )
+    worker_connect_timeout_s: float = flag(
+        120.0,
+        name="worker-connect-timeout",
+        metavar="SECONDS",
+        help="seconds to wait at start for each --worker to answer; workers found through "
+        "--worker-dns are retried for as long as they are listed",
+    )
+    log_level: str = flag("info", help="debug, info, warning, error")
+
+    def __post_init__(self) -> None:
+        if not self.worker and not self.worker_dns:
+            raise ValueError("give at least one --worker HOST:PORT or a --worker-dns NAME:PORT")
+        if self.worker_dns is not None:
+            try:
+                parse_target(self.worker_dns)
+            except ValueError as error:
+                raise ValueError(f"worker_dns: {error}") from None
+        interval = self.worker_dns_interval_s
+        if not interval > 0:
+            raise ValueError(f"worker_dns_interval_s must be > 0, got {interval}")

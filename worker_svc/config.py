@@ -1,10 +1,18 @@
-"""The worker's start-up settings, validated once so that nothing later re-checks them."""
+"""The worker's start-up settings, validated once so that nothing later re-checks them.
+
+They are also `python -m worker_svc`'s flags (common.cli_config): each `flag(...)`
+field is one, with the variable CBSERVE_WORKER_<FLAG>.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT
+from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
+from common.flag_fields import flag
 
 # Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
 # "auto" takes the fastest one this machine has (compute/selection.py).
@@ -21,22 +29,81 @@ DEFAULT_DTYPE = "auto"
 # On SIGTERM, seconds the scheduler gets to end the Step stream before the worker exits.
 DEFAULT_GRACE_PERIOD_S = 30.0
 
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """`1073741824`, `1G`, `1GiB` and `1gb` are all 2**30 bytes: KV budgets are binary."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a byte count: {text!r}")
+    number, unit = int(match.group(1)), match.group(2).lower()
+    return number * 1024 ** "_kmgt".index(unit or "_")
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    model: str
-    dtype: str = DEFAULT_DTYPE
-    block_size: int = DEFAULT_BLOCK_SIZE
+    ENV_PREFIX: ClassVar[str] = "CBSERVE_WORKER_"
+
+    model: str = flag(
+        default_factory=default_model_path,
+        metavar="PATH",
+        default_help="$CBSERVE_MODEL, else the converted default model, else the packaged GGUF",
+        help="HF directory or .gguf file",
+    )
+    # CBSERVE_DTYPE is the variable's first name; the test suite and scripts set it.
+    dtype: str = flag(
+        DEFAULT_DTYPE,
+        choices=DTYPES,
+        env_aliases=("CBSERVE_DTYPE",),
+        help="compute path: auto takes the fastest this CPU has that is accurate enough to "
+        "be a default (measured table, see bench/kernel_bench.py); float32 is the "
+        "reference; int8 is int8 weights x int8 activations (fbgemm); bfloat16/float16 "
+        "need native support on a CPU",
+    )
+    block_size: int = flag(DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     # At most one of these two; with neither, DEFAULT_KV_TOKENS worth of blocks.
-    num_kv_blocks: int | None = None
-    kv_cache_memory: int | None = None
-    attention_backend: str = "auto"
-    model_impl: str = "auto"
+    num_kv_blocks: int | None = flag(
+        None,
+        excludes=("kv_cache_memory",),
+        default_help=f"{DEFAULT_KV_TOKENS} tokens' worth",
+        help="KV pool size in blocks",
+    )
+    kv_cache_memory: int | None = flag(
+        None,
+        parse=parse_bytes,
+        excludes=("num_kv_blocks",),
+        metavar="BYTES",
+        help="KV pool size in bytes (2G, 512MiB, ...); exclusive with --num-kv-blocks",
+    )
+    attention_backend: str = flag(
+        "auto", choices=ATTENTION_BACKENDS, help="paged attention implementation"
+    )
+    model_impl: str = flag(
+        "auto",
+        choices=MODEL_IMPLS,
+        help="cbserve: the own forward (worker_svc/models); transformers: its modules; "
+        "auto: the own forward where the architecture has one",
+    )
     # "auto" picks cuda:0 when torch sees a GPU, else cpu.
-    device: str = "auto"
-    threads: int | None = None
-    host: str = "0.0.0.0"
-    port: int = DEFAULT_WORKER_PORT
+    device: str = flag("auto", help="auto, cpu, cuda, cuda:N")
+    threads: int | None = flag(None, default_help="torch's choice", help="torch intra-op threads")
+    host: str = flag("0.0.0.0", help="address to listen on")
+    port: int = flag(DEFAULT_WORKER_PORT, help="the gRPC port the scheduler connects to")
+    # Off by default, so that several workers on one host need no port each.
+    metrics_port: int = flag(
+        -1,
+        help="serve Prometheus metrics (forward time per step) at http://HOST:PORT/metrics; "
+        "0 picks a free port, printed in the ready line; -1: off",
+    )
+    grace_period_s: float = flag(
+        DEFAULT_GRACE_PERIOD_S,
+        name="grace-period",
+        metavar="SECONDS",
+        help="on SIGTERM: health NOT_SERVING, and the open Step stream gets this long to "
+        "be closed by its scheduler before the worker ends it and exits",
+    )
+    log_level: str = flag("info", help="debug, info, warning, error")
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -62,6 +129,9 @@ class WorkerConfig:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        grace = self.grace_period_s
+        if not grace > 0 or math.isinf(grace):
+            raise ValueError(f"grace_period_s must be a number of seconds > 0, got {grace}")
 
     @property
     def address(self) -> str:

@@ -1,0 +1,88 @@
+"""The four command lines built from the configs: every flag has its variable, the
+variables reach the processes, and `cbserve serve` passes the stack's flags on."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench import options
+from cbserve.launch import SCHEDULER_FLAGS, WORKER_FLAGS, add_serve_arguments
+from common.cli_config import to_argv
+from scheduler_svc.__main__ import build_parser as scheduler_parser
+from scheduler_svc.__main__ import configs_from_args, parse_args
+from scheduler_svc.config import SchedulerConfig
+from worker_svc.__main__ import build_parser as worker_parser
+from worker_svc.__main__ import config_from_args
+from worker_svc.config import WorkerConfig
+
+
+def _with(add) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add(parser)
+    return parser
+
+
+PARSERS = {
+    "scheduler": scheduler_parser,
+    "worker": worker_parser,
+    "serve": lambda: _with(add_serve_arguments),
+    "bench": lambda: _with(options.add_arguments),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_every_flag_names_its_variable(name):
+    parser = PARSERS[name]()
+    flags = [action for action in parser._actions if action.dest != "help"]
+    assert flags
+    for action in flags:
+        assert " env CBSERVE_" in action.help, action.option_strings
+
+
+def test_scheduler_variables_fill_its_configs(monkeypatch):
+    monkeypatch.setenv("CBSERVE_SCHEDULER_WORKER", "w0:1,w1:2")
+    monkeypatch.setenv("CBSERVE_SCHEDULER_MAX_NUM_SEQS", "8")
+    monkeypatch.setenv("CBSERVE_SCHEDULER_ENABLE_PREFIX_CACHING", "false")
+    monkeypatch.setenv("CBSERVE_SCHEDULER_GRACE_PERIOD", "3")
+    process, config, faults = configs_from_args(parse_args([]))
+    assert process.worker == ["w0:1", "w1:2"]
+    assert (config.max_num_seqs, config.enable_prefix_caching) == (8, False)
+    assert faults.grace_period_s == 3.0
+    # The command line still wins.
+    _, config, _ = configs_from_args(parse_args(["--max-num-seqs", "16"]))
+    assert config.max_num_seqs == 16
+
+
+def test_a_bad_scheduler_variable_stops_the_parse_naming_it(monkeypatch, capsys):
+    monkeypatch.setenv("CBSERVE_SCHEDULER_MAX_NUM_BATCHED_TOKENS", "0")
+    with pytest.raises(SystemExit):
+        parse_args(["--worker", "w:1"])
+    error = capsys.readouterr().err
+    assert "--max-num-batched-tokens (env CBSERVE_SCHEDULER_MAX_NUM_BATCHED_TOKENS)" in error
+
+
+def test_the_worker_reads_its_variables_and_cbserve_dtype(monkeypatch):
+    monkeypatch.setenv("CBSERVE_DTYPE", "int8")
+    monkeypatch.setenv("CBSERVE_WORKER_KV_CACHE_MEMORY", "1GiB")
+    config = config_from_args(worker_parser().parse_args([]), model="m")
+    assert (config.dtype, config.kv_cache_memory) == ("int8", 1 << 30)
+    monkeypatch.setenv("CBSERVE_WORKER_DTYPE", "float32")
+    assert config_from_args(worker_parser().parse_args([]), model="m").dtype == "float32"
+
+
+def test_serve_passes_on_only_the_stack_flags_given(monkeypatch):
+    monkeypatch.delenv("CBSERVE_DTYPE", raising=False)
+    args = PARSERS["serve"]().parse_args([])
+    assert to_argv(args, WorkerConfig, WORKER_FLAGS) == []
+    assert to_argv(args, SchedulerConfig, SCHEDULER_FLAGS) == []
+    # Variables are read when the parser is built.
+    monkeypatch.setenv("CBSERVE_WORKER_THREADS", "2")
+    argv = ["--num-workers", "2", "--dtype", "float32", "--no-enable-prefix-caching"]
+    args = PARSERS["serve"]().parse_args(argv)
+    assert to_argv(args, WorkerConfig, WORKER_FLAGS) == ["--dtype", "float32", "--threads", "2"]
+    assert to_argv(args, SchedulerConfig, SCHEDULER_FLAGS) == ["--no-enable-prefix-caching"]
+    # What is passed on is what the worker's own parser reads back.
+    worker_args = worker_parser().parse_args(to_argv(args, WorkerConfig, WORKER_FLAGS))
+    assert config_from_args(worker_args, model="m").threads == 2
