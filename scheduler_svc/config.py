@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.addresses import parse_target
 from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT
 from common.flag_fields import flag
-from scheduler_svc.workers.discovery import parse_target
 
 ENV_PREFIX = "CBSERVE_SCHEDULER_"
 BATCHING_MODES = ("continuous", "static")

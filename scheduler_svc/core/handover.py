@@ -8,17 +8,12 @@ block tables and output processors.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.output.output_processor import RequestOutputProcessor
 
-if TYPE_CHECKING:
-    from scheduler_svc.core.scheduler import Scheduler
-
 
 class HandoverMixin:
-    def take_unfinished(self: Scheduler) -> list[tuple[Request, RequestOutputProcessor]]:
+    def take_unfinished(self) -> list[tuple[Request, RequestOutputProcessor]]:
         """Empties the scheduler of its unfinished requests, for another worker to resume.
 
         Called when the worker is lost: whatever it held (KV, a step in flight)
@@ -48,7 +43,7 @@ class HandoverMixin:
         self._step_in_flight = None
         return taken
 
-    def adopt(self: Scheduler, request: Request, processor: RequestOutputProcessor) -> None:
+    def adopt(self, request: Request, processor: RequestOutputProcessor) -> None:
         """Queues a request taken from another scheduler (take_unfinished) with its processor.
 
         Raises ValueError for a request that is not in the state take_unfinished

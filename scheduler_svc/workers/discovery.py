@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from common.addresses import parse_target
+
 if TYPE_CHECKING:
     from scheduler_svc.workers.pool import WorkerPool
 
@@ -33,15 +35,6 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 # getaddrinfo's answers for "this name has no address", as opposed to "ask later".
 _NO_ADDRESS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
-
-
-def parse_target(value: str) -> tuple[str, int]:
-    """NAME:PORT (or [IPv6]:PORT) -> (host, port); raises ValueError."""
-    host, separator, port = value.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected NAME:PORT, got {value!r}")
-    return host, int(port)
 
 
 def worker_address(ip: str, port: int) -> str:

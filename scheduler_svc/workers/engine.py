@@ -5,9 +5,8 @@ manager, all on the scheduler process's single event loop. RPC handlers add
 and abort requests between steps; every request's outputs go to its own
 asyncio.Queue, which its Generate handler drains.
 
-The pool reads an engine to place requests (load, prefix-cache hits) and is
-told when its connection comes or goes (on_connection_change), which is what
-the scheduler's health status follows.
+The pool reads an engine (engine_view) to place requests and is told when its
+connection comes or goes (on_connection_change): health status follows it.
 
 A lost worker (see liveness: its stream broke, a keepalive ping or a step
 went unanswered; idle or not) loses nothing: it is marked disconnected the
@@ -26,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -35,11 +34,11 @@ import structlog
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.request import Request, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.workers.client import WorkerClient, WorkerLost
+from scheduler_svc.workers.engine_view import EngineView
 from scheduler_svc.workers.handle import Migrant, RequestHandle
 from scheduler_svc.workers.liveness import Comeback, LossCause, keep_trying
 
@@ -48,12 +47,11 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("scheduler.engine")
 
-# How long one reconnect attempt waits for a lost worker to answer (gRPC's own
-# channel backoff retries within it); keep_trying spaces the attempts.
+# One reconnect attempt's wait (the channel retries within it; keep_trying spaces them).
 RECONNECT_ATTEMPT_S = 2.0
 
 
-class WorkerEngine:
+class WorkerEngine(EngineView):
     def __init__(
         self,
         address: str,
@@ -88,62 +86,11 @@ class WorkerEngine:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
 
-    @property
-    def connected(self) -> bool:
-        return self._connected
-
     def _set_connected(self, connected: bool) -> None:
         if connected != self._connected:
             self._connected = connected
             if self._on_connection_change is not None:
                 self._on_connection_change(self)
-
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens of KV the worker's pool holds (0 before it has described itself)."""
-        description = self.client.description
-        return description.num_kv_blocks * description.block_size if description else 0
-
-    @property
-    def load(self) -> int:
-        return len(self._handles)
-
-    @property
-    def num_running(self) -> int:
-        return self.scheduler.num_running if self.scheduler else 0
-
-    @property
-    def num_waiting(self) -> int:
-        return self.scheduler.num_waiting if self.scheduler else 0
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.scheduler.block_manager.num_blocks if self.scheduler else 0
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.scheduler.block_manager.num_used_blocks if self.scheduler else 0
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return self.scheduler.block_manager.num_cached_blocks if self.scheduler else 0
-
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
-        """Leading tokens of a prompt whose KV this worker's prefix cache holds now.
-
-        Read-only: the same lookup admission makes, without taking the blocks.
-        The last token is left out, as admission does: its logits need a forward.
-        """
-        if not self.connected or self.scheduler is None:
-            return 0
-        manager = self.scheduler.block_manager
-        hashes: list[int] = []
-        extend_block_hashes(hashes, token_ids, manager.block_size)
-        hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1)
-        return len(hits) * manager.block_size
-
-    def holds(self, request_id: str) -> bool:
-        return request_id in self._handles
 
     def adopt(self, migrant: Migrant) -> None:
         """Queues a request from a lost worker; its client's stream goes on from here."""
@@ -203,10 +150,6 @@ class WorkerEngine:
         self.num_submitted += 1
         self._wakeup.set()
         return handle
-
-    def fits(self, num_tokens: int) -> bool:
-        """Whether a request that may hold num_tokens of KV fits this worker's pool."""
-        return num_tokens <= self.capacity_tokens
 
     def abort_local(self, request_id: str) -> bool:
         """Aborts the request if this engine holds it (its blocks are freed at the next
@@ -277,14 +220,6 @@ class WorkerEngine:
             handle = self._handles.get(request.request_id)
             if request.seq_id in new_seq_ids and handle and handle.first_scheduled is None:
                 handle.first_scheduled = now
-
-    def _next_deadline(self) -> float | None:
-        deadlines = [
-            request.deadline
-            for request in (*self.scheduler.waiting, *self.scheduler.running)
-            if request.deadline is not None
-        ]
-        return min(deadlines, default=None)
 
     async def _sleep_until_woken_or(self, deadline: float | None) -> None:
         """Idle until a request arrives or leaves, or a queued request's deadline passes."""
