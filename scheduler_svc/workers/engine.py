@@ -65,8 +65,7 @@ class WorkerEngine(EngineView):
     ) -> None:
         self.address = address
         self.faults = faults if faults is not None else FaultConfig()
-        # Without it (an engine on its own), a lost worker's requests end with UNAVAILABLE.
-        self.on_requests_lost = on_requests_lost
+        self.on_requests_lost = on_requests_lost  # None: they end with UNAVAILABLE
         self.config = config
         self.tokenizer = tokenizer
         self.client = WorkerClient(address, self.faults.worker_timeout_s, self._worker_lost)
