@@ -83,7 +83,7 @@ async def serve(args: argparse.Namespace) -> None:
         server, health, _ = create_server(f"{process.host}:{process.port}")
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
-    metrics = SchedulerMetrics()
+    metrics = SchedulerMetrics(model_name=tokenizer.name)
     connect_timeout_s = process.worker_connect_timeout_s
     pool = WorkerPool(
         config, tokenizer, metrics, connect_timeout_s=connect_timeout_s, faults=faults
