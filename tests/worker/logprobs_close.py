@@ -24,7 +24,9 @@ class GreedyRun:
 def greedy_runs(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> list[GreedyRun]:
     """All prompts in one batch, as the scheduler would run them: one prefill step for
     all, then one decode step each for the rest."""
-    sampling = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0, logprobs=TOP)
+    sampling = pb.SequenceSampling(
+        temperature=0.0, top_p=1.0, repetition_penalty=1.0, num_logprobs=TOP
+    )
     per_seq = -(-(max(map(len, prompts)) + max_tokens) // runner.pool.block_size)
     runs = [GreedyRun([], []) for _ in prompts]
     plan = pb.StepPlan(step_id=0)
