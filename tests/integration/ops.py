@@ -1,11 +1,9 @@
-"""Helpers for the operations tests: health checks, worker metrics, waiting for a state."""
+"""Helpers for the operations tests: health checks and worker metrics."""
 
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
-from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -39,11 +37,3 @@ def worker_metrics_url(worker: ChildProcess) -> str:
 
 def per_worker(samples: dict[str, float], name: str, worker: str) -> float:
     return samples.get(f'{name}{{worker="{worker}"}}', 0.0)
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout_s:.0f} s: {what}")
-        time.sleep(0.1)
