@@ -1,21 +1,30 @@
 """Helpers for the worker liveness tests: reading the scheduler's view of its
-workers from /metrics, timing how long it takes to notice a fault, and
-streaming greedy requests while counting their progress."""
+workers from /metrics, timing how long it takes to notice a fault, restarting a
+worker, and streaming greedy requests while counting their progress."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
 
 from cbserve.client import AsyncClient
-from cbserve.local_stack import LocalStack
+from cbserve.local_stack import ChildProcess, LocalStack
+from tests import waiting
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 LOSS_CAUSES = ("disconnected", "keepalive", "step_timeout", "protocol")
+FAULT_WAIT_S = 120.0
+# Restarted workers are started from this one thread, alive as long as the tests: a
+# child asks for SIGTERM when the thread that started it ends (PR_SET_PDEATHSIG in
+# common.parent_watch), so one started from asyncio.to_thread's thread would be
+# stopped when asyncio.run shuts that thread down at the end of the scenario.
+_LAUNCHER = ThreadPoolExecutor(1, thread_name_prefix="worker-launcher")
 
 
 def worker_connected(stack: LocalStack, worker: str) -> bool:
@@ -34,18 +43,22 @@ def losses(stack: LocalStack) -> dict[str, float]:
     }
 
 
+def restart_worker(stack: LocalStack, index: int) -> None:
+    """A new worker process on the port of worker `index` (killed first, if alive)."""
+    old = stack.workers[index]
+    old.stop(signal.SIGKILL)
+    stack.workers[index] = _LAUNCHER.submit(ChildProcess, old.name, old.argv).result()
+    stack.workers[index].wait_ready()
+
+
 def requests_recomputed(stack: LocalStack) -> float:
     return stack.metrics()["cbserve_requests_recomputed_total"]
 
 
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 120.0) -> float:
-    """Polls check() every 50 ms; returns the seconds it took to become true."""
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"not true after {timeout_s:.0f} s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
+def wait_until(what: str, check: Callable[[], bool], timeout_s: float = FAULT_WAIT_S) -> float:
+    """tests.waiting.wait_until (every 50 ms; returns the seconds it took), bounded for
+    a worker that comes back: a restarted one loads the model first."""
+    return waiting.wait_until(what, check, timeout_s)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Helpers for the operations tests: health checks, worker metrics, waiting for a state.
+"""Helpers for the operations tests: health checks and worker metrics.
 
 Metrics are read with prometheus-client's parser (common.metrics.parse_samples,
 exposed_types)."""
@@ -6,9 +6,7 @@ exposed_types)."""
 from __future__ import annotations
 
 import re
-import time
 import urllib.request
-from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -52,11 +50,3 @@ def worker_metrics_url(worker: ChildProcess) -> str:
 
 def per_worker(samples: dict[str, float], name: str, worker: str) -> float:
     return samples.get(f'{name}{{worker="{worker}"}}', 0.0)
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout_s:.0f} s: {what}")
-        time.sleep(0.1)

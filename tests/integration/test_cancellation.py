@@ -13,13 +13,12 @@ metric scrapes, so it is caught running on any CPU (see tests/integration/progre
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
 
 from cbserve.client import AsyncClient, Client
-from tests.integration.stacks import started_stack, stop_stack
+from tests.integration.stacks import started_stack, stop_stack, wait_for_metric_async
 
 POOL_BLOCKS = 64
 BIG_PROMPT_TOKENS = 560
@@ -71,14 +70,6 @@ def test_deadline_exceeded_frees_blocks(small_pool_stack):
         assert len(completion.token_ids) == BIG_MAX_TOKENS
 
 
-async def _until(stack, name: str, value: float, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while (metrics := stack.metrics())[name] != value:
-        assert time.monotonic() < deadline, f"{name} never reached {value}"
-        await asyncio.sleep(0.01)
-    return metrics
-
-
 async def _cancel_while_waiting(stack) -> tuple[int, int]:
     async with AsyncClient(stack.address) as client:
         tokens: list[int] = []
@@ -93,7 +84,7 @@ async def _cancel_while_waiting(stack) -> tuple[int, int]:
         await admitted.wait()  # it holds its blocks and decodes
         # Does not fit beside the first: it waits, then its client gives up.
         waiting = asyncio.ensure_future(client.complete(**_big_request()))
-        seen = await _until(stack, "cbserve_num_requests_waiting", 1)
+        seen = await wait_for_metric_async(stack, "cbserve_num_requests_waiting", 1)
         assert seen["cbserve_num_requests_running"] == 1 and not running.done()
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)

@@ -13,14 +13,13 @@ tests/integration/progress.py): no sleep decides what it is doing.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
 
 from cbserve.client import AsyncClient, Client
 from tests.integration.prompts import mixed_prompts
-from tests.integration.stacks import started_stack, stop_stack
+from tests.integration.stacks import started_stack, stop_stack, wait_for_metric_async
 
 PRESSURE_POOL_BLOCKS = 16
 BLOCK_SIZE = 16
@@ -116,13 +115,6 @@ def test_a_prompt_repeated_whole_never_skips_its_last_token(stack, tokenizer):
     assert again.token_ids == first.token_ids
 
 
-async def _wait_for(stack, name: str, value: float, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while stack.metrics()[name] != value:
-        assert time.monotonic() < deadline, f"{name} never reached {value}"
-        await asyncio.sleep(0.01)
-
-
 async def _first_token(stream) -> tuple[list[int], asyncio.Task]:
     """Reads `stream` until its first token; the rest is read by the returned task,
     whose result is every token id."""
@@ -170,9 +162,9 @@ def test_priorities_preempt_and_order_and_the_queue_is_bounded(stack, limits_sta
             _, low_reader = await _first_token(low_stream)
             low_task = asyncio.create_task(finish_as("low", low_reader))
             middle_task = asyncio.create_task(run(client, "middle", middle, 5, 32))
-            await _wait_for(limits_stack, "cbserve_num_requests_waiting", 1)
+            await wait_for_metric_async(limits_stack, "cbserve_num_requests_waiting", 1)
             high_task = asyncio.create_task(run(client, "high", high, 0, 32))
-            await _wait_for(limits_stack, "cbserve_num_requests_waiting", 2)
+            await wait_for_metric_async(limits_stack, "cbserve_num_requests_waiting", 2)
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await client.complete(token_ids=high, max_tokens=4, timeout=TIMEOUT_S)
             return refused.value, await asyncio.gather(low_task, middle_task, high_task)
@@ -201,7 +193,9 @@ def test_a_deadline_removes_a_waiting_request(limits_stack, tokenizer):
             with pytest.raises(grpc.aio.AioRpcError) as expired:
                 await client.complete(token_ids=prompt, max_tokens=4, timeout=DEADLINE_S)
             # Gone from the queue while the request ahead of it still runs.
-            await _wait_for(limits_stack, "cbserve_num_requests_waiting", 0, timeout_s=5.0)
+            await wait_for_metric_async(
+                limits_stack, "cbserve_num_requests_waiting", 0, timeout_s=5.0
+            )
             still_running = not long_task.done()
             return expired.value, still_running, await long_task
 

@@ -16,13 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cbserve.client import Client
 from cbserve.local_stack import LocalStack
-from tests.integration.ops import (
-    exposed_types,
-    per_worker,
-    scrape,
-    wait_for,
-    worker_metrics_url,
-)
+from tests.integration.ops import exposed_types, per_worker, scrape, worker_metrics_url
+from tests.waiting import wait_until
 
 HISTOGRAMS = [
     "cbserve_time_to_first_token_seconds",
@@ -90,7 +85,7 @@ def test_finished_failed_and_cancelled_requests_are_counted(metrics_stack):
     def delta(name: str) -> float:
         return metrics_stack.metrics().get(name, 0.0) - before.get(name, 0.0)
 
-    wait_for(
+    wait_until(
         "the cancelled request is counted",
         lambda: delta('cbserve_requests_finished_total{reason="abort"}') == 1,
         timeout_s=30,

@@ -26,6 +26,7 @@ from cbserve.client import Client
 from cbserve.local_stack import ChildProcess, LocalStack, free_port
 from cbserve.v1 import generation_pb2 as pb
 from common.health_probe import check
+from tests.waiting import wait_until
 
 WORKER_ARGS = ["--dtype", "float32"]
 # In flight when the signal comes and through the health and UNAVAILABLE checks
@@ -74,13 +75,6 @@ class StreamInThread:
         return self
 
 
-def _wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached after {timeout_s} s"
-        time.sleep(0.05)
-
-
 def _health(address: str) -> str:
     return check(address, timeout=2.0)[1]
 
@@ -98,7 +92,7 @@ def test_scheduler_sigterm_finishes_in_flight_and_refuses_new():
         for stream in streams:
             assert stream.started.wait(GRACE_S)
         stack.scheduler.process.send_signal(signal.SIGTERM)
-        _wait_for(lambda: "NOT_SERVING" in _health(stack.address), what="NOT_SERVING")
+        wait_until("NOT_SERVING", lambda: "NOT_SERVING" in _health(stack.address), 10.0)
         assert "shutting down" in _unavailable(stack.address).details()
         for stream in streams:
             stream.wait()
@@ -129,7 +123,7 @@ def test_worker_sigterm_drains_and_exits_zero():
         worker.process.send_signal(signal.SIGTERM)
         # The scheduler's stream stays open: the worker waits out its grace
         # period, NOT_SERVING, then ends the stream itself and exits 0.
-        _wait_for(lambda: "NOT_SERVING" in _health(worker_address), what="NOT_SERVING")
+        wait_until("NOT_SERVING", lambda: "NOT_SERVING" in _health(worker_address), 10.0)
         assert worker.process.wait(EXIT_TIMEOUT_S) == 0
 
 

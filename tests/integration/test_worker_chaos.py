@@ -25,18 +25,20 @@ import grpc
 import pytest
 
 from cbserve.client import AsyncClient
-from cbserve.local_stack import ChildProcess, LocalStack
+from cbserve.local_stack import LocalStack
 from tests.integration.liveness import (
     GREEDY,
     Outcome,
     losses,
     requests_recomputed,
+    restart_worker,
     run_greedy,
     stream,
     wait_until,
     worker_connected,
 )
 from tests.integration.stacks import wait_until_idle
+from tests.waiting import wait_until_async
 
 WORKER_TIMEOUT_S = 3.0
 SLACK_S = 1.5
@@ -90,14 +92,7 @@ def _plan(rng: random.Random, num_requests: int, num_faults: int) -> list[Fault]
     ]
 
 
-def _restart(stack: LocalStack, index: int) -> None:
-    old = stack.workers[index]
-    old.stop(signal.SIGKILL)
-    stack.workers[index] = ChildProcess(old.name, old.argv)
-    stack.workers[index].wait_ready()
-
-
-async def _apply(stack: LocalStack, fault: Fault, run: Run) -> None:
+async def _apply(stack: LocalStack, fault: Fault, run: Run, timeout_s: float) -> None:
     address = f"127.0.0.1:{stack.worker_ports[fault.worker]}"
     process = stack.workers[fault.worker].process
     process.send_signal(signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP)
@@ -106,11 +101,15 @@ async def _apply(stack: LocalStack, fault: Fault, run: Run) -> None:
         wait_until, f"{address} lost", lambda: not worker_connected(stack, address)
     )
     if fault.kind == "kill":
-        await asyncio.to_thread(_restart, stack, fault.worker)
+        await asyncio.to_thread(restart_worker, stack, fault.worker)
     else:
         resume_at = run.finished + fault.resume_after
-        while run.finished < min(resume_at, len(run.outcomes)) and not _all_done(run):
-            await asyncio.sleep(0.05)
+        await wait_until_async(
+            f"{fault.resume_after} more requests finished, to resume {address}",
+            lambda: run.finished >= min(resume_at, len(run.outcomes)) or _all_done(run),
+            timeout_s,
+            interval_s=0.05,
+        )
         process.send_signal(signal.SIGCONT)
     await asyncio.to_thread(wait_until, f"{address} back", lambda: worker_connected(stack, address))
     fault.back_s = time.monotonic() - started
@@ -129,11 +128,18 @@ async def _chaos(stack: LocalStack, seed: int, num_requests: int, duration_s: fl
         if outcome.finish_reason:
             run.finished += 1
 
+    # Every request is sent by duration_s, and ends within its deadline after that.
+    progress_timeout_s = duration_s + DEADLINE_S
+
     async def driver() -> None:
         for fault in run.faults:
-            while run.finished < fault.at_finished:
-                await asyncio.sleep(0.05)
-            await _apply(stack, fault, run)
+            await wait_until_async(
+                f"{fault.at_finished} requests finished, to {fault.kind} worker{fault.worker}",
+                lambda fault=fault: run.finished >= fault.at_finished,
+                progress_timeout_s,
+                interval_s=0.05,
+            )
+            await _apply(stack, fault, run, progress_timeout_s)
 
     async with AsyncClient(stack.address) as client:
         chaos = asyncio.create_task(driver())
@@ -157,6 +163,8 @@ async def _chaos(stack: LocalStack, seed: int, num_requests: int, duration_s: fl
                     stream(client, prompt, outcome, count, timeout=DEADLINE_S, **sampling)
                 )
             )
+            # Poisson arrivals over duration_s: the pace of the load is what is run,
+            # not a stand-in for a state (faults wait for progress, above).
             await asyncio.sleep(rng.expovariate(num_requests / duration_s))
         await asyncio.gather(*tasks)
         await chaos

@@ -32,8 +32,8 @@ from tests.integration.ops import (
     health_status,
     per_worker,
     scrape,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 NAME = "cbserve-worker.test"
 IPS = ("127.0.0.1", "127.0.0.2")
@@ -100,7 +100,7 @@ class DnsStack:
 
     def wait_for_workers(self, *ips: str) -> None:
         expected = sorted(self.worker(ip) for ip in ips)
-        wait_for(f"workers {expected}", lambda: self.live_workers() == expected)
+        wait_until(f"workers {expected}", lambda: self.live_workers() == expected)
 
     def log_lines(self) -> list[dict]:
         return [json.loads(line) for line in self.log_path.read_text().splitlines() if line]
@@ -148,7 +148,7 @@ def test_scheduler_starts_before_any_worker_and_serves_once_one_connects(dns_sta
     # Listed but never answering: retried, never served.
     dns_stack.list_behind_name(SILENT_IP)
     silent = dns_stack.worker(SILENT_IP)
-    wait_for(
+    wait_until(
         "the silent address is being dialled",
         lambda: f'cbserve_worker_connected{{worker="{silent}"}}' in scrape(dns_stack.metrics_url),
     )
@@ -185,7 +185,7 @@ def test_a_worker_removed_from_the_name_is_dropped(dns_stack):
     assert samples["cbserve_prefix_cache_queries_total"] > 0
     _generate_ok(dns_stack, "dns-after-removal")
     dns_stack.list_behind_name()
-    wait_for("not serving", lambda: health_status(dns_stack.address) == NOT_SERVING)
+    wait_until("not serving", lambda: health_status(dns_stack.address) == NOT_SERVING)
     assert _unavailable(dns_stack)
 
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import grpc
 import pytest
 
 from cbserve.client import AsyncClient, Client
-from cbserve.local_stack import ChildProcess, LocalStack
+from cbserve.local_stack import LocalStack
+from tests.integration.liveness import restart_worker
+from tests.waiting import wait_until
 
 WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
@@ -33,14 +35,6 @@ WORKER_TIMEOUT_S = 3.0
 WAIT_TIMEOUT_S = 15.0
 
 
-def _restart_worker(stack: LocalStack, index: int) -> None:
-    """A new worker process on the same port as worker `index` (which must have exited)."""
-    old = stack.workers[index]
-    old.stop(signal.SIGKILL)
-    stack.workers[index] = ChildProcess(old.name, old.argv)
-    stack.workers[index].wait_ready()
-
-
 def _connected_workers(stack: LocalStack) -> int:
     return sum(
         int(value)
@@ -50,10 +44,27 @@ def _connected_workers(stack: LocalStack) -> int:
 
 
 def _wait_for_workers(stack: LocalStack, count: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while _connected_workers(stack) != count:
-        assert time.monotonic() < deadline, f"not {count} connected workers after {timeout_s} s"
-        time.sleep(0.2)
+    wait_until(f"{count} connected workers", lambda: _connected_workers(stack) == count, timeout_s)
+
+
+def _park_one(client: Client, pool: ThreadPoolExecutor) -> Future:
+    """Sends copies of one request until the scheduler refuses a copy for its
+    --max-concurrent-streams of 2: then the stream moved off the lost worker and one
+    copy hold both, and that copy is parked waiting for a worker. Returns it, once
+    every other copy has been refused (refused before anything else, none queues)."""
+    copies: list[Future] = []
+
+    def one_answered() -> bool:
+        copies.append(pool.submit(client.complete, PROMPTS[1], max_tokens=8, timeout=120, **GREEDY))
+        return any(copy.done() for copy in copies)
+
+    wait_until("a copy answered", one_answered)
+    wait_until("every copy but one answered", lambda: sum(not c.done() for c in copies) <= 1)
+    answers = [copy.exception() for copy in copies if copy.done()]
+    limit = grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert all(error is not None and error.code() == limit for error in answers), answers
+    (parked,) = (copy for copy in copies if not copy.done())
+    return parked
 
 
 def _reference(stack: LocalStack) -> list[list[int]]:
@@ -128,7 +139,7 @@ def test_a_killed_workers_requests_finish_on_the_other_with_the_same_tokens(two_
     _assert_same_tokens(results, at_fault, reference)
     # The lost worker comes back on its port: the scheduler reconnects, and the
     # next test puts half of its requests on it.
-    _restart_worker(two_workers, 0)
+    restart_worker(two_workers, 0)
     _wait_for_workers(two_workers, 2)
 
 
@@ -163,26 +174,43 @@ def test_requests_wait_for_a_worker_that_comes_back(one_worker):
 
     def kill_and_restart():
         one_worker.workers[0].process.kill()
-        _restart_worker(one_worker, 0)
+        restart_worker(one_worker, 0)
 
     results, at_fault = asyncio.run(_stream_all(one_worker.address, kill_and_restart))
     _assert_same_tokens(results, at_fault, reference)
 
 
-def test_a_new_request_waits_for_a_worker_lost_moments_ago(one_worker):
-    _wait_for_workers(one_worker, 1)
-    with Client(one_worker.address) as client:
+@pytest.fixture(scope="module")
+def one_worker_two_streams():
+    """One worker, and room for two Generate calls at once: see _park_one."""
+    with LocalStack(
+        num_workers=1,
+        worker_args=WORKER_ARGS,
+        scheduler_args=[
+            "--worker-wait-timeout",
+            str(WAIT_TIMEOUT_S),
+            "--max-concurrent-streams",
+            "2",
+        ],
+    ) as stack:
+        yield stack
+
+
+def test_a_new_request_waits_for_a_worker_lost_moments_ago(one_worker_two_streams):
+    stack = one_worker_two_streams
+    _wait_for_workers(stack, 1)
+    with Client(stack.address) as client:
         expected = client.complete(PROMPTS[1], max_tokens=8, timeout=60, **GREEDY).token_ids
         # The scheduler notices a dead worker when a step fails: kill it mid-decode.
         stream = client.generate(PROMPTS[2], max_tokens=64, timeout=120, **GREEDY)
         next(stream)
-        one_worker.workers[0].process.kill()
-        with ThreadPoolExecutor(1) as pool:
+        stack.workers[0].process.kill()
+        _wait_for_workers(stack, 0)
+        with ThreadPoolExecutor(16) as pool:
             # Sent right after the loss, inside --worker-wait-timeout: it waits.
-            waiting = pool.submit(client.complete, PROMPTS[1], max_tokens=8, timeout=120, **GREEDY)
-            time.sleep(1.0)
+            waiting = _park_one(client, pool)
             assert not waiting.done()
-            _restart_worker(one_worker, 0)
+            restart_worker(stack, 0)
             assert waiting.result().token_ids == expected
         assert sum(len(response.token_ids) for response in stream) == 63
 
@@ -216,9 +244,9 @@ def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worke
                 waiting = pool.submit(
                     client.complete, PROMPTS[0], max_tokens=4, timeout=120, **GREEDY
                 )
-                _restart_worker(one_worker, 0)
+                restart_worker(one_worker, 0)
                 assert len(waiting.result().token_ids) == 4
     finally:
         if one_worker.workers[0].process.poll() is not None:
-            _restart_worker(one_worker, 0)
+            restart_worker(one_worker, 0)
         _wait_for_workers(one_worker, 1)

@@ -27,6 +27,7 @@ from tests.integration.liveness import (
     GREEDY,
     losses,
     requests_recomputed,
+    restart_worker,
     run_greedy,
     wait_until,
     worker_connected,
@@ -64,10 +65,7 @@ class Stack:
         return f"127.0.0.1:{self.local.worker_ports[0]}"
 
     def restart_direct_worker(self) -> None:
-        old = self.local.workers[0]
-        old.stop(signal.SIGKILL)
-        self.local.workers[0] = ChildProcess(old.name, old.argv)
-        self.local.workers[0].wait_ready()
+        restart_worker(self.local, 0)
 
     def placed(self, worker: str) -> float:
         return self.local.metrics()[f'cbserve_worker_requests_total{{worker="{worker}"}}']

@@ -18,9 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cbserve.worker.v1 import worker_pb2 as pb
 from cbserve.worker.v1 import worker_pb2_grpc
+from tests.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120
+# 135 GFLOP on one thread: well over half a second even at 200 GFLOP/s.
+PREFILL_STARTED_CPU_S = 0.05
 GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 
 
@@ -159,8 +162,16 @@ def test_step_stream_and_reset_on_new_stream(worker):
     second.close()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The user and system CPU time a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        after_name = stat.read().rsplit(")", 1)[1].split()  # fields 3 (state) onwards
+    return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_health_answers_during_a_long_prefill(worker):
-    _, _, _, channel = worker
+    proc, _, _, channel = worker
+    idle_cpu_s = _cpu_seconds(proc.pid)
     feed = PlanFeed()
     results = worker_pb2_grpc.WorkerStub(channel).Step(iter(feed), timeout=120)
     prompt = [100 + i % 1000 for i in range(500)]
@@ -178,7 +189,14 @@ def test_health_answers_during_a_long_prefill(worker):
             ],
         )
     )
-    time.sleep(0.05)  # let the prefill start on the forward thread
+    # The prefill has started on the forward thread once the idle worker has burnt
+    # PREFILL_STARTED_CPU_S of CPU: a 500-token prefill on one thread takes far longer.
+    wait_until(
+        "the prefill computing",
+        lambda: _cpu_seconds(proc.pid) - idle_cpu_s >= PREFILL_STARTED_CPU_S,
+        timeout_s=START_TIMEOUT,
+        interval_s=0.005,
+    )
     started = time.monotonic()
     health = health_pb2_grpc.HealthStub(channel)
     status = health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
