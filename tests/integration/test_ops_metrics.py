@@ -190,7 +190,7 @@ def test_the_kv_cache_usage_ratio_is_used_over_total_blocks(metrics_stack):
         per_worker(busy, "cbserve_worker_kv_cache_usage_ratio", worker)
         == (busy["cbserve_kv_cache_usage_ratio"])
     )
-    wait_for(
+    wait_until(
         "the cancelled request's blocks are freed",
         lambda: metrics_stack.metrics()["cbserve_kv_cache_usage_ratio"] == 0,
         timeout_s=30,
