@@ -15,11 +15,26 @@ CHILD = (
     "from common import parent_watch; parent_watch.die_with_parent(); import time; "
     "print('child ready ', flush=True); time.sleep(120)"
 )
+# The child is started from a thread that ends at once: the child must outlive that
+# thread (prctl's parent-death signal fires on the starting thread's exit) and die
+# only with the launcher process.
 LAUNCHER = f"""
-import sys, time
+import sys, threading, time
 from cbserve.local_stack import ChildProcess
-child = ChildProcess("child", [sys.executable, "-c", {CHILD!r}])
-child.wait_ready(30)
+started = []
+
+
+def start_child():
+    child = ChildProcess("child", [sys.executable, "-c", {CHILD!r}])
+    child.wait_ready(30)  # armed while its starting thread is still alive
+    started.append(child)
+
+
+starter = threading.Thread(target=start_child)
+starter.start()
+starter.join()
+child = started[0]
+time.sleep(1.0)  # the starting thread is gone for a second: the child must still be up
 print(child.process.pid, flush=True)
 time.sleep(120)
 """
