@@ -15,6 +15,20 @@ waits behind at most `max_bypasses` later ones plus what was running.
 A request is admitted with blocks for all its current tokens (prompt, plus
 output when it resumes after a preemption), minus the prefix-cache hits. Until
 it samples a token it needs no new block, and it may not be preempted.
+
+Preemption is by recompute: the victim's blocks are freed (they stay in the
+prefix cache, so a prompt that was not evicted in the meantime is found there
+again), the worker drops the sequence, and the request goes back to the
+waiting queue with its output so far; when readmitted it is prefilled over its
+prompt plus that output and continues where it stopped. Its client never sees
+a token twice.
+
+Bounds (checked by the randomized simulation): a request is admitted with
+blocks for all its current tokens, so it needs no block until it samples; and
+only a request that has sampled since its last admission may be preempted. So
+every preemption of a request follows a token generated for it:
+num_preemptions <= num_output_tokens, and no two requests can keep evicting
+each other without progress.
 """
 
 from __future__ import annotations

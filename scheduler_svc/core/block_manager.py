@@ -22,6 +22,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scheduler_svc.core.prefix_hash import extend_block_hashes
+
+if TYPE_CHECKING:
+    from scheduler_svc.core.request import Request
 
 
 @dataclass
@@ -242,3 +248,15 @@ class BlockManager:
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()
         block.ref_count = 1
         return block_id
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Registers the blocks the request's last step filled, so that later requests
+        can share them (a no-op without prefix caching or a newly full block)."""
+        num_full = request.num_computed_tokens // self.block_size
+        if not self.enable_prefix_caching or num_full <= self.num_hashed_blocks(request.seq_id):
+            return
+        token_ids = request.all_token_ids
+        extend_block_hashes(request.block_hashes, token_ids, self.block_size)
+        self.cache_full_blocks(
+            request.seq_id, token_ids, request.block_hashes, request.num_computed_tokens
+        )

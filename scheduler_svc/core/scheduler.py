@@ -19,19 +19,7 @@ carries only how many tokens to compute and its new blocks.
 `update_from_output()` then appends the sampled tokens, detokenizes, checks
 stops, registers newly full blocks in the prefix cache and frees what finished.
 
-Preemption is by recompute: the victim's blocks are freed (they stay in the
-prefix cache, so a prompt that was not evicted in the meantime is found there
-again), the worker drops the sequence, and the request goes back to the
-waiting queue with its output so far; when readmitted it is prefilled over its
-prompt plus that output and continues where it stopped. Its client never sees
-a token twice.
-
-Bounds (checked by the randomized simulation): a request is admitted with
-blocks for all its current tokens, so it needs no block until it samples; and
-only a request that has sampled since its last admission may be preempted. So
-every preemption of a request follows a token generated for it:
-num_preemptions <= num_output_tokens, and no two requests can keep evicting
-each other without progress.
+Preemption (by recompute) and its bounds: see admission.py.
 
 The engine alternates `schedule()` and `update_from_output()`: one step in
 flight at a time. `add_request` and `abort_request` may come at any moment.
@@ -56,7 +44,6 @@ from scheduler_svc.core.plan import (
     StepPlan,
     match_output,
 )
-from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.request import (
     FinishReason,
     Request,
@@ -260,7 +247,7 @@ class Scheduler(HandoverMixin):
             if request is None:
                 continue  # aborted while its step was in flight
             request.num_computed_tokens += num_scheduled
-            self._cache_full_blocks(request)
+            self.block_manager.cache_computed_blocks(request)
             index = sampled_index.get(seq_id)
             if (index is not None) != (request.num_computed_tokens == request.num_tokens):
                 raise RuntimeError(
@@ -279,20 +266,6 @@ class Scheduler(HandoverMixin):
                 self._finish(request, output.finish_reason)
             outputs.append(output)
         return outputs
-
-    def _cache_full_blocks(self, request: Request) -> None:
-        """Registers the blocks this step filled, so that later requests can share them."""
-        manager = self.block_manager
-        num_full = request.num_computed_tokens // manager.block_size
-        if not manager.enable_prefix_caching or num_full <= manager.num_hashed_blocks(
-            request.seq_id
-        ):
-            return
-        token_ids = request.all_token_ids
-        extend_block_hashes(request.block_hashes, token_ids, manager.block_size)
-        manager.cache_full_blocks(
-            request.seq_id, token_ids, request.block_hashes, request.num_computed_tokens
-        )
 
     @staticmethod
     def _token_logprob(
