@@ -136,7 +136,8 @@ async def run_rates(
 ) -> list[RateResult]:
     """Every rate, one after another, on one connection to one server; `scrape` reads
     the server's metrics, before and after each rate."""
-    async with AsyncClient(address) as client:
+    # No client retries: the benchmark counts what the server answered, refusals included.
+    async with AsyncClient(address, retry=None) as client:
         info = await client.model_info(timeout=30.0)
         server = {
             "model": info.model_name,

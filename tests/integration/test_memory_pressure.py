@@ -153,7 +153,7 @@ def test_priorities_preempt_and_order_and_the_queue_is_bounded(stack, limits_sta
         return tokens
 
     async def scenario():
-        async with AsyncClient(limits_stack.address) as client:
+        async with AsyncClient(limits_stack.address, retry=None) as client:
             low_stream = client.generate(
                 token_ids=low, max_tokens=64, priority=10, timeout=TIMEOUT_S, **GREEDY
             )

@@ -80,7 +80,7 @@ def _health(address: str) -> str:
 
 
 def _unavailable(address: str) -> grpc.RpcError:
-    with Client(address) as client, pytest.raises(grpc.RpcError) as raised:
+    with Client(address, retry=None) as client, pytest.raises(grpc.RpcError) as raised:
         client.complete("Hello", max_tokens=2, timeout=10)
     assert raised.value.code() == grpc.StatusCode.UNAVAILABLE, raised.value
     return raised.value

@@ -92,7 +92,7 @@ class DnsStack:
 
     def live_workers(self) -> list[str]:
         try:
-            with Client(self.address) as client:
+            with Client(self.address, retry=None) as client:
                 return list(client.model_info(timeout=5).workers)
         except grpc.RpcError as error:
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
@@ -135,7 +135,7 @@ def _generate_ok(stack: DnsStack, request_id: str) -> None:
 
 
 def _unavailable(stack: DnsStack) -> bool:
-    with Client(stack.address) as client, pytest.raises(grpc.RpcError) as raised:
+    with Client(stack.address, retry=None) as client, pytest.raises(grpc.RpcError) as raised:
         client.complete("Hi", max_tokens=2)
     return raised.value.code() == grpc.StatusCode.UNAVAILABLE
 

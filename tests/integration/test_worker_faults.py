@@ -199,7 +199,7 @@ def one_worker_two_streams():
 def test_a_new_request_waits_for_a_worker_lost_moments_ago(one_worker_two_streams):
     stack = one_worker_two_streams
     _wait_for_workers(stack, 1)
-    with Client(stack.address) as client:
+    with Client(stack.address, retry=None) as client:  # refusals are observed
         expected = client.complete(PROMPTS[1], max_tokens=8, timeout=60, **GREEDY).token_ids
         # The scheduler notices a dead worker when a step fails: kill it mid-decode.
         stream = client.generate(PROMPTS[2], max_tokens=64, timeout=120, **GREEDY)
