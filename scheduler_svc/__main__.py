@@ -42,6 +42,8 @@ from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts
 from scheduler_svc.workers.pool import WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
+# Each shutdown stage after the drain gets this long (see _bounded_stage).
+SHUTDOWN_STAGE_TIMEOUT_S = 10.0
 
 log = structlog.get_logger("scheduler_svc")
 
@@ -138,12 +140,23 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("shutting_down", grace_period_s=faults.grace_period_s)
     cut = await service.drain(faults.grace_period_s)
     log.info("drained", requests_cut=cut)
+    stages = [("grpc server", server.stop(grace=1.0)), ("workers", pool.stop())]
     if discovery is not None:
-        await discovery.stop()
-    await server.stop(grace=1.0)
-    await pool.stop()
+        stages.insert(0, ("discovery", discovery.stop()))
     if metrics_server is not None:
-        await metrics_server.stop()
+        stages.append(("metrics server", metrics_server.stop()))
+    for name, stage in stages:
+        await _bounded_stage(name, stage)
+
+
+async def _bounded_stage(name: str, stage) -> None:
+    """One step of the shutdown after the drain, bounded: a SIGTERMed scheduler
+    must exit even if a peer never answers a close (a hung worker's channel, an
+    idle scrape connection); the stage that ran over is logged."""
+    try:
+        await asyncio.wait_for(stage, SHUTDOWN_STAGE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        log.warning("shutdown stage timed out", stage=name, timeout_s=SHUTDOWN_STAGE_TIMEOUT_S)
 
 
 def _ready_line(process: ProcessConfig, pool: WorkerPool, metrics_server) -> str:
