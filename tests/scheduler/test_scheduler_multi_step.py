@@ -117,11 +117,12 @@ def test_a_request_arriving_meanwhile_gets_a_one_step_plan_then_multi_step_resum
 
 
 def test_a_prefill_chunk_left_for_later_keeps_plans_to_one_step():
-    # A budget of 3 tokens: the long prompt is prefilled 2 tokens a step beside a decode.
+    # A budget of 3 tokens: the long prompt is prefilled 2 tokens a step beside a decode,
+    # its last chunk too (a last chunk of one token would be a decode like any other).
     harness = Harness(num_scheduler_steps=4, max_num_batched_tokens=3)
     harness.add(make_request(2, max_tokens=20, ignore_eos=True))
     harness.step()
-    long = harness.add(make_request(unique_prompt(9), max_tokens=5, ignore_eos=True))
+    long = harness.add(make_request(unique_prompt(10), max_tokens=5, ignore_eos=True))
     steps = []
     while long.is_prefilling or not long.output_token_ids:
         steps.append(harness.step().num_steps)
