@@ -19,7 +19,7 @@ from worker_svc.config import DEFAULT_DTYPE, WorkerConfig
 # The stack's own flags that the benchmark passes on (its --threads and --model mean
 # more: llama-server's threads, the workload's tokenizer; they are BenchConfig's).
 STACK_WORKER_FLAGS = ("dtype", "num_kv_blocks")
-STACK_SCHEDULER_FLAGS = ("max_num_seqs", "max_num_batched_tokens")
+STACK_SCHEDULER_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

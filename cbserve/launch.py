@@ -39,6 +39,7 @@ SCHEDULER_FLAGS = (
     "max_waiting_requests",
     "enable_prefix_caching",
     "batching",
+    "num_scheduler_steps",
 )
 
 

@@ -36,6 +36,16 @@ class SchedulerConfig:
         1024,
         help="requests queued across all workers before Generate answers RESOURCE_EXHAUSTED",
     )
+    # Multi-step decoding (vLLM's name): a step in which every running request is a
+    # decode plans up to this many decode steps at once, which the worker runs back
+    # to back, so the scheduler-worker round trip is paid once per K tokens. A
+    # request that stops early drops the tokens sampled past its end; requests that
+    # arrive meanwhile wait at most K - 1 more forwards.
+    num_scheduler_steps: int = flag(
+        1,
+        help="decode steps one plan may cover when every running request is decoding "
+        "(1: a plan per token)",
+    )
     # Only full KV blocks are shared.
     enable_prefix_caching: bool = flag(
         True, help="share the KV of equal prompt prefixes between requests"
@@ -55,7 +65,8 @@ class SchedulerConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests"):
+        positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
+        for name in (*positive, "num_scheduler_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -7,6 +7,10 @@ sequences become one flat `[T]` batch with no padding; logits are computed only
 at the last scheduled position of each sequence that samples, which is every
 sequence whose scheduled tokens reach the end of the tokens it has.
 
+A plan of num_steps > 1 (multi-step decoding; decodes only) runs that many
+forwards back to back: each samples one token per sequence, which the next
+computes, into the blocks the plan gave.
+
 The whole plan is validated first (plan_validation.py), so a rejected plan
 leaves the worker as it was.
 """
@@ -57,9 +61,14 @@ class ModelRunner:
             ((seq, n) for seq, n in scheduled if n > 0),
             key=lambda w: (w[1] != 1, -w[0].num_computed_tokens if w[1] == 1 else 0),
         )
-        if work:
-            self._run(work, result)
-        result.num_tokens = sum(n for _, n in work)
+        num_tokens = sum(n for _, n in work)
+        decoding = self._run(work, result) if work else []
+        # Multi-step (the validator allowed decodes only): each further step computes
+        # the token the step before sampled, back to back, with no round trip.
+        for _ in range(1, max(plan.num_steps, 1) if decoding else 1):
+            self._run([(seq, 1) for seq in decoding], result)
+            num_tokens += len(decoding)
+        result.num_tokens = num_tokens
         result.forward_seconds = time.perf_counter() - started
         return result
 
@@ -89,7 +98,15 @@ class ModelRunner:
             scheduled.append((seq, cont.num_scheduled_tokens))
         return scheduled
 
-    def _run(self, work: list[tuple[SequenceState, int]], result: worker_pb2.StepResult) -> None:
+    def _run(
+        self, work: list[tuple[SequenceState, int]], result: worker_pb2.StepResult
+    ) -> list[SequenceState]:
+        """One forward; appends each sampled token to its sequence and to the result.
+
+        Returns the sequences that sampled. The result lists them in seq_ids on its
+        first step only: a later step of a multi-step plan samples the same ones, in
+        the same order, so its tokens follow step-major in token_ids.
+        """
         input_ids: list[int] = []
         positions: list[int] = []
         keep: list[int] = []  # flat-batch index of each sampling sequence's last token
@@ -125,12 +142,15 @@ class ModelRunner:
         for seq, n in work:
             seq.num_computed_tokens += n
         if sampled is None:
-            return
-        for index, (seq, token) in enumerate(zip(samplers, sampled.token_ids, strict=True)):
+            return []
+        first_step = not result.token_ids
+        for row, (seq, token) in enumerate(zip(samplers, sampled.token_ids, strict=True)):
             seq.append_token(token)
-            result.seq_ids.append(seq.seq_id)
+            if first_step:
+                result.seq_ids.append(seq.seq_id)
+            index = len(result.token_ids)
             result.token_ids.append(token)
-            logprobs = sampled.logprobs[index]
+            logprobs = sampled.logprobs[row]
             if logprobs is not None:
                 result.logprobs.append(
                     worker_pb2.SampledLogprobs(
@@ -140,3 +160,4 @@ class ModelRunner:
                         top_logprobs=logprobs.top_logprobs,
                     )
                 )
+        return samplers

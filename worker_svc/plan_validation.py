@@ -2,8 +2,9 @@
 
 A plan that contradicts what the worker holds (an unknown or twice-listed sequence,
 a token outside the vocabulary, a block outside the pool, more tokens scheduled than
-a sequence has or its blocks can hold) is rejected whole with a PlanError, which the
-server answers with INVALID_ARGUMENT: the worker is left exactly as it was.
+a sequence has or its blocks can hold, a multi-step plan with anything but decodes)
+is rejected whole with a PlanError, which the server answers with INVALID_ARGUMENT:
+the worker is left exactly as it was.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class PlanValidator:
         self, plan: worker_pb2.StepPlan, sequences: Mapping[int, SequenceState]
     ) -> dict[int, SamplingParams]:
         """The sampling parameters of the plan's new sequences; raises PlanError."""
+        num_steps = max(plan.num_steps, 1)
+        if num_steps > 1 and plan.new_sequences:
+            raise PlanError(f"a plan of {num_steps} steps has new sequences: decodes only")
         live = set(sequences) - set(plan.finished_seq_ids)
         listed: set[int] = set()
         sampling: dict[int, SamplingParams] = {}
@@ -61,12 +65,19 @@ class PlanValidator:
                 raise PlanError(f"unknown sequence {sid}: not held by this worker on this stream")
             seq = sequences[sid]
             self._check_block_ids(sid, cont.new_block_ids)
+            is_decode = cont.num_scheduled_tokens == 1
+            if num_steps > 1 and not (is_decode and seq.num_computed_tokens + 1 == seq.num_tokens):
+                raise PlanError(
+                    f"sequence {sid}: a plan of {num_steps} steps must only hold decodes"
+                )
             self._check_extent(
                 sid,
                 seq.num_computed_tokens,
                 cont.num_scheduled_tokens,
                 seq.num_tokens,
                 len(seq.block_ids) + len(cont.new_block_ids),
+                # Each step after the first computes the token the one before sampled.
+                lookahead=num_steps - 1,
             )
         return sampling
 
@@ -87,7 +98,13 @@ class PlanValidator:
             )
 
     def _check_extent(
-        self, sid: int, computed: int, scheduled: int, total: int, num_blocks: int
+        self,
+        sid: int,
+        computed: int,
+        scheduled: int,
+        total: int,
+        num_blocks: int,
+        lookahead: int = 0,
     ) -> None:
         end = computed + scheduled
         if end > total:
@@ -95,6 +112,8 @@ class PlanValidator:
                 f"sequence {sid}: {scheduled} tokens scheduled after {computed} computed, "
                 f"but it has only {total} tokens"
             )
+        # The KV the plan writes ends past the tokens the sequence has by now.
+        end += lookahead
         if end > self.max_model_len:
             raise PlanError(
                 f"sequence {sid}: {end} tokens exceed the model length {self.max_model_len}"

@@ -43,12 +43,15 @@ class StepPlan:
     continuing_sequences: list[ContinuingSequence] = field(default_factory=list)
     # Sequences the worker drops before this step (finished, aborted, preempted).
     finished_seq_ids: list[int] = field(default_factory=list)
+    # Decode steps the plan covers (multi-step decoding, see multi_step.py): above 1,
+    # only decodes, each sampling num_steps tokens; blocks are given for all of them.
+    num_steps: int = 1
 
     @property
     def num_scheduled_tokens(self) -> int:
         """Tokens the plan has the worker compute: what its deadline scales with."""
         sequences = (*self.new_sequences, *self.continuing_sequences)
-        return sum(sequence.num_scheduled_tokens for sequence in sequences)
+        return self.num_steps * sum(sequence.num_scheduled_tokens for sequence in sequences)
 
     @property
     def is_empty(self) -> bool:
@@ -66,12 +69,13 @@ class SampledLogprobs:
 class StepOutput:
     """A step's sampled tokens: token_ids[i] for seq_ids[i] (sequences that finished
     their scheduled tokens this step; a prefill chunk that is not the last samples
-    nothing)."""
+    nothing). After a plan of n steps token_ids is step-major, n per sequence:
+    token_ids[s * len(seq_ids) + i] is what seq_ids[i] sampled in step s."""
 
     step_id: int
     seq_ids: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
-    # By index into seq_ids, for sequences that asked for logprobs.
+    # By index into token_ids, for sequences that asked for logprobs.
     logprobs: dict[int, SampledLogprobs] = field(default_factory=dict)
     # Time inside the worker's model runner (validate, forward, sample).
     forward_seconds: float = 0.0
@@ -81,20 +85,27 @@ class StepOutput:
 
 def match_output(
     plan: StepPlan, output: StepOutput
-) -> tuple[list[tuple[int, int]], dict[int, int]]:
-    """The plan's (seq_id, scheduled tokens) pairs, and each sampling sequence's index
-    in the output; raises RuntimeError for an output out of protocol."""
-    if len(output.token_ids) != len(output.seq_ids):
+) -> tuple[list[tuple[int, int]], dict[int, list[int]]]:
+    """The plan's (seq_id, scheduled tokens) pairs, and for each sampling sequence the
+    indices of its tokens in output.token_ids, one per step in order; raises
+    RuntimeError for an output out of protocol."""
+    num_sampling = len(output.seq_ids)
+    if len(output.token_ids) != num_sampling * plan.num_steps:
         raise RuntimeError(
-            f"step {output.step_id}: {len(output.seq_ids)} sequence ids but "
-            f"{len(output.token_ids)} token ids"
+            f"step {output.step_id}: {num_sampling} sequence ids and {plan.num_steps} "
+            f"steps but {len(output.token_ids)} token ids"
         )
-    sampled_index = {seq_id: index for index, seq_id in enumerate(output.seq_ids)}
+    sampled = {
+        seq_id: list(range(index, len(output.token_ids), num_sampling))
+        for index, seq_id in enumerate(output.seq_ids)
+    }
+    if len(sampled) != num_sampling:
+        raise RuntimeError(f"step {output.step_id}: a sequence id listed twice")
     scheduled = [(s.seq_id, s.num_scheduled_tokens) for s in plan.new_sequences]
     scheduled += [(s.seq_id, s.num_scheduled_tokens) for s in plan.continuing_sequences]
-    unexpected = sampled_index.keys() - {seq_id for seq_id, _ in scheduled}
+    unexpected = sampled.keys() - {seq_id for seq_id, _ in scheduled}
     if unexpected:
         raise RuntimeError(
             f"step {output.step_id}: tokens for unscheduled sequences {sorted(unexpected)}"
         )
-    return scheduled, sampled_index
+    return scheduled, sampled

@@ -19,7 +19,9 @@ carries only how many tokens to compute and its new blocks.
 `update_from_output()` then appends the sampled tokens, detokenizes, checks
 stops, registers newly full blocks in the prefix cache and frees what finished.
 
-Preemption (by recompute) and its bounds: see admission.py.
+Preemption (by recompute) and its bounds: see admission.py. With
+num_scheduler_steps > 1, a step of decodes only may cover several decode
+steps: see multi_step.py.
 
 The engine alternates `schedule()` and `update_from_output()`: one step in
 flight at a time. `add_request` and `abort_request` may come at any moment.
@@ -36,10 +38,10 @@ from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.handover import HandoverMixin
+from scheduler_svc.core.multi_step import MultiStepMixin
 from scheduler_svc.core.plan import (
     ContinuingSequence,
     NewSequence,
-    SampledLogprobs,
     StepOutput,
     StepPlan,
     match_output,
@@ -50,14 +52,13 @@ from scheduler_svc.core.request import (
     RequestError,
     RequestOutput,
     RequestStatus,
-    TokenLogprob,
 )
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.output.detokenizer import Decoder
 from scheduler_svc.output.output_processor import RequestOutputProcessor
 
 
-class Scheduler(HandoverMixin):
+class Scheduler(HandoverMixin, MultiStepMixin):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -186,6 +187,7 @@ class Scheduler(HandoverMixin):
                 request.seen_by_worker = False
         plan.finished_seq_ids.extend(self._finished_seq_ids)
         self._finished_seq_ids.clear()
+        self._plan_decode_steps(plan)
         if plan.is_empty:
             return None
         self._next_step_id += 1
@@ -239,7 +241,7 @@ class Scheduler(HandoverMixin):
                 f"the step in flight ({self._step_in_flight})"
             )
         self._step_in_flight = None
-        scheduled, sampled_index = match_output(plan, result)
+        scheduled, sampled = match_output(plan, result)
         running_by_seq_id = {request.seq_id: request for request in self.running}
         outputs = []
         for seq_id, num_scheduled in scheduled:
@@ -248,32 +250,17 @@ class Scheduler(HandoverMixin):
                 continue  # aborted while its step was in flight
             request.num_computed_tokens += num_scheduled
             self.block_manager.cache_computed_blocks(request)
-            index = sampled_index.get(seq_id)
-            if (index is not None) != (request.num_computed_tokens == request.num_tokens):
+            indices = sampled.get(seq_id)
+            if (indices is not None) != (request.num_computed_tokens == request.num_tokens):
                 raise RuntimeError(
                     f"step {result.step_id}: sequence {seq_id} must sample exactly when its "
                     f"scheduled tokens reach its end ({request.num_computed_tokens} of "
-                    f"{request.num_tokens} computed, sampled: {index is not None})"
+                    f"{request.num_tokens} computed, sampled: {indices is not None})"
                 )
-            if index is None:
+            if indices is None:
                 continue  # a prefill chunk that is not the last
-            token_id = result.token_ids[index]
-            request.output_token_ids.append(token_id)
-            request.sampled_since_admission = True
-            logprob = self._token_logprob(request, token_id, result.logprobs.get(index))
-            output = self._processors[request.request_id].process_token(request, logprob)
-            if output.finish_reason is not None:
-                self._finish(request, output.finish_reason)
-            outputs.append(output)
+            outputs.append(self._take_tokens(request, indices, result))
         return outputs
-
-    @staticmethod
-    def _token_logprob(
-        request: Request, token_id: int, entry: SampledLogprobs | None
-    ) -> TokenLogprob | None:
-        if entry is None or request.sampling.logprobs == 0:
-            return None
-        return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error

@@ -35,6 +35,8 @@ def sampling_to_proto(
 
 def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
     message = wpb.StepPlan(step_id=plan.step_id, finished_seq_ids=plan.finished_seq_ids)
+    if plan.num_steps > 1:
+        message.num_steps = plan.num_steps
     for sequence in plan.new_sequences:
         message.new_sequences.add(
             seq_id=sequence.seq_id,

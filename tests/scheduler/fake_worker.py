@@ -6,7 +6,9 @@ silently get wrong: unknown or duplicate sequence ids, block ids out of range,
 a block table too short for the tokens to write, more tokens scheduled than a
 sequence has, step ids out of order. A sequence samples a token only when its
 scheduled tokens reach its end; the token comes from a script: a function of
-(seq_id, output index).
+(seq_id, output index). A plan of num_steps > 1 (multi-step decoding) must hold
+decodes only; each step samples one token per sequence, which the next step
+computes, into the blocks the plan gave.
 
 It also models the KV pool's contents, so that prefix caching and recompute
 are checkable. The KV written at a position depends on the token there and
@@ -118,8 +120,23 @@ class FakeWorker:
         self._check(len(set(seq_ids)) == len(seq_ids), f"a sequence twice in step {plan.step_id}")
         holders = self._holders()
         result = wpb.StepResult(step_id=plan.step_id)
-        for seq_id, num_scheduled in scheduled:
-            self._compute(seq_id, num_scheduled, holders, result)
+        sampling = [seq_id for seq_id, n in scheduled if self._compute(seq_id, n, holders)]
+        result.seq_ids.extend(sampling)
+        num_steps = max(plan.num_steps, 1)
+        if num_steps > 1:
+            # Multi-step: decodes only, all of which sample in every step.
+            self._check(not plan.new_sequences, "new sequences in a multi-step plan")
+            self._check(
+                len(sampling) == len(scheduled) and all(n == 1 for _, n in scheduled),
+                f"step {plan.step_id}: a multi-step plan with a sequence that is not a decode",
+            )
+        for step in range(num_steps):
+            if step:  # each step computes the token the one before sampled
+                for seq_id in sampling:
+                    self._check(self._compute(seq_id, 1, holders), "a decode that did not sample")
+            for seq_id in sampling:
+                self._sample(seq_id, result)
+        result.num_tokens = sum(n for _, n in scheduled) + (num_steps - 1) * len(sampling)
         return result
 
     def _holders(self) -> Counter[int]:
@@ -133,9 +150,8 @@ class FakeWorker:
             holders.update(seq.block_ids)
         return holders
 
-    def _compute(
-        self, seq_id: int, num_scheduled: int, holders: Counter[int], result: wpb.StepResult
-    ) -> None:
+    def _compute(self, seq_id: int, num_scheduled: int, holders: Counter[int]) -> bool:
+        """Writes the KV of the scheduled tokens; whether the sequence samples now."""
         seq = self.sequences[seq_id]
         start = seq.num_computed_tokens
         end = start + num_scheduled
@@ -169,14 +185,14 @@ class FakeWorker:
             )
             self.num_slots_written += 1
         seq.num_computed_tokens = end
-        result.num_tokens += num_scheduled
-        if end < len(seq.token_ids):
-            return
+        return end == len(seq.token_ids)
+
+    def _sample(self, seq_id: int, result: wpb.StepResult) -> None:
+        seq = self.sequences[seq_id]
         token_id = self.script(seq_id, len(seq.sampled))
         seq.sampled.append(token_id)
         seq.token_ids.append(token_id)
-        index = len(result.seq_ids)
-        result.seq_ids.append(seq_id)
+        index = len(result.token_ids)  # step-major: all of step s, then all of step s + 1
         result.token_ids.append(token_id)
         if seq.num_logprobs:
             top = [token_id + rank for rank in range(seq.num_logprobs)]

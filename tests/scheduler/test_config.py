@@ -9,6 +9,7 @@ def test_defaults():
     config = SchedulerConfig()
     assert config.max_num_seqs == 128
     assert config.max_num_batched_tokens == 512
+    assert config.num_scheduler_steps == 1  # a plan per token, unless asked
 
 
 @pytest.mark.parametrize(
@@ -19,6 +20,8 @@ def test_defaults():
         {"max_num_batched_tokens": 0},
         {"max_num_seqs": 2.5},
         {"max_num_batched_tokens": True},
+        {"num_scheduler_steps": 0},
+        {"num_scheduler_steps": 1.5},
     ],
 )
 def test_rejects_non_positive_or_non_integer_limits(kwargs):

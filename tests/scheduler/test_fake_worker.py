@@ -83,3 +83,18 @@ def test_a_prefix_cache_that_forgets_to_unregister_evicted_blocks_is_caught(monk
     harness.add(make_request(prompt=prompt, max_tokens=1))
     with pytest.raises(ProtocolViolation, match="not its own KV"):
         harness.run()
+
+
+def test_a_multi_step_plan_must_give_blocks_for_every_step():
+    worker = _worker()
+    worker.step_proto(wpb.StepPlan(step_id=1, new_sequences=[_new(1, [5, 6, 8], [0, 1])]))
+    decode = wpb.ContinuingSequence(seq_id=1, num_scheduled_tokens=1)
+    # 3 tokens computed + 3 steps = 6 tokens of KV; blocks 0 and 1 hold 4.
+    with pytest.raises(ProtocolViolation, match="cannot hold 5 tokens"):
+        worker.step_proto(wpb.StepPlan(step_id=2, num_steps=3, continuing_sequences=[decode]))
+
+
+def test_a_multi_step_plan_with_a_prefill_is_refused():
+    plan = wpb.StepPlan(step_id=1, num_steps=2, new_sequences=[_new(1, [5, 6, 8], [0, 1])])
+    with pytest.raises(ProtocolViolation, match="new sequences in a multi-step plan"):
+        _worker().step_proto(plan)

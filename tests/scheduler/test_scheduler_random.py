@@ -4,7 +4,8 @@ Random arrivals, prompt lengths, limits, stop rules, token scripts and aborts
 (some while the request's step is in flight) against the real scheduler and
 the protocol-checking fake worker. The pools are small, so requests are
 preempted and recomputed, and filler prompts share prefixes; what the client
-sees must be unaffected (the text checks). test_scheduler_simulation adds
+sees must be unaffected (the text checks). Half the workloads plan up to 4
+decode steps at once (multi-step decoding). test_scheduler_simulation adds
 priorities, deadlines and requests too long for the pool.
 """
 
@@ -76,6 +77,8 @@ def workloads(draw):
         num_blocks=num_blocks,
         block_size=block_size,
         max_model_len=max_model_len,
+        # Multi-step decoding: plans of up to 4 decode steps whenever all decode.
+        num_scheduler_steps=draw(st.sampled_from([1, 4])),
     )
     return harness, specs
 
@@ -91,6 +94,10 @@ def _check_plan(harness: Harness, plan) -> None:
     config = harness.scheduler.config
     assert sum(seq.num_scheduled_tokens for seq in sequences) <= config.max_num_batched_tokens
     assert len(sequences) <= config.max_running_seqs
+    assert 1 <= plan.num_steps <= config.num_scheduler_steps
+    if plan.num_steps > 1:
+        assert not plan.new_sequences
+        assert all(seq.num_scheduled_tokens == 1 for seq in sequences)
 
 
 def _check_text(harness: Harness, request: Request, spec: Spec) -> None:
