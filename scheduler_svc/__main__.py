@@ -36,6 +36,7 @@ from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
 from scheduler_svc.config import FaultConfig, ProcessConfig, SchedulerConfig
+from scheduler_svc.edge_config import EdgeConfig
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.client import WorkerLost
 from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scheduler_svc", description=__doc__.splitlines()[0]
     )
-    for config_class in (ProcessConfig, SchedulerConfig, FaultConfig):
+    for config_class in (ProcessConfig, SchedulerConfig, FaultConfig, EdgeConfig):
         add_flags(parser, config_class)
     return parser
 
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         configs_from_args(args)
+        edge_config_from_args(args)
     except FlagError as error:
         parser.error(str(error))
     return args
@@ -78,8 +80,14 @@ def configs_from_args(
     return build(ProcessConfig, args), build(SchedulerConfig, args), build(FaultConfig, args)
 
 
+def edge_config_from_args(args: argparse.Namespace) -> EdgeConfig:
+    """The HTTP front, keys and TLS (scheduler_svc/edge_config.py)."""
+    return build(EdgeConfig, args)
+
+
 async def serve(args: argparse.Namespace) -> None:
     process, config, faults = configs_from_args(args)
+    edge = edge_config_from_args(args)  # noqa: F841 (the HTTP front, keys and TLS: issue 15)
     try:
         tokenizer = Tokenizer(process.tokenizer or default_model_path())
         server, health, _ = create_server(f"{process.host}:{process.port}")

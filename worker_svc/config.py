@@ -104,6 +104,19 @@ class WorkerConfig:
         "be closed by its scheduler before the worker ends it and exits",
     )
     log_level: str = flag("info", help="debug, info, warning, error")
+    # TLS on the worker's port, so that a port reachable on a network is not an open
+    # door: the scheduler checks the worker's certificate (its --worker-tls-ca), and
+    # with --tls-client-ca the worker checks the scheduler's (mutual TLS).
+    tls_cert: str | None = flag(
+        None, metavar="PEM", help="serve the Worker service over TLS with this certificate"
+    )
+    tls_key: str | None = flag(None, metavar="PEM", help="the private key of --tls-cert")
+    tls_client_ca: str | None = flag(
+        None,
+        metavar="PEM",
+        help="with --tls-cert: accept only clients (schedulers) whose certificate this CA "
+        "signed (the scheduler's --worker-tls-cert)",
+    )
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -132,6 +145,10 @@ class WorkerConfig:
         grace = self.grace_period_s
         if not grace > 0 or math.isinf(grace):
             raise ValueError(f"grace_period_s must be a number of seconds > 0, got {grace}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert (client certificates need TLS)")
 
     @property
     def address(self) -> str:
