@@ -10,4 +10,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from tests.tls_certs import TestCertificates, make_certificates
+
 os.environ.setdefault("CBSERVE_DTYPE", "float32")
+
+
+@pytest.fixture(scope="session")
+def test_certificates(tmp_path_factory) -> TestCertificates:
+    """A throwaway CA with a server certificate for localhost/127.0.0.1 and a client one."""
+    return make_certificates(tmp_path_factory.mktemp("tls"))
