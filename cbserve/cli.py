@@ -35,14 +35,43 @@ SAMPLING_FLAGS = {
 }
 
 
+def _add_connection(parser: argparse.ArgumentParser) -> None:
+    """How to reach the scheduler: its address, its key, and TLS."""
+    parser.add_argument(
+        "--server", default=DEFAULT_SERVER, help=f"scheduler address ({DEFAULT_SERVER})"
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="the scheduler's --api-key, sent as `authorization: Bearer KEY` "
+        "(default: $CBSERVE_API_KEY, its first key when comma-separated)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PEM",
+        help="speak TLS to a scheduler started with --tls-cert, trusting this CA",
+    )
+
+
+def _client(args: argparse.Namespace):
+    from cbserve.client import Client
+    from cbserve.connection import api_key_from_env
+
+    api_key = args.api_key if args.api_key is not None else api_key_from_env()
+    try:
+        return Client(args.server, api_key=api_key, tls_ca=args.tls_ca)
+    except ValueError as error:  # an unusable key, or a --tls-ca file that is not a CA
+        raise SystemExit(f"cbserve: {error}") from None
+
+
 def _add_generate(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="stream a reply to the terminal")
     parser.add_argument("prompt", help="the prompt (or the user message with --chat)")
     parser.add_argument("--chat", action="store_true", help="apply the model's chat template")
     parser.add_argument("--system", default=None, help="system message (with --chat)")
-    parser.add_argument(
-        "--server", default=DEFAULT_SERVER, help=f"scheduler address ({DEFAULT_SERVER})"
-    )
+    _add_connection(parser)
     for name, kind in SAMPLING_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     # A terminal user wants a repeatable, sensible answer: greedy unless asked to
@@ -60,7 +89,7 @@ def _add_generate(subparsers) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from cbserve.client import Client, Completion
+    from cbserve.client import Completion
 
     sampling = {
         name: getattr(args, name)
@@ -73,7 +102,7 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         source = {"prompt": args.prompt}
     completion = Completion()
-    with Client(args.server) as client:
+    with _client(args) as client:
         try:
             for response in client.generate(timeout=args.timeout, **source, **sampling):
                 completion.add(response)
@@ -95,9 +124,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from cbserve.client import Client
-
-    with Client(args.server) as client:
+    with _client(args) as client:
         try:
             print(client.model_info())
         except grpc.RpcError as error:
@@ -127,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
     info = subparsers.add_parser("info", help="print the served model's limits")
-    info.add_argument("--server", default=DEFAULT_SERVER)
+    _add_connection(info)
     from cbserve.launch import add_serve_arguments
 
     add_serve_arguments(

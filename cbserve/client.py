@@ -26,16 +26,22 @@ A call refused with UNAVAILABLE or RESOURCE_EXHAUSTED before anything was stream
 retried by gRPC itself, with exponential backoff, up to 5 attempts in all (`retry`,
 a cbserve.retry.RetryPolicy, or None for no retries); a stream that fails after its
 first response is not. See cbserve/retry.py.
+
+A scheduler started with --api-key wants `api_key="..."` (else UNAUTHENTICATED); one
+started with --tls-cert wants `tls_ca=` the CA that signed its certificate (a path or
+the PEM bytes), or the connection fails with UNAVAILABLE:
+
+    Client("scheduler.example:50051", api_key=os.environ["CBSERVE_API_KEY"], tls_ca="ca.pem")
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
-from cbserve.retry import DEFAULT_RETRY, RetryPolicy, channel_options
+from cbserve.connection import call_metadata, open_channel
+from cbserve.retry import DEFAULT_RETRY, RetryPolicy
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -108,18 +114,26 @@ class Completion:
 
 
 class Client:
-    """A blocking client over one insecure gRPC channel to the scheduler at `address`.
+    """A blocking client over one gRPC channel to the scheduler at `address`.
 
     Thread-safe, like the channel under it. Use it as a context manager, or call close().
     `retry`: how refused calls (UNAVAILABLE, RESOURCE_EXHAUSTED) are retried, by gRPC's
     service-config retryPolicy (cbserve/retry.py); None turns retries off. A streaming
     `generate` is retried only before its first response arrives.
+    `api_key`: sent as `authorization: Bearer KEY` with every call. `tls_ca`: speak TLS,
+    trusting this CA (a PEM file's path or its bytes); None: plaintext.
     """
 
     def __init__(
-        self, address: str = "localhost:50051", *, retry: RetryPolicy | None = DEFAULT_RETRY
+        self,
+        address: str = "localhost:50051",
+        *,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        api_key: str | None = None,
+        tls_ca: str | os.PathLike | bytes | None = None,
     ) -> None:
-        self._channel = grpc.insecure_channel(address, options=channel_options(retry))
+        self._metadata = call_metadata(api_key)
+        self._channel = open_channel(address, retry, tls_ca, asyncio=False)
         self._stub = pb_grpc.GenerationStub(self._channel)
 
     def generate(
@@ -132,7 +146,9 @@ class Client:
         becomes the gRPC deadline. Raises grpc.RpcError on a non-OK status. Closing the
         iterator early (break, or close()) cancels the request on the server.
         """
-        call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        call = self._stub.Generate(
+            build_request(prompt, **kwargs), timeout=timeout, metadata=self._metadata
+        )
         try:
             yield from call
         finally:
@@ -150,7 +166,9 @@ class Client:
     def model_info(self, timeout: float | None = 10.0) -> pb.ModelInfo:
         """GetModelInfo: model name, max_model_len, vocab size, EOS ids, block size,
         KV capacity in tokens and the connected workers."""
-        return self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
+        return self._stub.GetModelInfo(
+            pb.GetModelInfoRequest(), timeout=timeout, metadata=self._metadata
+        )
 
     def close(self) -> None:
         """Closes the channel; streams still open are cancelled."""
@@ -165,12 +183,18 @@ class Client:
 
 class AsyncClient:
     """The asyncio flavour of `Client`: the same methods, to be awaited (`generate` is an
-    async iterator), and the same `retry`; `async with` closes it."""
+    async iterator), and the same `retry`, `api_key` and `tls_ca`; `async with` closes it."""
 
     def __init__(
-        self, address: str = "localhost:50051", *, retry: RetryPolicy | None = DEFAULT_RETRY
+        self,
+        address: str = "localhost:50051",
+        *,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        api_key: str | None = None,
+        tls_ca: str | os.PathLike | bytes | None = None,
     ) -> None:
-        self._channel = grpc.aio.insecure_channel(address, options=channel_options(retry))
+        self._metadata = call_metadata(api_key)
+        self._channel = open_channel(address, retry, tls_ca, asyncio=True)
         self._stub = pb_grpc.GenerationStub(self._channel)
 
     async def generate(
@@ -178,7 +202,9 @@ class AsyncClient:
     ) -> AsyncIterator[pb.GenerateResponse]:
         """Streams GenerateResponses; see `Client.generate`. Raises grpc.aio.AioRpcError
         on a non-OK status; cancelling the task cancels the request on the server."""
-        call = self._stub.Generate(build_request(prompt, **kwargs), timeout=timeout)
+        call = self._stub.Generate(
+            build_request(prompt, **kwargs), timeout=timeout, metadata=self._metadata
+        )
         async for response in call:
             yield response
 
@@ -193,7 +219,9 @@ class AsyncClient:
 
     async def model_info(self, timeout: float | None = 10.0) -> pb.ModelInfo:
         """GetModelInfo; see `Client.model_info`."""
-        return await self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=timeout)
+        return await self._stub.GetModelInfo(
+            pb.GetModelInfoRequest(), timeout=timeout, metadata=self._metadata
+        )
 
     async def close(self) -> None:
         """Closes the channel; streams still open are cancelled."""

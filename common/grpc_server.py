@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -13,15 +15,27 @@ class PortUnavailable(Exception):
     pass
 
 
-def create_server(address: str) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+def create_server(
+    address: str,
+    *,
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """A server bound to `address` with the health service, and the port it bound
     (the real one when `address` asks for port 0). Binding happens here, before
-    any slow start-up work, so that a taken port fails at once."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    any slow start-up work, so that a taken port fails at once.
+
+    credentials: serve TLS (common.tls.server_credentials) instead of plaintext; a
+    plaintext client is then refused at the handshake. interceptors: see every call
+    first (the scheduler's API key check)."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        bound = server.add_insecure_port(address)
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError as error:
         raise PortUnavailable(f"cannot listen on {address}: {error}") from error
     if bound == 0:

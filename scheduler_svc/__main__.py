@@ -37,6 +37,7 @@ from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
 from scheduler_svc.config import FaultConfig, ProcessConfig, SchedulerConfig
 from scheduler_svc.edge_config import EdgeConfig
+from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.client import WorkerLost
 from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
@@ -87,16 +88,28 @@ def edge_config_from_args(args: argparse.Namespace) -> EdgeConfig:
 
 async def serve(args: argparse.Namespace) -> None:
     process, config, faults = configs_from_args(args)
-    edge = edge_config_from_args(args)  # noqa: F841 (the HTTP front, keys and TLS: issue 15)
+    edge = edge_config_from_args(args)
     try:
+        # PEM files first: a wrong path fails before the tokenizer loads.
+        grpc_credentials, interceptors = grpc_server_security(edge)
+        worker_security = worker_channel_security(edge)
         tokenizer = Tokenizer(process.tokenizer or default_model_path())
-        server, health, _ = create_server(f"{process.host}:{process.port}")
+        server, health, _ = create_server(
+            f"{process.host}:{process.port}",
+            credentials=grpc_credentials,
+            interceptors=interceptors,
+        )
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
     metrics = SchedulerMetrics(model_name=tokenizer.name)
     connect_timeout_s = process.worker_connect_timeout_s
     pool = WorkerPool(
-        config, tokenizer, metrics, connect_timeout_s=connect_timeout_s, faults=faults
+        config,
+        tokenizer,
+        metrics,
+        connect_timeout_s=connect_timeout_s,
+        faults=faults,
+        worker_security=worker_security,
     )
     metrics.watch(pool)
     service = GenerationService(

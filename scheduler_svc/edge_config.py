@@ -57,6 +57,15 @@ class EdgeConfig:
     worker_tls_key: str | None = flag(
         None, metavar="PEM", help="the private key of --worker-tls-cert"
     )
+    # Workers found by --worker-dns are dialled by IP (a headless Service's pod IPs),
+    # which their certificate rarely names; one name that every worker's does carry
+    # (e.g. the Service's DNS name) is checked instead.
+    worker_tls_server_name: str | None = flag(
+        None,
+        metavar="NAME",
+        help="with --worker-tls-ca: the name workers' certificates must carry, instead of "
+        "the host dialled (for workers addressed by IP, e.g. through --worker-dns)",
+    )
 
     def __post_init__(self) -> None:
         port = self.http_port
@@ -68,6 +77,10 @@ class EdgeConfig:
         _pair("worker_tls_cert", self.worker_tls_cert, "worker_tls_key", self.worker_tls_key)
         if self.worker_tls_cert and not self.worker_tls_ca:
             raise ValueError("worker_tls_cert needs worker_tls_ca (client certificates need TLS)")
+        if self.worker_tls_server_name is not None and not self.worker_tls_ca:
+            raise ValueError("worker_tls_server_name needs worker_tls_ca (it names a TLS peer)")
+        if self.worker_tls_server_name is not None and not self.worker_tls_server_name.strip():
+            raise ValueError("worker_tls_server_name must not be empty")
 
     @property
     def tls(self) -> bool:

@@ -150,6 +150,16 @@ class WorkerConfig:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert (client certificates need TLS)")
 
+    def credentials(self):
+        """The port's grpc.ServerCredentials: TLS with --tls-cert/--tls-key, mutual TLS
+        with --tls-client-ca; None for plaintext. Reads and checks the PEM files, raising
+        common.tls.TlsError (a ValueError) naming the flag and file that is wrong."""
+        if self.tls_cert is None:
+            return None
+        from common.tls import server_credentials  # grpc: only where a port is served
+
+        return server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
+
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host

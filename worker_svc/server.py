@@ -230,8 +230,8 @@ async def serve(
     # Bound before the model loads, so that a taken port fails in a second;
     # the bound port is the real one under `--port 0`, for the ready line.
     try:
-        server, health, port = create_server(config.address)
-    except PortUnavailable as exc:
+        server, health, port = create_server(config.address, credentials=config.credentials())
+    except (PortUnavailable, ValueError) as exc:  # ValueError: a PEM file (common.tls)
         raise StartupError(str(exc)) from None
     # Labelled with the name Describe will report (model_loader: the path's last part),
     # known before the model loads.

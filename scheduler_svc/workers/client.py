@@ -6,7 +6,9 @@ that breaks while nothing is in flight (an idle worker killed, one that never
 got a request) is noticed at once, not at the next write; a step waits for
 the reader to hand it its result, within the step's deadline. The channel
 sends keepalive pings (common.grpc_options), which end the stream of a worker
-that stopped answering: stopped, or unreachable.
+that stopped answering: stopped, or unreachable. With a ChannelSecurity the
+channel is TLS (mutual, when it carries a client certificate), on every
+connect and reconnect alike.
 
 The first sign of a lost worker wins and is reported once (on_lost, then
 WorkerLost from every call) with its cause (liveness.LossCause). Every stream
@@ -25,6 +27,7 @@ import grpc
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
+from common.tls import ChannelSecurity
 from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
 from scheduler_svc.workers.liveness import (
@@ -43,8 +46,11 @@ class WorkerClient:
         address: str,
         keepalive_timeout_s: float = 10.0,
         on_lost: Callable[[WorkerLost], None] | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.address = address
+        # TLS to the worker (the scheduler's --worker-tls-*); None: plaintext.
+        self.security = security
         self.keepalive_timeout_s = keepalive_timeout_s
         # Called once per stream, from the reader or a step, when the worker is lost.
         self.on_lost = on_lost
@@ -66,7 +72,10 @@ class WorkerClient:
         backoff meanwhile); raises WorkerLost. Retrying attempts is keep_trying's."""
         await self.close()
         options = [*channel_options(self.keepalive_timeout_s), *reconnect_channel_options()]
-        self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        if self.security is None:
+            self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        else:
+            self._channel = self.security.secure_channel(self.address, options)
         self._stub = wpb_grpc.WorkerStub(self._channel)
         try:
             self.description = await self._stub.Describe(

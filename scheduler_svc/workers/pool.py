@@ -40,6 +40,7 @@ from scheduler_svc.workers.orphans import Orphanage
 from scheduler_svc.workers.placement import pick_for_new
 
 if TYPE_CHECKING:
+    from common.tls import ChannelSecurity
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.pool")
@@ -53,8 +54,11 @@ class WorkerPool:
         metrics: SchedulerMetrics | None = None,
         connect_timeout_s: float = 30.0,
         faults: FaultConfig | None = None,
+        worker_security: ChannelSecurity | None = None,
     ) -> None:
         self.config = config
+        # TLS to every worker, static or discovered (--worker-tls-*); None: plaintext.
+        self.worker_security = worker_security
         self.faults = faults if faults is not None else FaultConfig()
         self.tokenizer = tokenizer
         self.metrics = metrics
@@ -82,6 +86,8 @@ class WorkerPool:
             on_connection_change=self._connection_changed,
             faults=self.faults,
         )
+        # Kept by the client, which opens every connect and reconnect with it.
+        engine.client.security = self.worker_security
         engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
         self.engines[address] = engine
         return engine
