@@ -6,6 +6,8 @@ interceptor) answers the probe and a stand-in Generation service in this process
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -53,6 +55,29 @@ def test_a_ca_file_without_a_certificate_is_refused(test_certificates):
 def test_a_client_certificate_needs_its_key(test_certificates):
     with pytest.raises(TlsError, match="go together"):
         channel_security(test_certificates.ca, cert=str(test_certificates.client_cert))
+
+
+def test_both_processes_refuse_to_start_with_one_line_naming_the_file(test_certificates):
+    certs = test_certificates
+    cases = {
+        "scheduler_svc": ["--port", "0", "--worker", "127.0.0.1:1"]
+        + ["--worker-tls-ca", str(certs.ca), "--worker-tls-cert", str(certs.client_cert)]
+        + ["--worker-tls-key", str(certs.server_key)],
+        "worker_svc": ["--port", "0", "--tls-cert", str(certs.server_cert)]
+        + ["--tls-key", str(certs.server_key), "--tls-client-ca", "/nonexistent/ca.pem"],
+    }
+    expected = {
+        "scheduler_svc": f"scheduler_svc: cannot start: --worker-tls-key {certs.server_key} "
+        f"is not the key of --worker-tls-cert {certs.client_cert}",
+        "worker_svc": "worker_svc: cannot start: --tls-client-ca /nonexistent/ca.pem: "
+        "No such file or directory",
+    }
+    for module, args in cases.items():
+        result = subprocess.run(
+            [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1
+        assert result.stderr.strip() == expected[module]
 
 
 def test_the_scheduler_builds_its_grpc_security_from_edge_config(test_certificates):
