@@ -157,12 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         return _info(args)
     if args.command == "bench":
-        import shlex
-
         from bench.serve import run
 
         given = sys.argv[1:] if argv is None else argv
-        return run(args, shlex.join(["cbserve", *given]))
+        return run(args, bench_options.recorded_command(["cbserve", *given]))
     from cbserve.launch import serve
 
     return serve(args)
