@@ -159,3 +159,22 @@ def test_backend_flags_are_checked(argv, message):
 def test_the_recorded_command_hides_the_key():
     recorded = options.recorded_command(["cbserve", "bench", "--api-key", "k1", "--api-key=k2"])
     assert "k1" not in recorded and "k2" not in recorded and "REDACTED" in recorded
+
+
+def test_the_front_comparison_runs_a_valid_bench_command_and_tabulates_ratios(tmp_path):
+    import argparse
+
+    from bench import front_overhead
+
+    args = front_overhead._parser().parse_args(["--out-dir", str(tmp_path)])
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser)
+    parsed = parser.parse_args(front_overhead._bench_argv(args, tmp_path))
+    assert options.check(parsed) is None
+    assert (parsed.max_concurrency, parsed.num_prompts) == (64, 256)
+    grpc = {"output_throughput": 200.0, "request_throughput": 2.0, "failed": 0}
+    grpc |= {"ttft_ms": {"median": 10.0, "p99": 20.0}, "itl_ms": {"median": 5.0, "p99": 8.0}}
+    http = dict(grpc, output_throughput=190.0)
+    table = front_overhead.comparison_table(grpc, http, 64)
+    assert "| output tok/s | 200 | 190 | 0.950 |" in table
+    assert "| TTFT median (ms) | 10 | 10 | 1.000 |" in table
