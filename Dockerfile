@@ -3,7 +3,7 @@
 # process (see docker-compose.yml); by default it runs the whole local stack.
 #
 #   docker build -t cbserve .
-#   docker run --rm -p 50051:50051 cbserve
+#   docker run --rm -p 50051:50051 -p 8000:8000 -p 9090:9090 cbserve
 #
 # Built the way the Makefile builds the venv: torch pinned and installed first, then the
 # project with its worker extras, then the model package without its dependencies.
@@ -60,6 +60,7 @@ RUN if [ "${FLASH_ATTN}" = "1" ]; then \
         && pip install --no-build-isolation "flash-attn==${FLASH_ATTN_VERSION}"; \
     fi
 
+COPY setup.py MANIFEST.in ./
 COPY proto ./proto
 COPY common ./common
 COPY cbserve ./cbserve
@@ -67,7 +68,8 @@ COPY scheduler_svc ./scheduler_svc
 COPY worker_svc ./worker_svc
 COPY bench ./bench
 
-# Generated gRPC code first, so that the installed package carries it too.
+# Generated gRPC code in /app too, where `python -m ...` imports from; setup.py generates
+# it again into the installed package.
 RUN python -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. \
         proto/cbserve/v1/*.proto proto/cbserve/worker/v1/*.proto \
     && pip install --no-deps . \
@@ -78,6 +80,7 @@ RUN groupadd --gid 10001 cbserve \
     && useradd --create-home --uid 10001 --gid 10001 --shell /usr/sbin/nologin cbserve
 USER 10001:10001
 
-EXPOSE 50051 50061
+# gRPC, the OpenAI-compatible HTTP API, the scheduler's metrics, a worker.
+EXPOSE 50051 8000 9090 50061
 
 CMD ["python", "-m", "cbserve.launch", "--host", "0.0.0.0"]

@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-slow lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-peers bench-sweep clean
+.PHONY: format bench bench-peers bench-sweep bench-front clean
 
 env: $(STAMP)
 
@@ -44,8 +44,10 @@ model: $(MODEL_DIR)/config.json
 $(MODEL_DIR)/config.json: | $(STAMP)
 	$(PY) -m worker_svc.convert_gguf --out $(MODEL_DIR)
 
+# The whole stack in the foreground: gRPC on 50051, the OpenAI-compatible HTTP API on
+# http://127.0.0.1:8000/v1, metrics on 9090 (RUN_ARGS="--http-port 0" turns HTTP off).
 run: env proto model
-	$(PY) -m cbserve.launch
+	$(PY) -m cbserve.launch $(RUN_ARGS)
 
 test: env proto model
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -149,6 +151,13 @@ bench-peers: env
 # cbserve and llama-server: a table and PNG plots in out/sweep/ (see bench/sweep.py).
 bench-sweep: env proto model bench-peers
 	$(PY) -m bench.sweep --out-dir out/sweep $(SWEEP_ARGS)
+
+# cbserve's OpenAI-compatible HTTP front against its gRPC API at 64 concurrent streams:
+# the same random workload (256 requests, 128 prompt and 128 output tokens) on two fresh
+# stacks, then a table of both with the ratios in out/bench-front/comparison.md
+# (bench/front_overhead.py; FRONT_ARGS="--concurrency 32 --num-prompts 128" to change it).
+bench-front: env proto model
+	$(PY) -m bench.front_overhead --out-dir out/bench-front $(FRONT_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*

@@ -17,6 +17,9 @@ from typing import ClassVar
 from common.flag_fields import flag
 
 BASELINES = ("static", "hf", "llamacpp")
+# How the measured system is reached: cbserve's gRPC API, or any server that speaks the
+# OpenAI completions API (cbserve's HTTP front, llama-server, vLLM, ...).
+BACKENDS = ("cbserve", "openai")
 # transformers' dtypes (the hf baseline).
 DTYPES = ("float32", "bfloat16", "float16")
 WORKLOAD = "workload"
@@ -80,6 +83,35 @@ class BenchConfig:
         help="SLOs: ttft, tpot, e2el",
     )
 
+    backend: str = flag(
+        "cbserve",
+        choices=BACKENDS,
+        group=TARGET,
+        help="cbserve: its gRPC API (a local stack, or --server); openai: the streaming "
+        "/v1/completions of the OpenAI-compatible server at --base-url",
+    )
+    base_url: str | None = flag(
+        None,
+        metavar="URL",
+        group=TARGET,
+        help="--backend openai's server, e.g. http://localhost:8000/v1 (with or without /v1)",
+    )
+    served_model_name: str | None = flag(
+        None,
+        metavar="NAME",
+        default_help="the first model the server's /v1/models lists",
+        group=TARGET,
+        help="--backend openai: the `model` field sent (vLLM's name for it; --model is the "
+        "workload's tokenizer directory)",
+    )
+    api_key: str | None = flag(
+        None,
+        metavar="KEY",
+        env_aliases=("CBSERVE_API_KEY",),
+        group=TARGET,
+        help="sent as `Authorization: Bearer KEY` (HTTP) or `authorization` metadata (gRPC); "
+        "never written to the results",
+    )
     server: str | None = flag(None, metavar="HOST:PORT", group=TARGET, help="a running stack")
     metrics_url: str | None = flag(
         None, group=TARGET, help="its scheduler's /metrics, read around each rate"
@@ -134,6 +166,7 @@ class BenchConfig:
             raise ValueError(
                 "the static baseline starts its own stack: leave out --server or the baseline"
             )
+        _check_backend(self)
         for flag_name, lengths in (
             ("--random-input-len", self.random_input_len),
             ("--random-output-len", self.random_output_len),
@@ -162,6 +195,24 @@ class BenchConfig:
         from bench.metrics import parse_goodput
 
         return parse_goodput(self.goodput)
+
+
+def _check_backend(config: BenchConfig) -> None:
+    if config.backend == "openai":
+        if not config.base_url:
+            raise ValueError("--backend openai needs --base-url URL")
+        if not config.base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--base-url must start with http:// or https://, got {config.base_url!r}"
+            )
+        if config.server:
+            raise ValueError("--server is the gRPC backend's: --backend openai takes --base-url")
+        if "static" in config.baselines:
+            raise ValueError(
+                "the static baseline is cbserve's gRPC stack: not with --backend openai"
+            )
+    elif config.base_url or config.served_model_name:
+        raise ValueError("--base-url and --served-model-name need --backend openai")
 
 
 def _lengths(flag_name: str, text: str) -> tuple[int, int]:

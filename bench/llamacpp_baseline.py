@@ -20,20 +20,16 @@ from __future__ import annotations
 import asyncio
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench import llama_server
 from bench.arrivals import describe_rate
 from bench.metrics import RequestTiming
-from bench.openai_stream import StreamTally, completion_body, sse_data
+from bench.openai_stream import WARM_UP, completion_body, stream_completion
 from bench.runner import ClientSettings, RateResult, drive
 from bench.workload import BenchRequest
 
 SYSTEM = "llama.cpp"
-# A few tokens outside the workload, so that the first timed request does not pay
-# for the server's first decode (allocations, thread start-up).
-WARM_UP = BenchRequest(index=-1, prompt_token_ids=[28, 29, 30, 31], max_tokens=4, seed=0)
 
 
 def missing() -> str | None:
@@ -48,24 +44,8 @@ def missing() -> str | None:
 
 
 async def stream_one(session, url: str, request: BenchRequest, settings) -> RequestTiming:
-    import aiohttp
-
     body = completion_body(request, settings.temperature, settings.ignore_eos)
-    timing = RequestTiming(prompt_tokens=request.prompt_len, sent_at=time.perf_counter())
-    tally = StreamTally(timing)
-    try:
-        async with session.post(url + "/v1/completions", json=body) as response:
-            if response.status != 200:
-                timing.error = f"HTTP {response.status}: {(await response.text())[:300]}"
-                return timing
-            async for line in response.content:  # one event-stream line at a time
-                data = sse_data(line.decode("utf-8", errors="replace").rstrip("\r\n"))
-                if data is not None:
-                    tally.add(data, time.perf_counter())
-    except aiohttp.ClientError as error:
-        timing.error = f"{type(error).__name__}: {error}"
-        return timing
-    return tally.finish()
+    return await stream_completion(session, url + "/v1/completions", body, request.prompt_len)
 
 
 async def _serve_rate(url: str, requests, rate: float, settings: ClientSettings):

@@ -1,6 +1,7 @@
-"""One benchmark request through an OpenAI-compatible /v1/completions stream, as
-llama-server serves it: the request body, and the server-sent events folded into the
-same RequestTiming that cbserve's gRPC stream fills.
+"""One benchmark request through an OpenAI-compatible /v1/completions stream: the
+request body, the POST, and the server-sent events folded into the same RequestTiming
+that cbserve's gRPC stream fills. Used by the llama.cpp baseline (llama-server) and by
+`--backend openai` (any OpenAI-compatible server, cbserve's HTTP front included).
 
 What llama-server accepts (tools/server in llama.cpp): `prompt` as a list of token
 ids is used as is (no BOS added, no tokenizing: the exact ids cbserve gets);
@@ -22,6 +23,9 @@ from bench.metrics import RequestTiming
 from bench.workload import BenchRequest
 
 DONE = "[DONE]"
+# A few tokens outside the workload, so that the first timed request does not pay
+# for the server's first decode (allocations, thread start-up).
+WARM_UP = BenchRequest(index=-1, prompt_token_ids=[28, 29, 30, 31], max_tokens=4, seed=0)
 
 
 def completion_body(request: BenchRequest, temperature: float, ignore_eos: bool) -> dict:
@@ -34,6 +38,51 @@ def completion_body(request: BenchRequest, temperature: float, ignore_eos: bool)
         "stream": True,
         "timings_per_token": True,
     }
+
+
+def openai_completion_body(
+    request: BenchRequest, temperature: float, ignore_eos: bool, model: str | None
+) -> dict:
+    """The body for a server that speaks the OpenAI API and vLLM's extra fields, but
+    not llama-server's: the token count comes from `usage` at the end of the stream
+    (stream_options.include_usage), and `ignore_eos` is sent only when on (a server
+    that does not know it would otherwise refuse a field that asks for nothing)."""
+    body = {
+        "prompt": list(request.prompt_token_ids),
+        "max_tokens": request.max_tokens,
+        "temperature": temperature,
+        "seed": request.seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if model:
+        body["model"] = model
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+async def stream_completion(
+    session, endpoint: str, body: dict, prompt_tokens: int, headers: dict | None = None
+) -> RequestTiming:
+    """POSTs one streaming completion to endpoint (an aiohttp session) and times it."""
+    import aiohttp
+
+    timing = RequestTiming(prompt_tokens=prompt_tokens, sent_at=time.perf_counter())
+    tally = StreamTally(timing)
+    try:
+        async with session.post(endpoint, json=body, headers=headers) as response:
+            if response.status != 200:
+                timing.error = f"HTTP {response.status}: {(await response.text())[:300]}"
+                return timing
+            async for line in response.content:  # one event-stream line at a time
+                data = sse_data(line.decode("utf-8", errors="replace").rstrip("\r\n"))
+                if data is not None:
+                    tally.add(data, time.perf_counter())
+    except aiohttp.ClientError as error:
+        timing.error = f"{type(error).__name__}: {error}"
+        return timing
+    return tally.finish()
 
 
 def sse_data(line: str) -> str | None:

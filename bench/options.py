@@ -30,6 +30,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def recorded_command(argv: list[str]) -> str:
+    """The command line as results.json and results.md record it, without the API key."""
+    shown = list(argv)
+    for index, arg in enumerate(shown):
+        if arg.startswith("--api-key="):
+            shown[index] = "--api-key=REDACTED"
+        elif arg == "--api-key" and index + 1 < len(shown):
+            shown[index + 1] = "REDACTED"
+    return shlex.join(shown)
+
+
 def check(args: argparse.Namespace) -> str | None:
     """Checks the parsed flags (BenchConfig's __post_init__ and the stack's configs);
     returns an error message or None. Puts on args the forms the benchmark reads: the

@@ -95,15 +95,19 @@ def column_label(system: str, rate: float, rates: list[float]) -> str:
 
 def comparisons(columns: list[Column]) -> list[tuple[str, str, str]]:
     """(header, cbserve column, baseline column) for every comparable pair."""
-    ours = {c.rate: c.label for c in columns if c.system == "cbserve"}
+    # The measured system: cbserve over gRPC, or the server behind --backend openai.
+    measured = ("cbserve", "openai")
+    ours = {c.rate: c for c in columns if c.system in measured}
     several = len(ours) > 1
     pairs = []
     for column in columns:
-        if column.system == "cbserve" or column.rate not in ours:
+        if column.system in measured or column.rate not in ours:
             continue
         name = {"static": "static", "hf": "transformers", "llamacpp": "llama.cpp"}[column.system]
         suffix = f" @ {rate_label(column.rate)}" if several else ""
-        pairs.append((f"cbserve vs {name}{suffix}", ours[column.rate], column.label))
+        ours_column = ours[column.rate]
+        header = f"{ours_column.system} vs {name}{suffix}"
+        pairs.append((header, ours_column.label, column.label))
     return pairs
 
 

@@ -48,7 +48,7 @@ class RateResult:
 Scrape = Callable[[], dict[str, float]]
 
 
-def _safe_scrape(scrape: Scrape | None) -> dict[str, float]:
+def safe_scrape(scrape: Scrape | None) -> dict[str, float]:
     if scrape is None:
         return {}
     try:
@@ -133,11 +133,14 @@ async def run_rates(
     settings: ClientSettings,
     system: str,
     scrape: Scrape | None = None,
+    api_key: str | None = None,
 ) -> list[RateResult]:
     """Every rate, one after another, on one connection to one server; `scrape` reads
     the server's metrics, before and after each rate."""
     # No client retries: the benchmark counts what the server answered, refusals included.
-    async with AsyncClient(address, retry=None) as client:
+    # The key only when given, as the `authorization` metadata (cbserve.Client's api_key).
+    keyed = {"api_key": api_key} if api_key else {}
+    async with AsyncClient(address, retry=None, **keyed) as client:
         info = await client.model_info(timeout=30.0)
         server = {
             "model": info.model_name,
@@ -152,10 +155,10 @@ async def run_rates(
         results = []
         for rate in rates:
             label = f"{system}, {describe_rate(rate, settings.burstiness)}"
-            before = _safe_scrape(scrape)
+            before = safe_scrape(scrape)
             send = functools.partial(stream_one, client, settings=settings)
             timings, wall = await drive(send, requests, rate, settings, label)
-            grown = counter_growth(before, _safe_scrape(scrape))
+            grown = counter_growth(before, safe_scrape(scrape))
             results.append(RateResult(rate, timings, wall, server, grown))
     return results
 

@@ -4,6 +4,7 @@
     cbserve bench --baselines static,hf               # + cbserve --batching static, transformers
     cbserve bench --request-rate 1 2 4 --goodput ttft:2000 tpot:100
     cbserve bench --dataset random --num-prompts 3 --server localhost:50051
+    cbserve bench --backend openai --base-url http://localhost:8000/v1   # any OpenAI server
 
 Without --server every cbserve system gets a fresh local stack (scheduler + worker,
 as `make run` starts them) for each request rate. With --server all rates go to the
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import shlex
 import sys
 import urllib.request
 
@@ -55,7 +55,9 @@ def _cbserve_columns(args, requests, settings, system: str, batching: str | None
     rates = args.request_rate
     if args.server:
         scrape = _url_scrape(args.metrics_url) if args.metrics_url else None
-        outcomes = asyncio.run(run_rates(args.server, requests, rates, settings, system, scrape))
+        outcomes = asyncio.run(
+            run_rates(args.server, requests, rates, settings, system, scrape, api_key=args.api_key)
+        )
     else:
         # A fresh stack per rate: the prefix cache (on by default) would otherwise serve
         # the second rate's prompts from the first rate's blocks.
@@ -101,9 +103,17 @@ def _start_failure(system: str, error: Exception) -> str:
 def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
     columns: list[Column] = []
     errors: list[str] = []
-    systems = [("cbserve", None)]
+    systems = [("cbserve", None)] if args.backend == "cbserve" else []
     if "static" in args.baselines:
         systems.append(("static", "static"))
+    if args.backend == "openai":
+        from bench import openai_backend
+
+        scrape = _url_scrape(args.metrics_url) if args.metrics_url else None
+        try:
+            columns += openai_backend.columns(args, requests, settings, scrape)
+        except (RuntimeError, OSError) as error:
+            errors.append(f"{args.base_url} not measured: {error}")
     for system, batching in systems:
         try:
             columns += _cbserve_columns(args, requests, settings, system, batching)
@@ -205,14 +215,14 @@ def run(args: argparse.Namespace, command: str) -> int:
         file=sys.stderr,
     )
     roofline = None
-    if not args.server:
+    if not args.server and args.backend == "cbserve":
         from bench import roofline as roofline_module
 
         # Timed before any stack starts, so that nothing else shares the CPU.
         roofline = roofline_module.measure(args.model_dir, args.dtype, options.worker_threads(args))
     columns, errors = _measure(args, requests, settings)
     for column in columns:
-        if column.system in ("cbserve", "static", "llamacpp") and args.ignore_eos:
+        if column.system in ("cbserve", "openai", "static", "llamacpp") and args.ignore_eos:
             short = short_outputs(requests, column.timings)
             if short:
                 print(
@@ -248,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     options.add_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
-    return run(parser.parse_args(argv), shlex.join(["cbserve", "bench", *argv]))
+    return run(parser.parse_args(argv), options.recorded_command(["cbserve", "bench", *argv]))
 
 
 if __name__ == "__main__":

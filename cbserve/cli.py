@@ -5,6 +5,7 @@ cbserve generate --chat "What is the capital of France?"
 cbserve info
 cbserve serve            # the same as `make run`
 cbserve bench --baselines static,hf   # the serving benchmark (bench/, in a source checkout)
+cbserve --version
 """
 
 from __future__ import annotations
@@ -149,8 +150,20 @@ def _bench_options():
     return options
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, as pip recorded it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cbserve")
+    except PackageNotFoundError:
+        # Run from a checkout that was never installed (`python -m cbserve.cli`).
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
+    parser.add_argument("--version", action="version", version=f"cbserve {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
     info = subparsers.add_parser("info", help="print the served model's limits")
@@ -171,12 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         return _info(args)
     if args.command == "bench":
-        import shlex
-
         from bench.serve import run
 
         given = sys.argv[1:] if argv is None else argv
-        return run(args, shlex.join(["cbserve", *given]))
+        return run(args, bench_options.recorded_command(["cbserve", *given]))
     from cbserve.launch import serve
 
     return serve(args)

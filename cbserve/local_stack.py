@@ -90,11 +90,17 @@ class LocalStack:
 
     num_workers: int = 1
     scheduler_port: int = 0
-    # Where the scheduler serves /metrics; a free port unless given.
+    # Where the scheduler serves /metrics; a free port unless given (-1: off).
     metrics_port: int = 0
+    # The scheduler's OpenAI-compatible HTTP front: off (None) unless asked for, so that
+    # tests never take `cbserve serve`'s fixed 8000; 0 picks a free port.
+    http_port: int | None = None
     worker_ports: list[int] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
+    # Variables for the scheduler only: API keys go this way, not on its command line,
+    # where any user of the host could read them (ps, /proc/PID/cmdline).
+    scheduler_env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     # --grace-period of every child, unless its args set one.
     grace_period_s: float = DEFAULT_GRACE_PERIOD_S
@@ -104,6 +110,8 @@ class LocalStack:
     def __post_init__(self) -> None:
         self.scheduler_port = self.scheduler_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
+        if self.http_port == 0:
+            self.http_port = free_port()
         while len(self.worker_ports) < self.num_workers:
             self.worker_ports.append(free_port())
 
@@ -115,6 +123,14 @@ class LocalStack:
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP front's root (append /v1 for the OpenAI API), None when it is off."""
+        if self.http_port is None:
+            return None
+        scheme = "https" if "--tls-cert" in self.scheduler_args else "http"
+        return f"{scheme}://{self.host}:{self.http_port}"
+
     def metrics(self, timeout_s: float = 5.0) -> dict[str, float]:
         """The scheduler's current metrics: sample (with labels, as written) -> value."""
         with urllib.request.urlopen(self.metrics_url, timeout=timeout_s) as response:
@@ -122,32 +138,33 @@ class LocalStack:
 
     def start(self) -> LocalStack:
         try:
-            for index, port in enumerate(self.worker_ports):
-                argv = [
-                    sys.executable,
-                    "-m",
-                    "worker_svc",
-                    "--host",
-                    self.host,
-                    "--port",
-                    str(port),
-                ]
-                argv += self._grace_args(self.worker_args)
-                self.workers.append(ChildProcess(f"worker{index}", argv + self.worker_args))
+            for index in range(len(self.worker_ports)):
+                self.workers.append(ChildProcess(f"worker{index}", self.worker_argv(index)))
             for worker in self.workers:
                 worker.wait_ready()
-            argv = [sys.executable, "-m", "scheduler_svc", "--host", self.host]
-            argv += ["--port", str(self.scheduler_port)]
-            argv += ["--metrics-port", str(self.metrics_port)]
-            for port in self.worker_ports:
-                argv += ["--worker", f"{self.host}:{port}"]
-            argv += self._grace_args(self.scheduler_args)
-            self.scheduler = ChildProcess("scheduler", argv + self.scheduler_args)
+            self.scheduler = ChildProcess(
+                "scheduler", self.scheduler_argv(), env=self.scheduler_env
+            )
             self.scheduler.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def worker_argv(self, index: int) -> list[str]:
+        argv = [sys.executable, "-m", "worker_svc", "--host", self.host]
+        argv += ["--port", str(self.worker_ports[index])]
+        return argv + self._grace_args(self.worker_args) + self.worker_args
+
+    def scheduler_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "scheduler_svc", "--host", self.host]
+        argv += ["--port", str(self.scheduler_port)]
+        argv += ["--metrics-port", str(self.metrics_port)]
+        if self.http_port is not None:
+            argv += ["--http-port", str(self.http_port)]
+        for port in self.worker_ports:
+            argv += ["--worker", f"{self.host}:{port}"]
+        return argv + self._grace_args(self.scheduler_args) + self.scheduler_args
 
     def _grace_args(self, args: list[str]) -> list[str]:
         if any(arg.startswith("--grace-period") for arg in args):

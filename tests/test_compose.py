@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from common.health_probe import build_parser as health_probe_parser
+from scheduler_svc.__main__ import edge_config_from_args
 from scheduler_svc.__main__ import parse_args as parse_scheduler_args
 from worker_svc.__main__ import build_parser as worker_parser
 from worker_svc.__main__ import config_from_args
@@ -126,6 +127,30 @@ def test_scheduler_reaches_every_worker_and_is_published(variant):
     published = [str(port) for port in services["scheduler"]["ports"]]
     assert f"{parsed.port}:{parsed.port}" in published
     assert f"{parsed.metrics_port}:{parsed.metrics_port}" in published
+
+
+@variants
+def test_scheduler_serves_the_http_api_on_a_published_8000(variant):
+    services = _services(variant)
+    parsed = _parse_scheduler(_services_running(variant, "scheduler_svc")["scheduler"])
+    assert parsed.http_port == 8000
+    assert "8000:8000" in [str(port) for port in services["scheduler"]["ports"]]
+
+
+@variants
+def test_the_api_key_comes_from_the_environment_and_may_be_absent(variant, monkeypatch):
+    environment = _services(variant)["scheduler"]["environment"]
+    # `${VAR:-}`: compose substitutes an empty value when the shell has none, and an
+    # empty variable counts as unset (common.cli_config): no key is asked for.
+    assert environment["CBSERVE_API_KEY"] == "${CBSERVE_API_KEY:-}"
+    args = _services_running(variant, "scheduler_svc")["scheduler"]
+    monkeypatch.delenv("CBSERVE_SCHEDULER_API_KEY", raising=False)
+    monkeypatch.setenv("CBSERVE_API_KEY", "")
+    assert edge_config_from_args(_parse_scheduler(args)).api_key == []
+    monkeypatch.setenv("CBSERVE_API_KEY", "k1,k2")
+    assert edge_config_from_args(_parse_scheduler(args)).api_key == ["k1", "k2"]
+    for workers in _services_running(variant, "worker_svc"):
+        assert "CBSERVE_API_KEY" not in _services(variant)[workers].get("environment", {})
 
 
 @variants

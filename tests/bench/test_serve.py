@@ -37,7 +37,7 @@ class FakeStack:
         FakeStack.stops += 1
 
 
-async def fake_run_rates(address, requests, rates, settings, system, scrape=None):
+async def fake_run_rates(address, requests, rates, settings, system, scrape=None, api_key=None):
     step = 0.01 if system == "cbserve" else 0.03  # static three times slower
     results = []
     for rate in rates:

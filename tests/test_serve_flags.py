@@ -1,0 +1,166 @@
+"""`cbserve serve` passes its flags on to the processes it starts, checked without
+starting them: the command lines the stack would run are handed to the scheduler's and
+the worker's own parsers. One end-to-end run checks what it prints at start."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from cbserve.launch import add_serve_arguments, announce, stack_from_args
+from cbserve.local_stack import ChildProcess, LocalStack, free_port
+from common.cli_config import FlagError
+from common.defaults import DEFAULT_METRICS_PORT, REPO_ROOT
+from scheduler_svc.__main__ import edge_config_from_args
+from scheduler_svc.__main__ import parse_args as parse_scheduler_args
+from scheduler_svc.edge_config import DEFAULT_HTTP_PORT
+from tests.waiting import wait_until
+from worker_svc.__main__ import build_parser as worker_parser
+
+
+@pytest.fixture(autouse=True)
+def _no_stack_variables(monkeypatch):
+    # The variables a developer may have set would change what is passed on.
+    for name in ("CBSERVE_API_KEY", "CBSERVE_SCHEDULER_API_KEY", "CBSERVE_SERVE_HTTP_PORT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _stack(argv: list[str]) -> LocalStack:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return stack_from_args(parser.parse_args(argv))
+
+
+def _scheduler(stack: LocalStack, monkeypatch) -> argparse.Namespace:
+    """What the scheduler process would parse: its argv after `-m scheduler_svc`, with
+    the variables the stack gives it."""
+    for name, value in stack.scheduler_env.items():
+        monkeypatch.setenv(name, value)
+    return parse_scheduler_args(stack.scheduler_argv()[3:])
+
+
+def _worker(stack: LocalStack) -> argparse.Namespace:
+    return worker_parser().parse_args(stack.worker_argv(0)[3:])
+
+
+def test_serve_turns_on_http_on_8000_and_metrics_on_a_fixed_port(monkeypatch):
+    stack = _stack([])
+    scheduler = _scheduler(stack, monkeypatch)
+    assert scheduler.http_port == DEFAULT_HTTP_PORT == 8000
+    assert scheduler.metrics_port == DEFAULT_METRICS_PORT
+    assert stack.http_url == "http://127.0.0.1:8000"
+    assert (scheduler.log_level, _worker(stack).log_level) == ("info", "info")
+
+
+def test_http_port_0_turns_the_front_off(monkeypatch):
+    stack = _stack(["--http-port", "0", "--metrics-port", "-1"])
+    assert "--http-port" not in stack.scheduler_argv()
+    scheduler = _scheduler(stack, monkeypatch)
+    assert (scheduler.http_port, scheduler.metrics_port) == (0, -1)
+    assert stack.http_url is None
+
+
+def test_a_bare_local_stack_keeps_http_off_and_8000_free():
+    # Tests start stacks side by side: none may take the fixed port unless asked.
+    assert LocalStack().http_port is None
+    assert "--http-port" not in LocalStack().scheduler_argv()
+    asked = LocalStack(http_port=0)
+    assert asked.http_port not in (None, 0, DEFAULT_HTTP_PORT)
+    assert "--http-port" in asked.scheduler_argv()
+
+
+def test_api_keys_reach_the_scheduler_by_variable_not_by_command_line(monkeypatch):
+    stack = _stack(["--api-key", "key-one", "--api-key", "key-two"])
+    assert not any("key-" in arg for arg in stack.scheduler_argv() + stack.worker_argv(0))
+    scheduler = _scheduler(stack, monkeypatch)
+    assert edge_config_from_args(scheduler).api_key == ["key-one", "key-two"]
+
+
+def test_cbserve_api_key_variable_is_read_by_serve(monkeypatch):
+    monkeypatch.setenv("CBSERVE_API_KEY", "from-env")
+    stack = _stack([])
+    assert stack.scheduler_env == {"CBSERVE_SCHEDULER_API_KEY": "from-env"}
+    # The command line wins over the variable.
+    assert _stack(["--api-key", "flag"]).scheduler_env == {"CBSERVE_SCHEDULER_API_KEY": "flag"}
+
+
+def test_tls_flags_are_passed_on_and_checked_before_starting(monkeypatch):
+    stack = _stack(["--tls-cert", "server.pem", "--tls-key", "server.key"])
+    edge = edge_config_from_args(_scheduler(stack, monkeypatch))
+    assert (edge.tls_cert, edge.tls_key) == ("server.pem", "server.key")
+    assert stack.http_url.startswith("https://")
+    with pytest.raises(FlagError, match="--tls-cert"):
+        _stack(["--tls-cert", "server.pem"])
+
+
+def test_worker_flags_and_log_level_reach_every_process(monkeypatch):
+    argv = ["--threads", "2", "--device", "cpu", "--attention-backend", "torch"]
+    stack = _stack([*argv, "--log-level", "debug", "--num-workers", "2"])
+    for index in range(2):
+        worker = worker_parser().parse_args(stack.worker_argv(index)[3:])
+        assert (worker.threads, worker.device, worker.attention_backend) == (2, "cpu", "torch")
+        assert worker.log_level == "debug"
+    assert _scheduler(stack, monkeypatch).log_level == "debug"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--http-port", "70000"], ["--metrics-port", "0"], ["--log-level", "verbose"]],
+)
+def test_bad_values_are_refused_before_any_process_starts(argv):
+    with pytest.raises((FlagError, SystemExit)):
+        _stack(argv)
+
+
+def test_version_prints_the_package_version():
+    result = subprocess.run(
+        [sys.executable, "-m", "cbserve.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"', pyproject, re.MULTILINE).group(1)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"cbserve {declared}"
+
+
+def test_serve_prints_where_grpc_http_and_metrics_listen():
+    ports = {name: free_port() for name in ("port", "worker-port", "http-port", "metrics-port")}
+    argv = [sys.executable, "-m", "cbserve.launch"]
+    for name, port in ports.items():
+        argv += [f"--{name}", str(port)]
+    serve = ChildProcess("cbserve serve", argv)
+    try:
+        lines = _lines_until(serve, "Ctrl-C stops everything")
+        assert f"cbserve is serving on 127.0.0.1:{ports['port']} (gRPC)" in lines
+        assert f"OpenAI-compatible HTTP API: http://127.0.0.1:{ports['http-port']}/v1" in lines
+        metrics_url = f"http://127.0.0.1:{ports['metrics-port']}/metrics"
+        assert f"metrics: {metrics_url}" in lines
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        assert serve.stop() == 0
+
+
+def _lines_until(child: ChildProcess, marker: str, timeout_s: float = 240.0) -> str:
+    def printed() -> bool:
+        assert child.process.poll() is None, "\n".join(child.lines)
+        return any(marker in line for line in child.lines)
+
+    wait_until(lambda: "\n".join(child.lines) or "nothing printed", printed, timeout_s, 0.2)
+    return "\n".join(child.lines)
+
+
+def test_the_start_message_says_keys_are_on_without_printing_them(capsys):
+    # A key must not end up in a terminal's scrollback or a log file.
+    announce(_stack(["--api-key", "secret-key", "--host", "0.0.0.0"]))
+    printed = capsys.readouterr().out
+    assert "Authorization: Bearer KEY" in printed
+    assert "secret-key" not in printed
+    assert "http://localhost:8000/v1" in printed
