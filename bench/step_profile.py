@@ -94,7 +94,9 @@ def main() -> None:
     runner = make_runner(
         args.dtype, blocks_needed, attention=args.attention_backend, compile=args.compile
     )
+    set_up_started = time.perf_counter()
     free = set_up(runner, contexts, args.seed)
+    set_up_seconds = time.perf_counter() - set_up_started
     prefill = [rng.randrange(100, 40000) for _ in range(args.prefill)]
 
     def one_step() -> float:
@@ -116,11 +118,13 @@ def main() -> None:
         times = [one_step() for _ in range(args.steps)]
     median = statistics.median(times)
     print(
-        f"{args.dtype}{' compiled' if args.compile else ''} {runner.backend.name} threads={args.threads} batch={args.batch} "
+        f"{args.dtype}{' compiled' if args.compile else ''} {runner.backend.name} "
+        f"threads={args.threads} batch={args.batch} "
         f"context={low}..{high} "
         f"(mean {statistics.mean(contexts):.0f}) prefill={args.prefill}: "
         f"{median * 1000:.1f} ms/step (min {min(times) * 1000:.1f}), "
-        f"{args.batch / median:.0f} decode tokens/s; 2 warm-up steps {warm_up:.1f} s"
+        f"{args.batch / median:.0f} decode tokens/s; set-up prefills {set_up_seconds:.1f} s, "
+        f"2 warm-up steps {warm_up:.1f} s"
     )
 
 
