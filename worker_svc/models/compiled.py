@@ -13,9 +13,13 @@ pool, metadata) is handed to it through `_STEP`, set around the compiled call, a
 vLLM's forward context does. So there is no graph break and the graph does not
 depend on the batch's layout, only on its sizes.
 
-Sizes: the flat batch length T and the number of sampled rows are marked dynamic,
-so one graph serves every T >= 2; T = 1 (one stream decoding) gets its own graph,
-because torch.compile always specializes sizes 0 and 1.
+Sizes: the flat batch length T and the number of sampled rows S are marked
+dynamic, so one graph serves every T >= 2; T = 1 (one stream decoding) and S = 1
+(one sequence sampling) get graphs of their own, because torch.compile always
+specializes sizes 0 and 1. `warm_up` compiles the three a step can need
+((1, 1), (T, 1), (T, S)) before the worker reports ready, so no request waits for
+a compile; Inductor caches the generated code on disk (`TORCHINDUCTOR_CACHE_DIR`),
+so a restart on the same machine and torch mostly loads it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from worker_svc.attention import PagedAttentionContext
+from worker_svc.attention import BatchLayout, PagedAttentionContext, TorchAttentionBackend
+from worker_svc.kv_pool import KVPool, KVPoolSpec
 
 # The step whose forward is running: (attention context) or None outside a forward.
 _STEP: list[PagedAttentionContext] = []
@@ -81,3 +86,24 @@ class CompiledForward(torch.nn.Module):
             return self._compiled(input_ids, positions, sample_rows)
         finally:
             _STEP.pop()
+
+    @torch.inference_mode()
+    def warm_up(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+        """Compiles the graphs of the step shapes (1, 1), (2, 1) and (2, 2) (flat tokens,
+        sampled rows), on a throwaway pool: the graphs do not depend on the attention
+        backend, which is opaque to them."""
+        device = self.model.embed_tokens.device
+        num_layers, block = len(self.model.layers), 16
+        backend = TorchAttentionBackend()
+        spec = KVPoolSpec(num_layers, num_kv_heads, head_dim, block, dtype)
+        pool = KVPool(spec, 2, device)
+        for query_lens, sample_rows in (((1,), [0]), ((2,), [1]), ((1, 1), [0, 1])):
+            tables = ((0,), (1,))[: len(query_lens)]
+            layout = BatchLayout(query_lens, query_lens, tables, block)
+            t = sum(query_lens)
+            self(
+                torch.zeros(t, dtype=torch.long, device=device),
+                torch.cat([torch.arange(q, device=device) for q in query_lens]),
+                PagedAttentionContext(backend, pool, backend.build_metadata(layout, device)),
+                torch.tensor(sample_rows, device=device),
+            )
