@@ -42,12 +42,16 @@ GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 
 
 def make_runner(
-    dtype: torch.dtype | str, num_blocks: int, block_size: int = 16, attention: str = "auto"
+    dtype: torch.dtype | str,
+    num_blocks: int,
+    block_size: int = 16,
+    attention: str = "auto",
+    compile: bool = False,
 ) -> ModelRunner:
     """A runner with the attention backend a worker would pick (`attention`, as the
-    worker's --attention-backend)."""
+    worker's --attention-backend); `compile` as the worker's --compile."""
     device = torch.device("cpu")
-    loaded = load_model(default_model_path(), dtype, device)
+    loaded = load_model(default_model_path(), dtype, device, compile=compile)
     spec = KVPoolSpec(
         loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, loaded.dtype
     )

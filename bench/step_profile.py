@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.step_profile [--batch 64] [--context 200 | 100:1500]
         [--prefill 0] [--threads 2] [--dtype float32] [--attention-backend auto|torch|cpu]
-        [--profile] [--steps 5]
+        [--profile] [--steps 5] [--compile]
 
 The step is what a worker runs under the serving benchmark: `batch` sequences
 decoding one token each, over `context` tokens of KV (one length, or a uniform
@@ -82,14 +82,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="print torch's operator table")
+    parser.add_argument(
+        "--compile", action="store_true", help="the worker's --compile (torch.compile)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     low, high = parse_range(args.context)
     rng = random.Random(args.seed)
     contexts = [rng.randint(low, high) for _ in range(args.batch)]
     blocks_needed = sum(-(-(c + 64) // 16) for c in contexts) + args.prefill // 16 + 2
-    runner = make_runner(args.dtype, blocks_needed, attention=args.attention_backend)
+    runner = make_runner(
+        args.dtype, blocks_needed, attention=args.attention_backend, compile=args.compile
+    )
+    set_up_started = time.perf_counter()
     free = set_up(runner, contexts, args.seed)
+    set_up_seconds = time.perf_counter() - set_up_started
     prefill = [rng.randrange(100, 40000) for _ in range(args.prefill)]
 
     def one_step() -> float:
@@ -97,8 +104,10 @@ def main() -> None:
         runner.execute(step_plan(args.batch, prefill, free, runner.pool.block_size))
         return time.perf_counter() - started
 
-    for _ in range(2):  # warm-up: allocator, kernels
+    warm_up = time.perf_counter()
+    for _ in range(2):  # warm-up: allocator, kernels (and with --compile, the compile)
         one_step()
+    warm_up = time.perf_counter() - warm_up
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -109,10 +118,13 @@ def main() -> None:
         times = [one_step() for _ in range(args.steps)]
     median = statistics.median(times)
     print(
-        f"{args.dtype} {runner.backend.name} threads={args.threads} batch={args.batch} "
+        f"{args.dtype}{' compiled' if args.compile else ''} {runner.backend.name} "
+        f"threads={args.threads} batch={args.batch} "
         f"context={low}..{high} "
         f"(mean {statistics.mean(contexts):.0f}) prefill={args.prefill}: "
-        f"{median * 1000:.1f} ms/step, {args.batch / median:.0f} decode tokens/s"
+        f"{median * 1000:.1f} ms/step (min {min(times) * 1000:.1f}), "
+        f"{args.batch / median:.0f} decode tokens/s; set-up prefills {set_up_seconds:.1f} s, "
+        f"2 warm-up steps {warm_up:.1f} s"
     )
 
 

@@ -85,6 +85,15 @@ class WorkerConfig:
         help="cbserve: the own forward (worker_svc/models); transformers: its modules; "
         "auto: the own forward where the architecture has one",
     )
+    # Off by default: on a 2-core CPU the compile at start takes minutes (bench/RESULTS.md,
+    # "torch.compile on the own forward").
+    compile: bool = flag(
+        False,
+        switch=True,
+        help="run the own forward through torch.compile (Inductor): fewer operator calls "
+        "a step, after compiling its graphs at start (minutes on a small CPU; cached on "
+        "disk for the next start); needs the own forward",
+    )
     # "auto" picks cuda:0 when torch sees a GPU, else cpu.
     device: str = flag("auto", help="auto, cpu, cuda, cuda:N")
     threads: int | None = flag(None, default_help="torch's choice", help="torch intra-op threads")
@@ -138,6 +147,8 @@ class WorkerConfig:
             )
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
+        if self.compile and self.model_impl == "transformers":
+            raise ValueError("compile needs the own forward, not --model-impl transformers")
         if self.threads is not None and self.threads <= 0:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:

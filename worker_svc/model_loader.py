@@ -82,9 +82,12 @@ def load_model(
     compute: str | torch.dtype | ComputePath,
     device: torch.device,
     model_impl: str = "auto",
+    compile: bool = False,
 ) -> LoadedModel:
     """`compute` is a compute path (or its name, or a float dtype: float32 is the path
-    "float32"). Raises ModelLoadError with the reason when it cannot be served."""
+    "float32"). `compile`: the own forward through torch.compile (models/compiled.py);
+    it compiles at its first calls. Raises ModelLoadError with the reason when it
+    cannot be served."""
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
@@ -111,6 +114,12 @@ def load_model(
         impl = "transformers"
     model.to(device).eval()
     model.requires_grad_(False)
+    if compile:
+        if impl != "cbserve":
+            raise ModelLoadError("--compile needs the own forward (--model-impl cbserve)")
+        from worker_svc.models.compiled import CompiledForward
+
+        model = CompiledForward(model)
 
     heads, kv_heads, head_dim = attention_dims(text_config)
     return LoadedModel(

@@ -5,6 +5,7 @@ Used by the server, and usable in-process (tests, benchmarks) without gRPC.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -51,7 +52,11 @@ def build_worker(config: WorkerConfig) -> Worker:
     path, path_choice = select_path(
         config.dtype, device.type, cpu_flags(), own_forward=config.model_impl != "transformers"
     )
-    loaded = load_model(config.model, path, device, config.model_impl)
+    loaded = load_model(config.model, path, device, config.model_impl, compile=config.compile)
+    if config.compile:
+        started = time.perf_counter()
+        loaded.model.warm_up(loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
+        log.info("forward_compiled", seconds=round(time.perf_counter() - started, 1))
     text_config = loaded.config
     sliding = getattr(text_config, "sliding_window", None)
     layer_types = getattr(text_config, "layer_types", None) or []
@@ -80,6 +85,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         compute_path=loaded.compute_path,
         compute_path_choice=path_choice,
         model_impl=loaded.model_impl,
+        compiled=config.compile,
         processor=processor,
         threads=torch.get_num_threads(),
         device=str(device),

@@ -2,7 +2,10 @@
 
 CBSERVE_WORKER_TEST_DTYPE=bfloat16 runs the model tests (ours and transformers'
 reference) in bfloat16 instead of float32: that is how the default dtype is
-chosen (see bench/measure_dtype.py).
+chosen (see bench/measure_dtype.py). CBSERVE_WORKER_TEST_COMPILE=1 loads it with the
+worker's --compile (torch.compile), for running the greedy-equality tests against
+transformers' `generate` on the compiled forward (tests/worker/test_worker_model_runner.py;
+the layer-by-layer test needs the eager modules).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from worker_svc.model_runner import ModelRunner
 from worker_svc.sampler import Sampler
 
 TEST_DTYPE = getattr(torch, os.environ.get("CBSERVE_WORKER_TEST_DTYPE", "float32"))
+TEST_COMPILE = os.environ.get("CBSERVE_WORKER_TEST_COMPILE") == "1"
 
 
 @pytest.fixture(scope="session")
 def loaded_model() -> LoadedModel:
     torch.set_num_threads(2)
-    return load_model(default_model_path(), TEST_DTYPE, torch.device("cpu"))
+    return load_model(default_model_path(), TEST_DTYPE, torch.device("cpu"), compile=TEST_COMPILE)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,9 @@ path relies on (see Int8Linear).
 
 from __future__ import annotations
 
+import itertools
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -69,15 +71,38 @@ class Int8Linear(Projection):
                 weight, scales.double(), torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8
             )
         self._packed = torch.ops.quantized.linear_prepack(quantized, None)
+        self._handle = next(_HANDLES)
+        _INT8_LINEARS[self._handle] = self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 1:
             # One token: the tensor-wide scale already is its own (a single stream's
             # decode), and five small operators a projection are worth saving there.
-            return torch.ops.quantized.linear_dynamic(x, self._packed, False)
+            return self._matmul(x)
         row_max = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12)
-        y = torch.ops.quantized.linear_dynamic(x / row_max, self._packed, False)
-        return y.mul_(row_max)
+        return self._matmul(x / row_max).mul_(row_max)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # torch.compile cannot trace fbgemm's packed weights (a TorchScript
+            # object): the graph names them by handle through an opaque op.
+            return torch.ops.cbserve.int8_linear(x, self._handle)
+        return torch.ops.quantized.linear_dynamic(x, self._packed, False)
+
+
+# Handle -> projection, for the op below; weak, so a dropped model frees its weights.
+_INT8_LINEARS: weakref.WeakValueDictionary[int, Int8Linear] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count()
+
+
+@torch.library.custom_op("cbserve::int8_linear", mutates_args=())
+def _int8_linear_op(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x, _INT8_LINEARS[handle]._packed, False)
+
+
+@_int8_linear_op.register_fake
+def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], _INT8_LINEARS[handle].out_features))
 
 
 def make_projection(weight: torch.Tensor, path: str) -> Projection:
