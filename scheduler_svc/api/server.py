@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 from structlog.contextvars import bound_contextvars
@@ -79,7 +80,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         )
 
     def _place(
-        self, request: pb.GenerateRequest, context, trace: RequestTrace
+        self, request: pb.GenerateRequest, deadline: float | None, trace: RequestTrace
     ) -> tuple[ValidatedRequest, RequestHandle]:
         """Validates the request and queues it on a worker; raises ServiceError.
 
@@ -103,7 +104,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
-        handle = self.pool.submit(validated.to_request(_deadline(context)))
+        handle = self.pool.submit(validated.to_request(deadline))
         trace.placed(handle.address, len(validated.prompt_token_ids))
         return validated, handle
 
@@ -132,28 +133,45 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         await refuse_undecodable(request, context)
+        try:
+            async for response in self.generate(request, _deadline(context)):
+                yield response
+        except ServiceError as error:
+            await context.abort(error.code, error.message)
+
+    async def generate(
+        self, request: pb.GenerateRequest, deadline: float | None = None
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """The one request path, whatever the door (gRPC's Generate, the HTTP front).
+
+        Yields the request's responses and raises ServiceError when it is refused or
+        fails; deadline is a time.monotonic() value or None. Closing or cancelling
+        the iteration (a client gone) aborts the request, so its blocks are freed at
+        the next step. The request_id is bound in the structlog contextvars of the
+        task that iterates, so every log line of the request carries it.
+        """
         if self._draining:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another"
+            raise ServiceError(
+                "the server is shutting down; retry on another", grpc.StatusCode.UNAVAILABLE
             )
         if self._num_streams >= self.max_concurrent_streams:
             # Refused before any work, so that a flood of clients costs next to nothing.
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise ServiceError(
                 f"{self._num_streams} Generate streams are open (the limit, "
                 "--max-concurrent-streams); retry later with backoff",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
         self._num_streams += 1
         self._idle.clear()
         try:
-            async for response in self._generate(request, context):
+            async for response in self._generate(request, deadline):
                 yield response
         finally:
             self._num_streams -= 1
             if self._num_streams == 0:
                 self._idle.set()
 
-    async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+    async def _generate(self, request: pb.GenerateRequest, deadline: float | None):
         trace = RequestTrace(self.metrics)
         if not request.request_id:
             # Made up now, not in validation, so that a request refused before
@@ -163,14 +181,15 @@ class GenerationService(pb_grpc.GenerationServicer):
         # before validation refuses one that is too long).
         with bound_contextvars(request_id=request.request_id[:MAX_REQUEST_ID_CHARS]):
             try:
-                validated, handle = self._place(request, context, trace)
+                validated, handle = self._place(request, deadline, trace)
             except ServiceError as error:
                 trace.failed(error.code, error.message)
-                await context.abort(error.code, error.message)
+                raise
             async for response in self._stream(handle, trace):
                 yield response
             if trace.failure is not None:
-                await context.abort(*trace.failure)
+                code, message = trace.failure
+                raise ServiceError(message, code)
 
     async def _stream(self, handle: RequestHandle, trace: RequestTrace):
         """Yields the request's responses; records how it ended in trace."""
