@@ -108,6 +108,10 @@ class GenerationService(pb_grpc.GenerationServicer):
         trace.placed(handle.address, len(validated.prompt_token_ids))
         return validated, handle
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
     async def drain(self, grace_s: float) -> int:
         """Refuses new calls, waits up to grace_s for those in flight; returns how
         many were still running then, which end with UNAVAILABLE."""

@@ -153,8 +153,10 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        # Like the gRPC health status: serving while a worker is connected, and not
+        # once shutting down, so that balancers send new clients elsewhere.
         connected = len(pool.connected_engines())
-        status = 200 if connected else 503
+        status = 200 if connected and not service.draining else 503
         return JSONResponse({"workers_connected": connected}, status_code=status)
 
     @app.get("/metrics")

@@ -13,9 +13,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import structlog
+
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import ServiceError
 from scheduler_svc.api.http.translate import Choice
+
+log = structlog.get_logger("scheduler.http")
 
 _DONE = object()
 
@@ -36,6 +40,9 @@ class FanOut:
                 self._queue.put_nowait((choice.index, response))
         except ServiceError as error:
             self._queue.put_nowait((choice.index, error))
+        except Exception as error:  # a bug here: the call fails as INTERNAL, not hangs
+            log.exception("choice failed", request_id=choice.request.request_id)
+            self._queue.put_nowait((choice.index, ServiceError(f"internal error: {error!r}")))
         finally:
             self._queue.put_nowait((choice.index, _DONE))
 
