@@ -1,10 +1,13 @@
-"""The public gRPC service, cbserve.v1.Generation, on the scheduler.
+"""The public gRPC service, cbserve.v1.Generation, on the scheduler, and the one
+request path every door uses.
 
-Generate validates the request, hands it to a worker's engine (the pool
-picks which), and streams that engine's outputs as GenerateResponses. A
-client that cancels or disconnects ends the handler, whose cleanup aborts the
-request so that its blocks are freed at the next step. Each call keeps a
-RequestTrace: its metrics and its one summary log line.
+generate() validates the request, hands it to a worker's engine (the pool
+picks which), and yields that engine's outputs as GenerateResponses, raising
+ServiceError on a refusal or failure. gRPC's Generate and the HTTP front
+(scheduler_svc/api/http) both iterate it; each only translates. A client that
+cancels or disconnects ends the iteration, whose cleanup aborts the request so
+that its blocks are freed at the next step. Each call keeps a RequestTrace:
+its metrics and its one summary log line.
 
 drain() is the graceful shutdown: new calls get UNAVAILABLE, calls in flight
 get the grace period to finish, and those still running then end with
