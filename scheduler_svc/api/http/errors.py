@@ -96,6 +96,9 @@ def from_service_error(error: ServiceError) -> OpenAIError:
     )
 
 
+_UNION_MEMBERS = {"str", "int", "float", "bool", "none"}
+
+
 def _location(loc: tuple) -> str | None:
     """FastAPI's error location ("body", "messages", 0, "content") as messages[0].content."""
     parts = [part for part in loc if part != "body"]
@@ -103,8 +106,8 @@ def _location(loc: tuple) -> str | None:
     for part in parts:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif "[" in str(part) or "-" in str(part):
-            # A union member's name (list[int], function-after[...]): not a field.
+        elif part in _UNION_MEMBERS or "[" in part or "-" in part:
+            # A union member's tag (str, list[int], function-after[...]): not a field.
             continue
         else:
             text += f".{part}" if text else str(part)

@@ -73,6 +73,8 @@ class HttpFront:
         certificate or key that cannot be loaded."""
         config = self._server.config
         config.load()  # loads the TLS certificate and key
+        # What Server.serve() sets before its startup (lifespan is off: a no-op).
+        self._server.lifespan = config.lifespan_class(config)
         self._sockets = [_listening_socket(self.host, self.port)]
         await self._server.startup(sockets=self._sockets)
         self._task = asyncio.create_task(self._run())
