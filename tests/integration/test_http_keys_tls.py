@@ -4,6 +4,8 @@ trusts the test CA streams; plaintext HTTP to the port is refused)."""
 
 from __future__ import annotations
 
+import ssl
+
 import httpx2 as httpx
 import openai
 import pytest
@@ -41,7 +43,8 @@ def base_url(https_stack) -> str:
 
 @pytest.fixture
 def trusting(test_certificates):
-    with httpx.Client(verify=str(test_certificates.ca), timeout=60) as client:
+    trusted = ssl.create_default_context(cafile=str(test_certificates.ca))
+    with httpx.Client(verify=trusted, timeout=60) as client:
         yield client
 
 
