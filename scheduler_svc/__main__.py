@@ -118,6 +118,8 @@ async def serve(args: argparse.Namespace) -> None:
     enable_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
+    # Before the workers, so that a port taken fails at once, without touching them.
+    http_front = await _start_http(service, edge, process.host, server)
     try:
         await pool.start(process.worker, connect_timeout_s)
     except (WorkerLost, ValueError) as error:
@@ -134,7 +136,6 @@ async def serve(args: argparse.Namespace) -> None:
     # Set before the ready line, so that whoever waits for it finds the status current;
     # from then on it follows the workers.
     await set_serving(health, [SERVICE_NAME], serving=bool(pool.connected_engines()))
-    http_front = await _start_http(service, edge, process.host, server)
     health_task = asyncio.create_task(follow_workers(pool, health, [SERVICE_NAME]))
     announce_ready(_ready_line(process, pool, metrics_server, http_front))
     stop = asyncio.Event()

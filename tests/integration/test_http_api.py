@@ -5,12 +5,15 @@ strings, usage; and greedy text over HTTP equal to greedy text over gRPC."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import httpx2 as httpx
 import openai
 import pytest
 
 from cbserve.client import Client
+from cbserve.local_stack import free_port
 from common.metrics import parse_samples
 
 PROMPT = "The capital of France is"
@@ -194,3 +197,15 @@ def test_models_health_metrics_version(http_stack, base_url, api):
     assert "cbserve_kv_blocks_used" in parse_samples(metrics.text)
     version = httpx.get(f"{base_url}/version")
     assert version.status_code == 200 and version.json()["version"]
+
+
+def test_scheduler_exits_when_the_http_port_is_taken(http_stack):
+    result = subprocess.run(
+        [sys.executable, "-m", "scheduler_svc", "--port", str(free_port())]
+        + ["--http-port", str(http_stack.http_port), "--worker", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert f"cannot start: http port {http_stack.http_port}" in result.stderr
