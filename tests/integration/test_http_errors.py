@@ -7,6 +7,9 @@ client that disconnects mid-stream cancels its request, whose blocks are freed.
 
 from __future__ import annotations
 
+import json
+import socket
+
 import httpx2 as httpx
 import openai
 import pytest
@@ -118,9 +121,11 @@ def test_disconnect_mid_stream_frees_the_blocks(http_stack, base_url):
     url = f"{base_url}/v1/chat/completions"
     with httpx.Client(timeout=60) as client, client.stream("POST", url, json=body) as stream:
         assert stream.status_code == 200
-        # Four events (each a line and a blank one), then the client goes away.
-        seen = [line for _, line in zip(range(8), stream.iter_lines(), strict=False) if line]
-        assert len(seen) == 4 and all(line.startswith("data: {") for line in seen)
+        # Four events (each a line and a blank one). The iterator is kept: dropping it
+        # would close the connection here already (httpcore closes an unread stream).
+        lines = stream.iter_lines()
+        seen = [next(lines) for _ in range(8)]
+        assert all(line.startswith("data: {") for line in seen[::2]) and not any(seen[1::2])
         # Both choices are running, thousands of tokens from their end.
         wait_for_metric(http_stack, "cbserve_num_requests_running", 2, timeout_s=20)
         assert http_stack.metrics().get(ABORTED, 0.0) == aborted_before
@@ -128,3 +133,18 @@ def test_disconnect_mid_stream_frees_the_blocks(http_stack, base_url):
     after = wait_for_metric(http_stack, ABORTED, aborted_before + 2)
     assert after["cbserve_num_requests_running"] == 0
     wait_for_metric(http_stack, "cbserve_kv_blocks_used", 0)
+
+
+def test_disconnect_before_a_whole_answer_frees_the_blocks(http_stack):
+    aborted_before = http_stack.metrics().get(ABORTED, 0.0)
+    body = json.dumps({"prompt": "Once", "max_tokens": 2000, "ignore_eos": True}).encode()
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    # A raw socket, so that the client is gone exactly when the test says.
+    with socket.create_connection(("127.0.0.1", http_stack.http_port), timeout=30) as raw:
+        raw.sendall(head.encode() + body)
+        wait_for_metric(http_stack, "cbserve_num_requests_running", 1, timeout_s=20)
+    after = wait_for_metric(http_stack, ABORTED, aborted_before + 1)
+    assert after["cbserve_num_requests_running"] == 0
