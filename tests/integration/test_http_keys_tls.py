@@ -34,6 +34,8 @@ def https_stack(test_certificates):
     assert f"http_port={port}" in running.scheduler.wait_ready()
     yield running
     stop_stack(running)
+    # SIGTERM: drained, the HTTP front stopped as a bounded stage, a clean exit.
+    assert running.scheduler.process.returncode == 0
 
 
 @pytest.fixture(scope="module")
