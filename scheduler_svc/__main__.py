@@ -31,6 +31,7 @@ from common.defaults import default_model_path
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
+from scheduler_svc.api.http.serve import HttpFront
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
@@ -130,6 +131,8 @@ async def serve(args: argparse.Namespace) -> None:
     enable_reflection(server, [SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
+    # Before the workers, so that a port taken fails at once, without touching them.
+    http_front = await _start_http(service, edge, process.host, server)
     try:
         await pool.start(process.worker, connect_timeout_s)
     except (WorkerLost, ValueError) as error:
@@ -147,7 +150,7 @@ async def serve(args: argparse.Namespace) -> None:
     # from then on it follows the workers.
     await set_serving(health, [SERVICE_NAME], serving=bool(pool.connected_engines()))
     health_task = asyncio.create_task(follow_workers(pool, health, [SERVICE_NAME]))
-    announce_ready(_ready_line(process, pool, metrics_server))
+    announce_ready(_ready_line(process, pool, metrics_server, http_front))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -166,6 +169,8 @@ async def serve(args: argparse.Namespace) -> None:
         stages.insert(0, ("discovery", discovery.stop()))
     if metrics_server is not None:
         stages.append(("metrics server", metrics_server.stop()))
+    if http_front is not None:
+        stages.insert(0, ("http server", http_front.stop()))
     for name, stage in stages:
         await _bounded_stage(name, stage)
 
@@ -180,7 +185,21 @@ async def _bounded_stage(name: str, stage) -> None:
         log.warning("shutdown stage timed out", stage=name, timeout_s=SHUTDOWN_STAGE_TIMEOUT_S)
 
 
-def _ready_line(process: ProcessConfig, pool: WorkerPool, metrics_server) -> str:
+async def _start_http(service, edge: EdgeConfig, host: str, grpc_server) -> HttpFront | None:
+    """The OpenAI-compatible HTTP front, when --http-port is set (scheduler_svc/api/http)."""
+    if not edge.http_port:
+        return None
+    front = HttpFront(service, edge, host)
+    try:
+        await front.start()
+    except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+        await grpc_server.stop(grace=None)
+        reason = getattr(error, "strerror", None) or str(error)
+        raise StartupError(f"http port {edge.http_port}: {reason}") from error
+    return front
+
+
+def _ready_line(process: ProcessConfig, pool: WorkerPool, metrics_server, http_front) -> str:
     engines = pool.connected_engines()
     parts = [f"scheduler ready on {process.host}:{process.port}"]
     if process.worker:
@@ -192,6 +211,8 @@ def _ready_line(process: ProcessConfig, pool: WorkerPool, metrics_server) -> str
     parts.append(f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}")
     if metrics_server is not None:
         parts.append(f"metrics_port={metrics_server.port}")
+    if http_front is not None:
+        parts.append(f"http_port={http_front.port}")
     return " ".join(parts)
 
 

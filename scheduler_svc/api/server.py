@@ -1,10 +1,13 @@
-"""The public gRPC service, cbserve.v1.Generation, on the scheduler.
+"""The public gRPC service, cbserve.v1.Generation, on the scheduler, and the one
+request path every door uses.
 
-Generate validates the request, hands it to a worker's engine (the pool
-picks which), and streams that engine's outputs as GenerateResponses. A
-client that cancels or disconnects ends the handler, whose cleanup aborts the
-request so that its blocks are freed at the next step. Each call keeps a
-RequestTrace: its metrics and its one summary log line.
+generate() validates the request, hands it to a worker's engine (the pool
+picks which), and yields that engine's outputs as GenerateResponses, raising
+ServiceError on a refusal or failure. gRPC's Generate and the HTTP front
+(scheduler_svc/api/http) both iterate it; each only translates. A client that
+cancels or disconnects ends the iteration, whose cleanup aborts the request so
+that its blocks are freed at the next step. Each call keeps a RequestTrace:
+its metrics and its one summary log line.
 
 drain() is the graceful shutdown: new calls get UNAVAILABLE, calls in flight
 get the grace period to finish, and those still running then end with
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 from structlog.contextvars import bound_contextvars
@@ -79,7 +83,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         )
 
     def _place(
-        self, request: pb.GenerateRequest, context, trace: RequestTrace
+        self, request: pb.GenerateRequest, deadline: float | None, trace: RequestTrace
     ) -> tuple[ValidatedRequest, RequestHandle]:
         """Validates the request and queues it on a worker; raises ServiceError.
 
@@ -103,9 +107,13 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
-        handle = self.pool.submit(validated.to_request(_deadline(context)))
+        handle = self.pool.submit(validated.to_request(deadline))
         trace.placed(handle.address, len(validated.prompt_token_ids))
         return validated, handle
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
     async def drain(self, grace_s: float) -> int:
         """Refuses new calls, waits up to grace_s for those in flight; returns how
@@ -132,28 +140,45 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
         await refuse_undecodable(request, context)
+        try:
+            async for response in self.generate(request, _deadline(context)):
+                yield response
+        except ServiceError as error:
+            await context.abort(error.code, error.message)
+
+    async def generate(
+        self, request: pb.GenerateRequest, deadline: float | None = None
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """The one request path, whatever the door (gRPC's Generate, the HTTP front).
+
+        Yields the request's responses and raises ServiceError when it is refused or
+        fails; deadline is a time.monotonic() value or None. Closing or cancelling
+        the iteration (a client gone) aborts the request, so its blocks are freed at
+        the next step. The request_id is bound in the structlog contextvars of the
+        task that iterates, so every log line of the request carries it.
+        """
         if self._draining:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another"
+            raise ServiceError(
+                "the server is shutting down; retry on another", grpc.StatusCode.UNAVAILABLE
             )
         if self._num_streams >= self.max_concurrent_streams:
             # Refused before any work, so that a flood of clients costs next to nothing.
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise ServiceError(
                 f"{self._num_streams} Generate streams are open (the limit, "
                 "--max-concurrent-streams); retry later with backoff",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
         self._num_streams += 1
         self._idle.clear()
         try:
-            async for response in self._generate(request, context):
+            async for response in self._generate(request, deadline):
                 yield response
         finally:
             self._num_streams -= 1
             if self._num_streams == 0:
                 self._idle.set()
 
-    async def _generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext):
+    async def _generate(self, request: pb.GenerateRequest, deadline: float | None):
         trace = RequestTrace(self.metrics)
         if not request.request_id:
             # Made up now, not in validation, so that a request refused before
@@ -163,14 +188,15 @@ class GenerationService(pb_grpc.GenerationServicer):
         # before validation refuses one that is too long).
         with bound_contextvars(request_id=request.request_id[:MAX_REQUEST_ID_CHARS]):
             try:
-                validated, handle = self._place(request, context, trace)
+                validated, handle = self._place(request, deadline, trace)
             except ServiceError as error:
                 trace.failed(error.code, error.message)
-                await context.abort(error.code, error.message)
+                raise
             async for response in self._stream(handle, trace):
                 yield response
             if trace.failure is not None:
-                await context.abort(*trace.failure)
+                code, message = trace.failure
+                raise ServiceError(message, code)
 
     async def _stream(self, handle: RequestHandle, trace: RequestTrace):
         """Yields the request's responses; records how it ended in trace."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cbserve.client import Client
+from cbserve.local_stack import free_port
 from common.defaults import default_model_path
 from scheduler_svc.api.tokenizer import Tokenizer
 from tests.integration.prompts import mixed_prompts
@@ -88,3 +89,15 @@ def reference_outputs(prompts) -> list[list[int]]:
             )
             outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
+
+
+@pytest.fixture(scope="session")
+def http_stack():
+    """A stack serving the OpenAI-compatible HTTP front too (stack.http_port)."""
+    port = free_port()
+    running = started_stack(
+        worker_args=["--dtype", "float32"], scheduler_args=["--http-port", str(port)]
+    )
+    running.http_port = port
+    yield running
+    stop_stack(running)

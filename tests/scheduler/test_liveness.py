@@ -6,6 +6,7 @@ tests/integration/test_worker_liveness.py)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -249,11 +250,11 @@ def test_requests_waiting_for_a_worker_count_against_max_waiting_requests():
             max_model_len=256, vocab_size=49152, num_kv_blocks=64, block_size=4
         )
         service = GenerationService(pool, tokenizer, max_waiting_requests=1)
-        context = SimpleNamespace(time_remaining=lambda: 30.0)
+        deadline = time.monotonic() + 30.0
 
         def place(prompt: str):
             request = pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingParams(max_tokens=4))
-            return service._place(request, context, RequestTrace(service.metrics))
+            return service._place(request, deadline, RequestTrace(service.metrics))
 
         _, handle = place("wait for a worker")
         queue = handle.queue

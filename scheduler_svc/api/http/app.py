@@ -1,0 +1,171 @@
+"""The routes of the OpenAI-compatible front.
+
+POST /v1/chat/completions and /v1/completions translate the body (translate.py), run
+its choices through GenerationService.generate (fan_out.py) and shape the answer
+(chat.py, completions.py). GET /v1/models, /health, /metrics and /version describe
+the server; with API keys configured every route but those three needs
+`Authorization: Bearer KEY`.
+
+A request's id is the client's X-Request-Id header or a new one; it is the response's
+`id` (chatcmpl-<id>, cmpl-<id>), its X-Request-Id header, and the request_id of the
+request's log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import time
+import uuid
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from common.metrics import exposition
+from scheduler_svc.api.api_keys import ApiKeys
+from scheduler_svc.api.http.chat import ChatShaper
+from scheduler_svc.api.http.completions import CompletionShaper
+from scheduler_svc.api.http.errors import OpenAIError, install_handlers
+from scheduler_svc.api.http.fan_out import FanOut
+from scheduler_svc.api.http.protocol import ChatCompletionRequest, CompletionRequest
+from scheduler_svc.api.http.shaping import Shaper
+from scheduler_svc.api.http.translate import (
+    chat_requests,
+    chat_top_logprobs,
+    completion_requests,
+)
+from scheduler_svc.api.server import GenerationService
+
+REQUEST_ID_HEADER = "X-Request-Id"
+STARTED = int(time.time())
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("cbserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _request_id(request: Request) -> str:
+    # Checked (length) on the one request path, like a gRPC request_id.
+    return request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+
+
+# nginx's status for "the client closed the connection": logged, never seen by anyone.
+CLIENT_GONE = 499
+_GONE = object()
+
+
+async def _unless_disconnected(request: Request, work, fan_out: FanOut):
+    """Awaits work, unless the client disconnects first: then the choices are cancelled
+    (their requests aborted) and _GONE is returned."""
+    work_task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        # The body is read already: the next message is the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            fan_out.cancel()
+    if not work_task.done():
+        return _GONE
+    return work_task.result()
+
+
+def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
+    """The FastAPI app over the scheduler's service and metrics registry."""
+    app = FastAPI(title="cbserve", version=_version(), docs_url=None, redoc_url=None)
+    install_handlers(app)
+    pool, tokenizer = service.pool, service.tokenizer
+
+    def require_key(request: Request) -> None:
+        refusal = api_keys.refusal(request.headers.get("authorization"))
+        if refusal is not None:
+            raise OpenAIError(401, refusal, None, "invalid_api_key")
+
+    def model_name() -> str:
+        engines = pool.connected_engines()
+        return engines[0].client.description.model_name if engines else tokenizer.name
+
+    async def respond(request: Request, stream: bool, fan_out: FanOut, shaper: Shaper):
+        headers = {REQUEST_ID_HEADER: shaper.id.removeprefix(shaper.id_prefix)}
+        if stream:
+            # Refusals (bad input, overload, no worker) get their status before the stream.
+            if await _unless_disconnected(request, fan_out.first(), fan_out) is _GONE:
+                return Response(status_code=CLIENT_GONE)
+            return StreamingResponse(
+                shaper.stream(fan_out), media_type="text/event-stream", headers=headers
+            )
+        collected = await _unless_disconnected(request, fan_out.collect(), fan_out)
+        if collected is _GONE:
+            return Response(status_code=CLIENT_GONE)
+        return JSONResponse(shaper.response(collected), headers=headers)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        request_id = _request_id(request)
+        choices = chat_requests(body, request_id)
+        shaper = ChatShaper(
+            request_id,
+            model_name(),
+            choices,
+            tokenizer.id_to_token_text,
+            chat_top_logprobs(body),
+            body.include_usage,
+        )
+        return await respond(request, body.stream, FanOut(service, choices), shaper)
+
+    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    async def completions(body: CompletionRequest, request: Request):
+        request_id = _request_id(request)
+        choices = completion_requests(body, request_id)
+        shaper = CompletionShaper(
+            request_id,
+            model_name(),
+            choices,
+            tokenizer.id_to_token_text,
+            body.logprobs,
+            body.include_usage,
+        )
+        return await respond(request, body.stream, FanOut(service, choices), shaper)
+
+    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    async def models():
+        if not pool.connected_engines():
+            raise OpenAIError(503, "no worker is connected; try again shortly")
+        card = {
+            "id": model_name(),
+            "object": "model",
+            "created": STARTED,
+            "owned_by": "cbserve",
+            "root": tokenizer.name,
+            "max_model_len": pool.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health():
+        # Like the gRPC health status: serving while a worker is connected, and not
+        # once shutting down, so that balancers send new clients elsewhere.
+        connected = len(pool.connected_engines())
+        status = 200 if connected and not service.draining else 503
+        return JSONResponse({"workers_connected": connected}, status_code=status)
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        body, content_type = exposition(service.metrics.registry, request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
+
+    @app.get("/version")
+    async def version():
+        return {"version": _version()}
+
+    return app

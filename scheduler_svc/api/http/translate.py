@@ -1,0 +1,136 @@
+"""OpenAI request bodies -> cbserve.v1.GenerateRequests: the one translation.
+
+One GenerateRequest per choice: `n` choices of each prompt (a completions call may
+send several prompts, whose choices are numbered prompt by prompt, as OpenAI does).
+Everything else a request means is decided on the one request path; what is
+only HTTP's (n, the logprobs switches, echo) is checked here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbserve.v1 import generation_pb2 as pb
+from common.errors import InvalidArgument
+from scheduler_svc.api.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+)
+
+SEED_MODULUS = 2**64
+# Prompts times n: every choice is a request in the scheduler, so one call is bounded.
+MAX_REQUESTS_PER_CALL = 64
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice of the response: its index, and the request that produces it."""
+
+    index: int
+    # Which prompt it answers (choices of one prompt share the prompt's usage).
+    prompt_index: int
+    request: pb.GenerateRequest
+
+
+def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int) -> pb.SamplingParams:
+    params = pb.SamplingParams(
+        top_k=body.top_k or 0,
+        min_p=body.min_p or 0.0,
+        min_tokens=body.min_tokens,
+        ignore_eos=body.ignore_eos,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        logprobs=logprobs,
+    )
+    # Optional proto fields stay unset (the scheduler's defaults) when the body omits them.
+    for name, value in (
+        ("temperature", body.temperature),
+        ("top_p", body.top_p),
+        ("repetition_penalty", body.repetition_penalty),
+        ("max_tokens", max_tokens),
+        ("seed", body.seed),
+    ):
+        if value is not None:
+            setattr(params, name, value)
+    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    params.stop.extend(stop)
+    params.stop_token_ids.extend(body.stop_token_ids or [])
+    return params
+
+
+def _choices(
+    body: SamplingFields, prompts: list[pb.GenerateRequest], request_id: str
+) -> list[Choice]:
+    """n copies of each prompt's request, each with its own id and seed."""
+    choices: list[Choice] = []
+    total = len(prompts) * body.n
+    if total > MAX_REQUESTS_PER_CALL:
+        raise InvalidArgument(
+            "n", f"{len(prompts)} prompts times n={body.n} is over {MAX_REQUESTS_PER_CALL} choices"
+        )
+    for prompt_index, template in enumerate(prompts):
+        for copy in range(body.n):
+            index = prompt_index * body.n + copy
+            request = pb.GenerateRequest()
+            request.CopyFrom(template)
+            # One id per request in the scheduler, all found by the response's id.
+            request.request_id = request_id if total == 1 else f"{request_id}-{index}"
+            if body.seed is not None and index:
+                # Choice i samples with seed + i: with one seed for all, the n choices
+                # of a prompt would be n copies of the same text.
+                request.sampling.seed = (body.seed + index) % SEED_MODULUS
+            choices.append(Choice(index, prompt_index, request))
+    return choices
+
+
+def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
+    """How many alternatives each token's logprobs list, or None for no logprobs."""
+    if not body.logprobs:
+        if body.top_logprobs:
+            raise InvalidArgument("top_logprobs", "needs logprobs: true")
+        return None
+    return body.top_logprobs or 0
+
+
+def chat_requests(body: ChatCompletionRequest, request_id: str) -> list[Choice]:
+    top = chat_top_logprobs(body)
+    # The proto's logprobs N returns each token's logprob with its N most likely
+    # alternatives; 0 returns none, so "the sampled token only" asks for 1 and the
+    # response drops the alternatives.
+    logprobs = 0 if top is None else max(top, 1)
+    # max_completion_tokens is OpenAI's newer name; it wins when both are sent (as in vLLM).
+    max_tokens = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
+    request = pb.GenerateRequest(
+        sampling=_sampling(body, max_tokens, logprobs), priority=body.priority
+    )
+    request.chat.SetInParent()
+    for message in body.messages:
+        request.chat.messages.add(role=message.role, content=message.text())
+    return _choices(body, [request], request_id)
+
+
+def completion_requests(body: CompletionRequest, request_id: str) -> list[Choice]:
+    if body.echo:
+        raise InvalidArgument("echo", "is not supported")
+    if body.logprobs is not None and body.logprobs < 0:
+        raise InvalidArgument("logprobs", f"must be >= 0, got {body.logprobs}")
+    logprobs = 0 if body.logprobs is None else max(body.logprobs, 1)
+    sampling = _sampling(body, body.max_tokens, logprobs)
+    prompts = body.prompt
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not prompts:
+        raise InvalidArgument("prompt", "must not be empty")
+    requests = []
+    for prompt in prompts:
+        request = pb.GenerateRequest(sampling=sampling, priority=body.priority)
+        if isinstance(prompt, str):
+            request.prompt = prompt
+        else:
+            request.prompt_token_ids.SetInParent()  # present even when empty
+            request.prompt_token_ids.ids.extend(prompt)
+        requests.append(request)
+    return _choices(body, requests, request_id)
