@@ -144,6 +144,10 @@ def test_serve_prints_where_grpc_http_and_metrics_listen():
         assert f"metrics: {metrics_url}" in lines
         with urllib.request.urlopen(metrics_url, timeout=10) as response:
             assert response.status == 200
+        # The printed HTTP address is the front's: healthy once the worker is connected.
+        health_url = f"http://127.0.0.1:{ports['http-port']}/health"
+        with urllib.request.urlopen(health_url, timeout=10) as response:
+            assert response.status == 200
     finally:
         assert serve.stop() == 0
 
