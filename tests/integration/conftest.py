@@ -101,3 +101,17 @@ def http_stack():
     running.http_port = port
     yield running
     stop_stack(running)
+
+
+@pytest.fixture(scope="session")
+def http_base_url(http_stack) -> str:
+    return f"http://127.0.0.1:{http_stack.http_port}"
+
+
+@pytest.fixture(scope="session")
+def openai_api(http_base_url):
+    """The official SDK on http_stack's front; no retries, so that refusals are seen."""
+    import openai
+
+    with openai.OpenAI(base_url=f"{http_base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client

@@ -21,14 +21,13 @@ CHAT = [{"role": "user", "content": "Tell me a long story."}]
 
 
 @pytest.fixture(scope="module")
-def base_url(http_stack) -> str:
-    return f"http://127.0.0.1:{http_stack.http_port}"
+def base_url(http_base_url) -> str:
+    return http_base_url
 
 
 @pytest.fixture(scope="module")
-def api(base_url):
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
+def api(openai_api):
+    return openai_api
 
 
 def _error(response: httpx.Response) -> dict:
