@@ -47,3 +47,19 @@ def test_path_is_logprobs_close_to_float32(path, prompts, reference_runs):
         f"{path}: {same}/{len(prompts)} prompts identical over {MAX_TOKENS} tokens; "
         f"first divergences {sorted(d for d in divergences if d is not None)}"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", FASTER_PATHS)
+def test_compiled_path_is_logprobs_close_to_float32(path, prompts, reference_runs):
+    """--compile changes a quantized path's rounding (Inductor fuses the reductions
+    before the 8-bit quantization), so the compiled path is checked on its own. Slow:
+    a cold compile of the 30-layer graph takes minutes on 2 cores (`make test-slow`)."""
+    loaded = load_model(default_model_path(), path, torch.device("cpu"), compile=True)
+    runs = greedy_runs(build_runner(loaded, num_blocks=512), prompts, MAX_TOKENS)
+    divergences = check_logprobs_close(reference_runs, runs)
+    same = sum(d is None for d in divergences)
+    print(
+        f"{path} compiled: {same}/{len(prompts)} prompts identical over {MAX_TOKENS} tokens; "
+        f"first divergences {sorted(d for d in divergences if d is not None)}"
+    )
