@@ -74,6 +74,9 @@ class DnsStack:
         argv += ["--port", str(self.scheduler_port), "--metrics-port", str(metrics_port)]
         argv += ["--worker-dns", f"{NAME}:{self.port}", "--worker-hosts-file", str(self.hosts_file)]
         argv += ["--worker-dns-interval", "0.2", "--worker-connect-timeout", "5"]
+        # Once every worker is gone a request waits this long for one before UNAVAILABLE
+        # (30 s by default): the removal test asks for that answer.
+        argv += ["--worker-wait-timeout", "3"]
         with open(self.log_path, "w") as log:
             self.scheduler = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
