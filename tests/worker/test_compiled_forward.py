@@ -93,3 +93,6 @@ def test_compile_needs_the_own_forward():
     assert WorkerConfig(compile=True).compile
     with pytest.raises(ValueError, match="compile needs the own forward"):
         WorkerConfig(compile=True, model_impl="transformers")
+    # Compiled int8 is not logprobs-close to float32 (test_compute_paths_close.py, slow).
+    with pytest.raises(ValueError, match="compile with dtype int8 is not logprobs-close"):
+        WorkerConfig(compile=True, dtype="int8")
