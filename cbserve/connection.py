@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 
-import grpc
-
 from cbserve.retry import RetryPolicy, channel_options
+from common import tls
 from common.tls import channel_security
 
 # Where `cbserve generate/info` find the key when --api-key is not given; the scheduler
@@ -46,11 +45,8 @@ def open_channel(
     """A channel to `address` with the retry policy; TLS when `tls_ca` is given (a PEM
     file's path, or its bytes): the server's certificate must be signed by that CA and
     name the host in `address`."""
-    options = channel_options(retry)
-    if tls_ca is None:
-        insecure = grpc.aio.insecure_channel if asyncio else grpc.insecure_channel
-        return insecure(address, options=options)
-    ca = tls_ca if isinstance(tls_ca, bytes) else os.fspath(tls_ca)
-    credentials = channel_security(ca, labels=("tls_ca", "", "")).credentials
-    secure = grpc.aio.secure_channel if asyncio else grpc.secure_channel
-    return secure(address, credentials, options=options)
+    security = None
+    if tls_ca is not None:
+        ca = tls_ca if isinstance(tls_ca, bytes) else os.fspath(tls_ca)
+        security = channel_security(ca, labels=("tls_ca", "", ""))
+    return tls.open_channel(address, security, channel_options(retry), asyncio=asyncio)

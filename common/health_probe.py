@@ -27,7 +27,7 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.tls import ChannelSecurity, TlsError, channel_security
+from common.tls import ChannelSecurity, TlsError, channel_security, open_channel
 
 EXIT_SERVING = 0
 EXIT_UNHEALTHY = 1
@@ -40,11 +40,7 @@ def check(
     counts as unhealthy instead of hanging the probe past Docker's own timeout.
     security: TLS (common.tls.channel_security); None for plaintext."""
     # A plain channel without our keepalive options: a probe lives for one call.
-    if security is None:
-        channel = grpc.insecure_channel(address)
-    else:
-        channel = grpc.secure_channel(address, security.credentials, security.options())
-    with channel:
+    with open_channel(address, security, asyncio=False) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             response = stub.Check(

@@ -90,10 +90,18 @@ class ChannelSecurity:
             return []
         return [("grpc.ssl_target_name_override", self.server_name)]
 
-    def secure_channel(self, address: str, options: list) -> grpc.aio.Channel:
-        return grpc.aio.secure_channel(
-            address, self.credentials, options=[*options, *self.options()]
-        )
+
+def open_channel(
+    address: str, security: ChannelSecurity | None, options=(), *, asyncio: bool = True
+):
+    """A channel to address, plaintext when security is None, else TLS with its
+    credentials and server name: the one way every client here (the scheduler's worker
+    client, cbserve.Client, the health probe) opens one. asyncio: grpc.aio's, else sync."""
+    if security is None:
+        insecure = grpc.aio.insecure_channel if asyncio else grpc.insecure_channel
+        return insecure(address, options=list(options))
+    secure = grpc.aio.secure_channel if asyncio else grpc.secure_channel
+    return secure(address, security.credentials, options=[*options, *security.options()])
 
 
 def channel_security(

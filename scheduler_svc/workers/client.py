@@ -27,7 +27,7 @@ import grpc
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
-from common.tls import ChannelSecurity
+from common.tls import ChannelSecurity, open_channel
 from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
 from scheduler_svc.workers.liveness import (
@@ -72,10 +72,7 @@ class WorkerClient:
         backoff meanwhile); raises WorkerLost. Retrying attempts is keep_trying's."""
         await self.close()
         options = [*channel_options(self.keepalive_timeout_s), *reconnect_channel_options()]
-        if self.security is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=options)
-        else:
-            self._channel = self.security.secure_channel(self.address, options)
+        self._channel = open_channel(self.address, self.security, options)
         self._stub = wpb_grpc.WorkerStub(self._channel)
         try:
             self.description = await self._stub.Describe(

@@ -19,7 +19,7 @@ from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.health_probe import EXIT_SERVING, EXIT_UNHEALTHY, check
 from common.health_probe import main as probe_main
-from common.tls import channel_security
+from common.tls import channel_security, open_channel
 from tests.integration.stacks import started_stack, stop_stack
 from tests.integration.test_reflection import ReflectedServer
 
@@ -130,7 +130,7 @@ def test_the_worker_certificate_is_checked_against_the_server_name(locked_stack,
         )
 
         async def call():
-            async with security.secure_channel(_worker_address(locked_stack), []) as channel:
+            async with open_channel(_worker_address(locked_stack), security) as channel:
                 return await wpb_grpc.WorkerStub(channel).Describe(wpb.DescribeRequest(), timeout=5)
 
         return asyncio.run(call())

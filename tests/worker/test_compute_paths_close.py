@@ -36,18 +36,22 @@ def reference_runs(loaded_model, prompts):
     return greedy_runs(build_runner(loaded_model, num_blocks=512), prompts, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("path", FASTER_PATHS)
-def test_path_is_logprobs_close_to_float32(path, prompts, reference_runs):
-    loaded = load_model(default_model_path(), path, torch.device("cpu"))
-    assert loaded.compute_path == path
+def assert_close_to_reference(label: str, loaded, prompts, reference_runs) -> None:
     runs = greedy_runs(build_runner(loaded, num_blocks=512), prompts, MAX_TOKENS)
     divergences = check_logprobs_close(reference_runs, runs)
     # Printed with -s: how close the path is, beyond pass or fail.
     same = sum(d is None for d in divergences)
     print(
-        f"{path}: {same}/{len(prompts)} prompts identical over {MAX_TOKENS} tokens; "
+        f"{label}: {same}/{len(prompts)} prompts identical over {MAX_TOKENS} tokens; "
         f"first divergences {sorted(d for d in divergences if d is not None)}"
     )
+
+
+@pytest.mark.parametrize("path", FASTER_PATHS)
+def test_path_is_logprobs_close_to_float32(path, prompts, reference_runs):
+    loaded = load_model(default_model_path(), path, torch.device("cpu"))
+    assert loaded.compute_path == path
+    assert_close_to_reference(path, loaded, prompts, reference_runs)
 
 
 @pytest.mark.slow
@@ -58,10 +62,4 @@ def test_compiled_path_is_logprobs_close_to_float32(path, prompts, reference_run
     failed it and is refused: worker_svc/config.py). Slow: a cold compile of the
     30-layer graph takes minutes on 2 cores (`make test-slow`)."""
     loaded = load_model(default_model_path(), path, torch.device("cpu"), compile=True)
-    runs = greedy_runs(build_runner(loaded, num_blocks=512), prompts, MAX_TOKENS)
-    divergences = check_logprobs_close(reference_runs, runs)
-    same = sum(d is None for d in divergences)
-    print(
-        f"{path} compiled: {same}/{len(prompts)} prompts identical over {MAX_TOKENS} tokens; "
-        f"first divergences {sorted(d for d in divergences if d is not None)}"
-    )
+    assert_close_to_reference(f"{path} compiled", loaded, prompts, reference_runs)
