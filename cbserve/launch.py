@@ -113,6 +113,8 @@ def stack_from_args(args: argparse.Namespace) -> LocalStack:
         # Comma-separated, as the flag's variable takes several (a key holds no comma).
         scheduler_env={"CBSERVE_SCHEDULER_API_KEY": ",".join(keys)} if keys else {},
         host=where.host,
+        # The scheduler waits for loading workers itself: nothing to order here.
+        workers_first=False,
     )
 
 
@@ -144,7 +146,7 @@ def serve(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.set())
-    print("starting cbserve: worker(s) load the model first ...", flush=True)
+    print("starting cbserve: the worker(s) load the model ...", flush=True)
     try:
         stack.start()
         announce(stack)

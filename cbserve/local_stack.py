@@ -104,6 +104,11 @@ class LocalStack:
     host: str = "127.0.0.1"
     # --grace-period of every child, unless its args set one.
     grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    # Start the scheduler only once every worker is ready (the tests' default: every
+    # worker is in the pool from the first request on), or all at once (`cbserve serve`:
+    # the scheduler loads its tokenizer while the workers load the model, and serves
+    # as soon as one worker answers).
+    workers_first: bool = True
     workers: list[ChildProcess] = field(default_factory=list, init=False)
     scheduler: ChildProcess | None = field(default=None, init=False)
 
@@ -140,12 +145,15 @@ class LocalStack:
         try:
             for index in range(len(self.worker_ports)):
                 self.workers.append(ChildProcess(f"worker{index}", self.worker_argv(index)))
-            for worker in self.workers:
-                worker.wait_ready()
+            if self.workers_first:
+                for worker in self.workers:
+                    worker.wait_ready()
             self.scheduler = ChildProcess(
                 "scheduler", self.scheduler_argv(), env=self.scheduler_env
             )
             self.scheduler.wait_ready()
+            for worker in self.workers:
+                worker.wait_ready()
         except BaseException:
             self.stop()
             raise

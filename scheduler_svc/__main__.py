@@ -1,9 +1,11 @@
 """python -m scheduler_svc --port 50051 {--worker HOST:PORT ... | --worker-dns NAME:PORT}
 
-Loads the tokenizer, connects to every --worker (waiting up to
---worker-connect-timeout for them to come up), starts following --worker-dns,
-then serves cbserve.v1.Generation. Prints one line when ready; exits non-zero
-with one clear message when it cannot start.
+Loads the tokenizer, listens (health NOT_SERVING), connects to every --worker
+in the background, whether it is not started yet or still loading its model,
+and serves cbserve.v1.Generation once one answers (see
+workers/startup_watch.py); starts following --worker-dns. Prints one line when
+ready; exits non-zero with one clear message when it cannot start (no --worker
+ready within --worker-connect-timeout among the reasons).
 
 With --worker-dns the scheduler starts without waiting for any worker: it is
 ready (listening) at once, and its health status turns SERVING when the first
@@ -40,9 +42,8 @@ from scheduler_svc.config import FaultConfig, ProcessConfig, SchedulerConfig
 from scheduler_svc.edge_config import EdgeConfig
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.workers.client import WorkerLost
 from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
-from scheduler_svc.workers.pool import WorkerPool
+from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 # Each shutdown stage after the drain gets this long (see _bounded_stage).
@@ -135,7 +136,7 @@ async def serve(args: argparse.Namespace) -> None:
     http_front = await _start_http(service, edge, process.host, server)
     try:
         await pool.start(process.worker, connect_timeout_s)
-    except (WorkerLost, ValueError) as error:
+    except NoWorkerReady as error:
         await server.stop(grace=None)
         raise StartupError(str(error)) from error
     discovery = None

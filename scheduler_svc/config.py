@@ -197,7 +197,8 @@ class ProcessConfig:
         120.0,
         name="worker-connect-timeout",
         metavar="SECONDS",
-        help="seconds to wait at start for each --worker to answer; workers found through "
+        help="seconds to wait at start for a first --worker to answer (the others, and any "
+        "still loading, are retried while the scheduler runs); workers found through "
         "--worker-dns are retried for as long as they are listed",
     )
     log_level: str = flag("info", help="debug, info, warning, error")

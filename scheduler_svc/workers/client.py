@@ -79,9 +79,13 @@ class WorkerClient:
                 wpb.DescribeRequest(), timeout=timeout_s, wait_for_ready=True
             )
         except grpc.aio.AioRpcError as error:
-            raise WorkerLost(
-                f"worker {self.address} unreachable after {timeout_s:g}s: {error.details()}"
-            ) from error
+            # wait_for_ready waits out a worker that is not listening yet; any other
+            # status is the worker's own answer (UNAVAILABLE while it loads its model).
+            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                reason = f"unreachable for {timeout_s:g}s"
+            else:
+                reason = f"answered {error.code().name}"
+            raise WorkerLost(f"worker {self.address} {reason}: {error.details()}") from error
         self._open_stream()
         return self.description
 

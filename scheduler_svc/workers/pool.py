@@ -1,8 +1,9 @@
 """The scheduler's workers, which come and go: who is in the pool, and where a
 request goes (placement) or waits (the orphanage).
 
-Two kinds of worker, one engine each: static ones (--worker), which must all
-answer at start and are reconnected forever when lost, and discovered ones
+Two kinds of worker, one engine each: static ones (--worker), connected in
+the background from the start on (the scheduler serves once one answers, see
+start) and reconnected forever when lost, and discovered ones
 (--worker-dns, see discovery), added and removed while the scheduler runs. A
 discovered worker is connected in the background, retrying until it answers
 or its address disappears, so the scheduler starts before any worker is up
@@ -38,12 +39,19 @@ from scheduler_svc.workers.handle import Migrant, RequestHandle
 from scheduler_svc.workers.liveness import keep_trying
 from scheduler_svc.workers.orphans import Orphanage
 from scheduler_svc.workers.placement import pick_for_new
+from scheduler_svc.workers.startup_watch import NoWorkerReady, StartupWatch
 
 if TYPE_CHECKING:
     from common.tls import ChannelSecurity
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.pool")
+
+# One connect attempt of a static worker at start: short, so that a worker that is not
+# up yet is known to be waited for (and logged) soon, while one that is up is not held.
+STATIC_ATTEMPT_S = 2.0
+
+__all__ = ["NoWorkerReady", "WorkerPool"]
 
 
 class WorkerPool:
@@ -143,13 +151,34 @@ class WorkerPool:
     # -- membership -----------------------------------------------------------------------
 
     async def start(self, addresses: Sequence[str], connect_timeout_s: float) -> None:
-        """Connects the static workers; raises WorkerLost naming the first that did not answer."""
-        engines = [self._new_engine(address) for address in dict.fromkeys(addresses)]
+        """Connects the static workers (--worker) in the background, each retried with the
+        reconnect backoff, whatever order the processes started in; returns once one of them
+        serves and every other one has connected or failed an attempt, so that workers that
+        are up are all in the pool from the first request on. Raises NoWorkerReady when
+        none serves within connect_timeout_s. A worker still loading then is retried for as
+        long as the scheduler runs, as a lost static worker is."""
+        addresses = list(dict.fromkeys(addresses))
+        if not addresses:
+            return  # --worker-dns only: serving follows discovery
         self._static.update(addresses)
-        await asyncio.gather(*(engine.start(connect_timeout_s) for engine in engines))
-        models = {engine.client.description.model_name for engine in engines}
-        if len(models) > 1:
-            raise ValueError(f"workers serve different models: {sorted(models)}")
+        watch = StartupWatch(addresses)
+        log.info("waiting for workers", workers=addresses, timeout_s=connect_timeout_s)
+        for address in addresses:
+            engine = self._new_engine(address)
+            attempt_s = min(connect_timeout_s / 2, STATIC_ATTEMPT_S)
+            self._connecting[address] = asyncio.create_task(
+                self._connect(engine, attempt_s, watch), name=f"connect {address}"
+            )
+        try:
+            await asyncio.wait_for(watch.settled.wait(), connect_timeout_s)
+        except asyncio.TimeoutError:
+            raise NoWorkerReady(watch.why_none_ready(connect_timeout_s)) from None
+        if watch.waiting:
+            log.warning(
+                "serving before every worker is ready; the others are retried",
+                workers_connected=len(self.connected_engines()),
+                waiting_for=watch.waiting,
+            )
 
     def add(self, address: str) -> None:
         """A discovered worker: connects in the background until it answers or is removed."""
@@ -157,14 +186,18 @@ class WorkerPool:
             return
         engine = self._new_engine(address)
         self._connecting[address] = asyncio.create_task(
-            self._connect(engine), name=f"connect {address}"
+            self._connect(engine, self.connect_timeout_s), name=f"connect {address}"
         )
 
-    async def _connect(self, engine: WorkerEngine) -> None:
+    async def _connect(
+        self, engine: WorkerEngine, attempt_s: float, watch: StartupWatch | None = None
+    ) -> None:
         def not_yet(error: Exception) -> None:
-            log.warning("worker not answering yet", worker=engine.address, error=str(error))
+            log.warning("worker not ready yet", worker=engine.address, reason=str(error))
+            if watch is not None:
+                watch.failed(engine.address, str(error))
 
-        await keep_trying(lambda: engine.start(self.connect_timeout_s), not_yet)
+        await keep_trying(lambda: engine.start(attempt_s), not_yet)
         self._connecting.pop(engine.address, None)
         others = {
             other.client.description.model_name
@@ -176,6 +209,11 @@ class WorkerPool:
             # Refused but kept, so the next lookup does not add it again.
             log.error("worker serves another model; not used", worker=engine.address, model=model)
             await engine.stop()
+            if watch is not None:
+                watch.failed(engine.address, f"serves {model}, not {sorted(others)}")
+            return
+        if watch is not None:
+            watch.connected(engine.address)
 
     async def remove(self, address: str) -> None:
         """Drops a discovered worker; its in-flight requests end with UNAVAILABLE."""

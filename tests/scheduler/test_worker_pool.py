@@ -245,3 +245,60 @@ def test_removed_workers_keep_counters_and_lose_their_series(fake_engines):
     assert any('worker="a"' in key for key in before)
     assert not any('worker="a"' in key for key in after)
     assert after["cbserve_num_preemptions_total"] == 2
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """Static start-up attempts and their backoff in milliseconds, not seconds."""
+    from scheduler_svc.workers import liveness
+
+    monkeypatch.setattr(worker_pool, "STATIC_ATTEMPT_S", 0.05)
+    monkeypatch.setattr(liveness, "RETRY_DELAYS_S", (0.01, 0.02, 0.05))
+
+
+def test_static_start_serves_once_one_worker_answers_and_retries_the_late_one(
+    fake_engines, quick_retries
+):
+    async def scenario():
+        pool = WorkerPool(SchedulerConfig(), tokenizer=None)
+        starting = asyncio.create_task(pool.start(["a", "b"], 5))
+        await asyncio.sleep(0.01)
+        assert not starting.done()  # nobody answers yet: not serving
+        fake_engines["a"].answer.set()
+        await asyncio.wait_for(starting, 1)  # b failed an attempt: serve without it
+        assert [engine.address for engine in pool.connected_engines()] == ["a"]
+        fake_engines["b"].answer.set()  # b finished loading: the retries find it
+        for _ in range(100):
+            if len(pool.connected_engines()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(engine.address for engine in pool.connected_engines()) == ["a", "b"]
+        await pool.stop()
+
+    asyncio.run(scenario())
+
+
+def test_static_start_waits_for_every_worker_that_answers_at_once(fake_engines, quick_retries):
+    async def scenario():
+        pool = WorkerPool(SchedulerConfig(), tokenizer=None)
+        starting = asyncio.create_task(pool.start(["a", "b"], 5))
+        await asyncio.sleep(0)
+        fake_engines["a"].answer.set()
+        fake_engines["b"].answer.set()
+        await asyncio.wait_for(starting, 1)
+        assert len(pool.connected_engines()) == 2
+
+    asyncio.run(scenario())
+
+
+def test_static_start_fails_naming_every_worker_when_none_answers(fake_engines, quick_retries):
+    async def scenario():
+        pool = WorkerPool(SchedulerConfig(), tokenizer=None)
+        with pytest.raises(worker_pool.NoWorkerReady) as raised:
+            await pool.start(["a", "b"], 0.3)
+        message = str(raised.value)
+        assert "no worker ready after 0.3s" in message
+        assert "a: a unreachable" in message and "b: b unreachable" in message
+        await pool.stop()
+
+    asyncio.run(scenario())
