@@ -64,6 +64,13 @@ class SchedulerConfig:
         "until all its requests finish before new ones join (a baseline)",
     )
 
+    async_scheduling: bool = flag(
+        True,
+        help="plan step N+1 while the worker runs step N, so that the worker never waits "
+        "for the scheduler (stop checks lag one step; the extra token is dropped); only "
+        "with continuous batching and --num-scheduler-steps 1",
+    )
+
     def __post_init__(self) -> None:
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
         for name in (*positive, "num_scheduler_steps"):
@@ -78,6 +85,17 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
+
+    @property
+    def max_steps_in_flight(self) -> int:
+        """Plans out at once on a worker: two with async scheduling, where it applies.
+
+        A multi-step plan already hides the round trip behind its steps, and its
+        lookahead needs every sample of the plan before it; static batching is the
+        baseline of the old loop. Both keep one plan at a time.
+        """
+        applies = self.batching == "continuous" and self.num_scheduler_steps == 1
+        return 2 if self.async_scheduling and applies else 1
 
     @property
     def max_running_seqs(self) -> int:

@@ -121,7 +121,10 @@ class AdmissionQueue:
     def _preempt(self, request: Request, step: StepState) -> None:
         self.running.remove(request)
         self.blocks.free(request.seq_id)
+        # What plans in flight sample for it is dropped (Scheduler.update_from_output
+        # tells by num_preemptions); it is recomputed from the tokens it has.
         request.num_computed_tokens = 0
+        request.num_pending_samples = 0
         request.num_preemptions += 1
         request.num_bypassed = 0
         self.stats.num_preemptions += 1

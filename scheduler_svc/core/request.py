@@ -55,8 +55,13 @@ class Request:
     deadline: float | None = None
     seq_id: int = field(default_factory=lambda: next(_next_seq_id), init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
-    # Leading tokens (prompt, then output) whose KV the worker has written.
+    # Leading tokens (prompt, then output) whose KV the worker has written, or writes in
+    # a plan already sent: counted when planned, so that the next plan can be built
+    # while a step runs (async scheduling, see Scheduler).
     num_computed_tokens: int = field(default=0, init=False)
+    # Tokens that plans already sent will sample for it, not received yet. A decode of
+    # the next plan computes such a token without its id: the worker sampled it.
+    num_pending_samples: int = field(default=0, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
     finish_reason: FinishReason | None = field(default=None, init=False)
     # Whether a plan that carried this sequence has gone out: from then on the
@@ -87,6 +92,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_planned_tokens(self) -> int:
+        """Its tokens once every pending sample has come: what plans may compute."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_samples
 
     @property
     def max_kv_tokens(self) -> int:

@@ -19,12 +19,24 @@ carries only how many tokens to compute and its new blocks.
 `update_from_output()` then appends the sampled tokens, detokenizes, checks
 stops, registers newly full blocks in the prefix cache and frees what finished.
 
+Async scheduling (vLLM's, SGLang's overlap): up to `max_in_flight` plans may be
+out at once, so the engine plans step N+1 while the worker runs step N. What a
+plan computes is counted when it is planned (num_computed_tokens), and what it
+will sample as pending (num_pending_samples): a decode of the next plan
+computes that pending token without its id, which the worker sampled itself.
+So stop checks lag one step: a request that stopped at step N's token is in
+step N+1 already; the token N+1 samples for it is dropped unseen, and its
+blocks are freed when N's result comes (the worker runs plans in order, so no
+later plan's owner of those blocks is written before N+1 is done). max_tokens
+and the model length never cost that extra step: a request is not planned
+past them. Results of a request preempted, aborted or finished since its plan
+went out are dropped.
+
 Preemption (by recompute) and its bounds: see admission.py. With
 num_scheduler_steps > 1, a step of decodes only may cover several decode
-steps: see multi_step.py.
-
-The engine alternates `schedule()` and `update_from_output()`: one step in
-flight at a time. `add_request` and `abort_request` may come at any moment.
+steps: see multi_step.py. `add_request` and `abort_request` may come at any
+moment; `take_unfinished` and `adopt` move requests between schedulers when a
+worker is lost.
 """
 
 from __future__ import annotations
@@ -37,8 +49,7 @@ import grpc
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
-from scheduler_svc.core.handover import HandoverMixin
-from scheduler_svc.core.multi_step import MultiStepMixin
+from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
 from scheduler_svc.core.plan import (
     ContinuingSequence,
     NewSequence,
@@ -52,13 +63,18 @@ from scheduler_svc.core.request import (
     RequestError,
     RequestOutput,
     RequestStatus,
+    TokenLogprob,
 )
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.output.detokenizer import Decoder
-from scheduler_svc.output.output_processor import RequestOutputProcessor
+from scheduler_svc.output.output_processor import RequestOutputProcessor, merge_outputs
+
+# What a plan in flight asked of one request: the request, its num_preemptions when
+# planned (a preemption since makes the result stale) and whether it samples.
+_Planned = tuple[Request, int, bool]
 
 
-class Scheduler(HandoverMixin, MultiStepMixin):
+class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
@@ -69,9 +85,12 @@ class Scheduler(HandoverMixin, MultiStepMixin):
         eos_token_ids: Sequence[int],
         stats: SchedulerStats | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_in_flight: int = 1,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.config = config
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
@@ -88,7 +107,9 @@ class Scheduler(HandoverMixin, MultiStepMixin):
         # Requests the scheduler ended with an error, until the engine takes them.
         self._failed: list[Request] = []
         self._next_step_id = 1
-        self._step_in_flight: int | None = None
+        # Plans sent and not answered yet, oldest first, with what each asked of whom.
+        self.max_in_flight = max_in_flight
+        self._in_flight: dict[int, list[_Planned]] = {}
 
     @property
     def waiting(self) -> list[Request]:
@@ -148,12 +169,13 @@ class Scheduler(HandoverMixin, MultiStepMixin):
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan; None when there is nothing to compute or tell the worker."""
-        if self._step_in_flight is not None:
+        if len(self._in_flight) >= self.max_in_flight:
             raise RuntimeError(
-                f"step {self._step_in_flight} is still in flight: call update_from_output first"
+                f"{len(self._in_flight)} steps are in flight: call update_from_output first"
             )
         self._expire_deadlines()
         plan = StepPlan(step_id=self._next_step_id)
+        planned: list[_Planned] = []
         budget = self.config.max_num_batched_tokens
         step = self.queue.begin_step()
         if self.config.batching == "continuous":
@@ -161,11 +183,21 @@ class Scheduler(HandoverMixin, MultiStepMixin):
         for request in self.queue.running_in_order():
             if budget == 0:
                 break
-            num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_pending_samples and room_to_sample(request, self.max_model_len) <= 0:
+                continue  # its last token is being sampled: it ends when that comes
+            num_scheduled = min(request.num_planned_tokens - request.num_computed_tokens, budget)
+            if num_scheduled == 0:
+                continue
             end = request.num_computed_tokens + num_scheduled
+            if request.num_pending_samples and not self.block_manager.can_append_slots(
+                request.seq_id, end
+            ):
+                # A decode ahead of its sample (async) never preempts, as a multi-step
+                # lookahead does not: it waits for its result, then competes as usual.
+                continue
             if not self.queue.make_room(request, end, step):
                 continue  # preempted, or failed because it can never fit
-            self._add_to_plan(request, num_scheduled, plan)
+            self._add_to_plan(request, num_scheduled, plan, planned)
             budget -= num_scheduled
         # Continuous batching admits only what this step can start; static
         # batching admits its whole batch at once and prefills it over the
@@ -175,7 +207,7 @@ class Scheduler(HandoverMixin, MultiStepMixin):
             for request in self.queue.admit_waiting(step):
                 if budget > 0:
                     num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
-                    self._add_to_plan(request, num_scheduled, plan)
+                    self._add_to_plan(request, num_scheduled, plan, planned)
                     budget -= num_scheduled
                 if budget == 0 and not static:
                     break
@@ -187,17 +219,31 @@ class Scheduler(HandoverMixin, MultiStepMixin):
                 request.seen_by_worker = False
         plan.finished_seq_ids.extend(self._finished_seq_ids)
         self._finished_seq_ids.clear()
-        self._plan_decode_steps(plan)
+        if not self._in_flight:  # a lookahead over another plan's samples: never
+            plan_decode_steps(
+                plan,
+                self.running,
+                self.block_manager,
+                self.config.num_scheduler_steps,
+                self.max_model_len,
+            )
         if plan.is_empty:
             return None
         self._next_step_id += 1
-        self._step_in_flight = plan.step_id
+        self._in_flight[plan.step_id] = planned
         return plan
 
-    def _add_to_plan(self, request: Request, num_scheduled: int, plan: StepPlan) -> None:
+    def _add_to_plan(
+        self, request: Request, num_scheduled: int, plan: StepPlan, planned: list[_Planned]
+    ) -> None:
         end = request.num_computed_tokens + num_scheduled
         # Cannot fail: make_room or admission secured the blocks.
         new_block_ids = self.block_manager.append_slots(request.seq_id, end)
+        request.num_computed_tokens = end
+        samples = end == request.num_planned_tokens
+        if samples:
+            request.num_pending_samples += 1
+        planned.append((request, request.num_preemptions, samples))
         if request.seen_by_worker:
             plan.continuing_sequences.append(
                 ContinuingSequence(request.seq_id, num_scheduled, list(new_block_ids))
@@ -208,7 +254,7 @@ class Scheduler(HandoverMixin, MultiStepMixin):
                 seq_id=request.seq_id,
                 prompt_token_ids=list(request.prompt_token_ids),
                 output_token_ids=list(request.output_token_ids),
-                num_computed_tokens=request.num_computed_tokens,
+                num_computed_tokens=end - num_scheduled,
                 num_scheduled_tokens=num_scheduled,
                 block_ids=list(self.block_manager.block_table(request.seq_id)),
                 sampling=request.sampling,
@@ -234,33 +280,54 @@ class Scheduler(HandoverMixin, MultiStepMixin):
                 )
 
     def update_from_output(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
-        """Applies a step's result; returns one output per request that got a token."""
-        if plan.step_id != self._step_in_flight or result.step_id != plan.step_id:
+        """Applies the oldest plan in flight's result; returns one output per request that
+        got a token (a multi-step plan's tokens of one request merged into one)."""
+        oldest = next(iter(self._in_flight), None)
+        if plan.step_id != oldest or result.step_id != plan.step_id:
             raise RuntimeError(
                 f"result for step {result.step_id} and plan {plan.step_id} do not match "
-                f"the step in flight ({self._step_in_flight})"
+                f"the oldest step in flight ({oldest})"
             )
-        self._step_in_flight = None
-        scheduled, sampled = match_output(plan, result)
-        running_by_seq_id = {request.seq_id: request for request in self.running}
+        planned = self._in_flight.pop(plan.step_id)
+        _, sampled = match_output(plan, result)
         outputs = []
-        for seq_id, num_scheduled in scheduled:
-            request = running_by_seq_id.get(seq_id)
-            if request is None:
-                continue  # aborted while its step was in flight
-            request.num_computed_tokens += num_scheduled
-            self.block_manager.cache_computed_blocks(request)
-            indices = sampled.get(seq_id)
-            if (indices is not None) != (request.num_computed_tokens == request.num_tokens):
+        for request, planned_at, samples in planned:
+            indices = sampled.get(request.seq_id)
+            if (indices is not None) != samples:
                 raise RuntimeError(
-                    f"step {result.step_id}: sequence {seq_id} must sample exactly when its "
-                    f"scheduled tokens reach its end ({request.num_computed_tokens} of "
-                    f"{request.num_tokens} computed, sampled: {indices is not None})"
+                    f"step {result.step_id}: sequence {request.seq_id} must sample exactly "
+                    f"when its scheduled tokens reach its end (planned to sample: {samples})"
                 )
-            if indices is None:
-                continue  # a prefill chunk that is not the last
-            outputs.append(self._take_tokens(request, indices, result))
+            if request.status is not RequestStatus.RUNNING or (
+                request.num_preemptions != planned_at
+            ):
+                continue  # finished, aborted or preempted since: its tokens are dropped
+            self.block_manager.cache_computed_blocks(request)
+            if indices is not None:
+                outputs.append(self._take_tokens(request, indices, result))
         return outputs
+
+    def _take_tokens(
+        self, request: Request, indices: list[int], result: StepOutput
+    ) -> RequestOutput:
+        """Takes a request's tokens of a step (one per step of its plan, at these indices
+        of result.token_ids) in order, up to the one that finishes it."""
+        processor = self._processors[request.request_id]
+        outputs: list[RequestOutput] = []
+        for index in indices:
+            token_id = result.token_ids[index]
+            request.output_token_ids.append(token_id)
+            request.num_pending_samples -= 1
+            request.sampled_since_admission = True
+            outputs.append(
+                processor.process_token(request, _logprob(request, token_id, result, index))
+            )
+            if outputs[-1].finish_reason is not None:
+                # The tokens after it (later steps of a multi-step plan, or the next plan
+                # already in flight) were computed past its end: never streamed.
+                self._finish(request, outputs[-1].finish_reason)
+                break
+        return merge_outputs(outputs)
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error
@@ -280,3 +347,65 @@ class Scheduler(HandoverMixin, MultiStepMixin):
             self._finished_seq_ids.append(request.seq_id)
         del self._requests[request.request_id]
         del self._processors[request.request_id]
+
+    # -- handing requests to another scheduler when the worker is lost ------------------
+
+    def take_unfinished(self) -> list[tuple[Request, RequestOutputProcessor]]:
+        """Empties the scheduler of its unfinished requests, for another worker to resume.
+
+        Called when the worker is lost: whatever it held (KV, steps in flight) is gone.
+        Each request comes back WAITING with nothing computed or pending, unseen by any
+        worker, with its output so far and the processor that holds its detokenizer and
+        stop state; `adopt` on another scheduler prefills it over prompt + output and it
+        goes on where it stopped. In arrival order (priority first), as they were queued.
+        """
+        requests = sorted(
+            [*self.running, *self.waiting], key=lambda r: (r.priority, r.arrival_time, r.seq_id)
+        )
+        taken = []
+        for request in requests:
+            self.queue.remove(request)
+            if self.block_manager.has_blocks(request.seq_id):
+                self.block_manager.free(request.seq_id)
+            request.status = RequestStatus.WAITING
+            request.num_computed_tokens = 0
+            request.num_pending_samples = 0
+            request.seen_by_worker = False
+            request.sampled_since_admission = False
+            request.num_bypassed = 0
+            del self._requests[request.request_id]
+            taken.append((request, self._processors.pop(request.request_id)))
+        # The worker is gone: nothing to tell it, and its steps will never answer.
+        self._finished_seq_ids.clear()
+        self._in_flight.clear()
+        return taken
+
+    def adopt(self, request: Request, processor: RequestOutputProcessor) -> None:
+        """Queues a request taken from another scheduler (take_unfinished) with its
+        processor; raises ValueError for a request not in the state take_unfinished
+        leaves, or whose tokens this worker could never hold."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already scheduled")
+        if (
+            request.status is not RequestStatus.WAITING
+            or request.num_computed_tokens
+            or request.seen_by_worker
+        ):
+            raise ValueError(f"request {request.request_id!r} is not a waiting request")
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r} has {request.num_tokens} tokens; this "
+                f"worker's max_model_len is {self.max_model_len}"
+            )
+        self._requests[request.request_id] = request
+        self._processors[request.request_id] = processor
+        self.queue.add_waiting(request)
+
+
+def _logprob(
+    request: Request, token_id: int, result: StepOutput, index: int
+) -> TokenLogprob | None:
+    entry = result.logprobs.get(index)
+    if entry is None or request.sampling.logprobs == 0:
+        return None
+    return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)

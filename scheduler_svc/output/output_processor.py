@@ -59,3 +59,21 @@ class RequestOutputProcessor:
             completion_tokens=request.num_output_tokens,
             cached_prompt_tokens=request.cached_prompt_tokens,
         )
+
+
+def merge_outputs(outputs: Sequence[RequestOutput]) -> RequestOutput:
+    """One request's outputs of consecutive tokens as one delta (the client gets fewer,
+    larger messages; the last one carries the finish reason and the usage)."""
+    if len(outputs) == 1:
+        return outputs[0]
+    last = outputs[-1]
+    return RequestOutput(
+        request_id=last.request_id,
+        new_token_ids=[token_id for output in outputs for token_id in output.new_token_ids],
+        new_text="".join(output.new_text for output in outputs),
+        logprobs=[entry for output in outputs for entry in output.logprobs],
+        finish_reason=last.finish_reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_prompt_tokens=last.cached_prompt_tokens,
+    )

@@ -1,6 +1,7 @@
 """The scheduler's end of one worker: Describe, then one Step stream at a time.
 
-Each plan written on the stream gets exactly one result back, in order. A
+Each plan written on the stream gets exactly one result back, in order (with
+async scheduling a second plan is written while the worker runs the first). A
 reader task reads the stream for as long as it is open, so that a stream
 that breaks while nothing is in flight (an idle worker killed, one that never
 got a request) is noticed at once, not at the next write; a step waits for
@@ -20,6 +21,7 @@ results; the engine reconnects with a new stream, which resets the worker.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 
 import grpc
@@ -61,8 +63,9 @@ class WorkerClient:
         self.description: wpb.WorkerDescription | None = None
         # Counts the streams opened; results are taken only from the current one.
         self.epoch = 0
-        # The step waiting for its result: (step id, future the reader completes).
-        self._waiting: tuple[int, asyncio.Future[wpb.StepResult]] | None = None
+        # Steps sent and not answered, oldest first: (step id, future the reader
+        # completes). Two with async scheduling: the worker runs one, the next waits.
+        self._waiting: deque[tuple[int, asyncio.Future[wpb.StepResult]]] = deque()
         # Why the current stream is lost (None while it is fine).
         self.lost: WorkerLost | None = None
 
@@ -109,9 +112,8 @@ class WorkerClient:
                 return
             if epoch != self.epoch:
                 return  # a stream given up: whatever it says is stale
-            waiting = self._waiting
-            if waiting is None or waiting[0] != result.step_id:
-                asked = "no step" if waiting is None else f"step {waiting[0]}"
+            if not self._waiting or self._waiting[0][0] != result.step_id:
+                asked = f"step {self._waiting[0][0]}" if self._waiting else "no step"
                 self._lose(
                     epoch,
                     WorkerLost(
@@ -120,9 +122,9 @@ class WorkerClient:
                     ),
                 )
                 return
-            self._waiting = None
-            if not waiting[1].done():
-                waiting[1].set_result(result)
+            _, answer = self._waiting.popleft()
+            if not answer.done():
+                answer.set_result(result)
 
     def _rpc_lost(self, error: grpc.aio.AioRpcError) -> WorkerLost:
         return WorkerLost(
@@ -134,9 +136,12 @@ class WorkerClient:
         if epoch != self.epoch or self.lost is not None:
             return
         self.lost = error
-        if self._waiting is not None and not self._waiting[1].done():
-            self._waiting[1].set_exception(error)
-        self._waiting = None
+        for _, answer in self._waiting:
+            if not answer.done():
+                answer.set_exception(error)
+                # Retrieved or not (a step never awaited), it must not be logged as lost.
+                answer.exception()
+        self._waiting.clear()
         if self.on_lost is not None:
             self.on_lost(error)
 
@@ -146,27 +151,35 @@ class WorkerClient:
         if self._stream is None:
             raise WorkerLost(f"worker {self.address}: no open Step stream")
 
-    async def step(self, plan: StepPlan, deadline_s: float) -> StepOutput:
-        """Sends the plan; its output, or WorkerLost when none comes within deadline_s."""
+    async def send(self, plan: StepPlan) -> asyncio.Future[wpb.StepResult]:
+        """Writes the plan on the stream; the future its result completes (in order)."""
         self.raise_if_lost()
         epoch = self.epoch
-        result: asyncio.Future[wpb.StepResult] = asyncio.get_running_loop().create_future()
-        self._waiting = (plan.step_id, result)
-
-        async def send_and_wait() -> StepOutput:
+        answer: asyncio.Future[wpb.StepResult] = asyncio.get_running_loop().create_future()
+        self._waiting.append((plan.step_id, answer))
+        try:
             await self._stream.write(plan_to_proto(plan))
-            answer = await result
-            try:
-                return output_from_proto(answer)
-            except ValueError as error:  # top_token_ids and top_logprobs of unequal length
-                raise WorkerLost(
-                    f"worker {self.address}: step {plan.step_id}: {error}", LossCause.PROTOCOL
-                ) from error
+        except grpc.aio.AioRpcError as error:
+            self._lose(epoch, self._rpc_lost(error))
+        except asyncio.InvalidStateError:
+            # A write on a call that has ended: the reader says why, or is about to.
+            await asyncio.sleep(0)
+            self._lose(epoch, WorkerLost(f"worker {self.address}: its Step stream has ended"))
+        self.raise_if_lost()
+        return answer
 
+    async def result(
+        self, plan: StepPlan, answer: asyncio.Future[wpb.StepResult], deadline_s: float
+    ) -> StepOutput:
+        """The sent plan's output, or WorkerLost when none comes within deadline_s from
+        now (the caller waits for results in order, so this is once the step before it
+        has answered: when the worker starts this one)."""
+        epoch = self.epoch
         try:
             # wait_for, not asyncio.timeout: pyproject admits Python 3.10, which has
             # only this, and raises asyncio.TimeoutError (not yet the builtin) from it.
-            return await asyncio.wait_for(send_and_wait(), deadline_s)
+            reply = await asyncio.wait_for(asyncio.shield(answer), deadline_s)
+            return output_from_proto(reply)
         except asyncio.TimeoutError:
             self._lose(
                 epoch,
@@ -176,25 +189,32 @@ class WorkerClient:
                     LossCause.STEP_TIMEOUT,
                 ),
             )
-        except grpc.aio.AioRpcError as error:
-            self._lose(epoch, self._rpc_lost(error))
-        except WorkerLost as error:
-            self._lose(epoch, error)
-        except asyncio.InvalidStateError:
-            # A write on a call that has ended: the reader says why, or is about to.
-            await asyncio.sleep(0)
-            self._lose(epoch, WorkerLost(f"worker {self.address}: its Step stream has ended"))
-        finally:
-            if self._waiting is not None and self._waiting[1] is result:
-                self._waiting = None
-        raise self.lost or WorkerLost(f"worker {self.address}: its Step stream was closed")
+        except ValueError as error:  # top_token_ids and top_logprobs of unequal length
+            self._lose(
+                epoch,
+                WorkerLost(
+                    f"worker {self.address}: step {plan.step_id}: {error}", LossCause.PROTOCOL
+                ),
+            )
+        except (WorkerLost, asyncio.CancelledError) as error:
+            if isinstance(error, asyncio.CancelledError) and not answer.cancelled():
+                raise  # the caller was cancelled, not the step
+            self._lose(epoch, error if isinstance(error, WorkerLost) else self._closed())
+        raise self.lost or self._closed()
+
+    async def step(self, plan: StepPlan, deadline_s: float) -> StepOutput:
+        """One plan and its output: send, then result."""
+        return await self.result(plan, await self.send(plan), deadline_s)
+
+    def _closed(self) -> WorkerLost:
+        return WorkerLost(f"worker {self.address}: its Step stream was closed")
 
     async def close(self) -> None:
         """Gives the current stream up: its reader stops, and what it would read is stale."""
         self.epoch += 1
-        if self._waiting is not None and not self._waiting[1].done():
-            self._waiting[1].cancel()
-        self._waiting = None
+        for _, answer in self._waiting:
+            answer.cancel()
+        self._waiting.clear()
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)

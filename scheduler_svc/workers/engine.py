@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
@@ -34,6 +36,7 @@ import structlog
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.core.plan import StepPlan
 from scheduler_svc.core.request import Request, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
@@ -46,6 +49,14 @@ if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.engine")
+
+
+@dataclass
+class _SentStep:
+    plan: StepPlan
+    answer: asyncio.Future  # completed by the client's stream reader
+    sent_at: float
+
 
 # One reconnect attempt's wait (the channel retries within it; keep_trying spaces them).
 RECONNECT_ATTEMPT_S = 2.0
@@ -128,6 +139,7 @@ class WorkerEngine(EngineView):
             tokenizer=self.tokenizer,
             eos_token_ids=self.tokenizer.eos_token_ids,
             stats=self.stats,
+            max_in_flight=self.config.max_steps_in_flight,
         )
         self._set_connected(True)
         self._comeback.connected()
@@ -179,23 +191,34 @@ class WorkerEngine(EngineView):
                 await self._recover(error)
 
     async def _serve(self) -> None:
-        """Steps while the worker answers; raises WorkerLost when it is lost."""
+        """Steps while the worker answers; raises WorkerLost when it is lost.
+
+        schedule(), run on the worker, postprocess, as one iteration; with async
+        scheduling the next plan is built and sent before the result of the one the
+        worker is running is read, so the worker finds its next step waiting.
+        """
+        in_flight: deque[_SentStep] = deque()
+        last_result_at = time.monotonic()
         while True:
             self.client.raise_if_lost()
-            iteration_started = time.monotonic()
-            plan = self.scheduler.schedule()
-            self._deliver_failures()
-            if plan is None:
+            if len(in_flight) < self.scheduler.max_in_flight:
+                plan = self.scheduler.schedule()
+                self._deliver_failures()
+                if plan is not None:
+                    self._note_first_scheduled(plan)
+                    sent_at = time.monotonic()
+                    in_flight.append(_SentStep(plan, await self.client.send(plan), sent_at))
+                    continue  # plan the next one while this one runs
+            if not in_flight:
                 self._wakeup.clear()
                 await self._sleep_until_woken_or(self._next_deadline())
                 continue
-            self._note_first_scheduled(plan)
-            started = time.monotonic()
-            deadline_s = self.faults.step_deadline_s(plan.num_scheduled_tokens)
-            result = await self.client.step(plan, deadline_s)
-            step_s = time.monotonic() - started
+            sent = in_flight.popleft()
+            deadline_s = self.faults.step_deadline_s(sent.plan.num_scheduled_tokens)
+            result = await self.client.result(sent.plan, sent.answer, deadline_s)
+            answered_at = time.monotonic()
             try:
-                outputs = self.scheduler.update_from_output(plan, result)
+                outputs = self.scheduler.update_from_output(sent.plan, result)
             except RuntimeError as error:
                 # The worker broke the protocol: its state cannot be trusted.
                 raise WorkerLost(f"protocol error: {error}", LossCause.PROTOCOL) from error
@@ -204,10 +227,14 @@ class WorkerEngine(EngineView):
                 self._deliver(output)
             self._deliver_failures()
             if self._metrics is not None:
-                total_s = time.monotonic() - iteration_started
+                # The step's own time starts when the worker could start it: when it was
+                # sent, or when the step before it answered, whichever is later.
+                step_s = answered_at - max(sent.sent_at, last_result_at)
+                total_s = time.monotonic() - last_result_at
                 self._metrics.observe_iteration(
                     self.address, step_s, result.forward_seconds, total_s
                 )
+            last_result_at = answered_at
 
     def _note_first_scheduled(self, plan) -> None:
         if not plan.new_sequences:

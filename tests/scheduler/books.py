@@ -84,10 +84,15 @@ def _check_queues(scheduler: Scheduler) -> None:
         table = manager.block_table(request.seq_id)
         # Admission gives blocks for every current token; growth follows the
         # computed ones. So KV never lacks a block, nor has one past the tokens.
+        # (With async scheduling the tokens include those a plan in flight samples.)
         assert manager.blocks_needed(request.num_computed_tokens) <= len(table)
-        assert len(table) <= manager.blocks_needed(request.num_tokens)
+        assert len(table) <= manager.blocks_needed(request.num_planned_tokens)
+        assert request.num_computed_tokens <= request.num_planned_tokens
+        assert (
+            0 <= request.num_pending_samples <= scheduler.max_in_flight * config.num_scheduler_steps
+        )
         if not request.sampled_since_admission:
-            assert len(table) == manager.blocks_needed(request.num_tokens)
+            assert len(table) >= manager.blocks_needed(request.num_tokens)
     for request in [*scheduler.running, *scheduler.waiting]:
         # The stated bound: every preemption is paid for by a generated token.
         assert request.num_preemptions <= request.num_output_tokens, request.request_id
@@ -95,5 +100,6 @@ def _check_queues(scheduler: Scheduler) -> None:
     for request in scheduler.waiting:
         assert request.status is RequestStatus.WAITING
         assert request.num_computed_tokens == 0 and not request.seen_by_worker
+        assert request.num_pending_samples == 0
     if not scheduler.has_unfinished_requests():
         assert manager.num_used_blocks == 0

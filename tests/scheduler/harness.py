@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 
 from common.defaults import converted_model_dir
 from common.sampling_params import SamplingParams
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.core.plan import StepPlan
+from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.core.request import Request, RequestError, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 
@@ -92,12 +92,19 @@ class Harness:
         max_model_len: int = 256,
         **config,
     ) -> None:
-        """`config`: further SchedulerConfig fields (prefix caching, bypasses, ...)."""
+        """`config`: further SchedulerConfig fields (prefix caching, bypasses, ...).
+
+        One plan at a time unless async_scheduling=True is given: the step-by-step
+        tests state what each plan holds after the result before it.
+        """
         self.clock = FakeClock()
+        config.setdefault("async_scheduling", False)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **config
+        )
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **config
-            ),
+            scheduler_config,
+            max_in_flight=scheduler_config.max_steps_in_flight,
             num_blocks=num_blocks,
             block_size=block_size,
             max_model_len=max_model_len,
@@ -112,6 +119,10 @@ class Harness:
         self.requests: dict[str, Request] = {}
         # Errors of the requests the scheduler ended itself (take_failed).
         self.errors: dict[str, RequestError] = {}
+        # Plans sent, oldest first, with the results the worker computed at once: it
+        # runs plans in the order sent, as a real one does, whenever the scheduler
+        # reads the results.
+        self.in_flight: deque[tuple[StepPlan, StepOutput]] = deque()
 
     @property
     def block_manager(self):
@@ -124,11 +135,25 @@ class Harness:
         return request
 
     def step(self) -> StepPlan | None:
-        """One engine iteration; returns the plan (None if there was nothing to do)."""
-        plan = self.schedule()
-        if plan is None:
-            return None
-        result = self.worker.step(plan)
+        """One engine iteration, as WorkerEngine runs it: plans sent while there is room
+        in flight, then the oldest one's result applied; returns that plan (None if
+        there was nothing to do)."""
+        while self.may_send():
+            plan = self.schedule()
+            if plan is None:
+                break
+            self.send(plan)
+        return self.answer_oldest() if self.in_flight else None
+
+    def may_send(self) -> bool:
+        return len(self.in_flight) < self.scheduler.max_in_flight
+
+    def send(self, plan: StepPlan) -> None:
+        self.in_flight.append((plan, self.worker.step(plan)))
+
+    def answer_oldest(self) -> StepPlan:
+        """Applies the result of the oldest plan in flight; returns that plan."""
+        plan, result = self.in_flight.popleft()
         self.deliver(self.scheduler.update_from_output(plan, result))
         return plan
 

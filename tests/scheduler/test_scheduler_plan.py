@@ -164,7 +164,7 @@ def test_step_ids_increase_and_a_plan_must_be_answered_before_the_next():
     harness = Harness()
     harness.add(make_request(prompt=4, max_tokens=3))
     first = harness.scheduler.schedule()
-    with pytest.raises(RuntimeError, match="still in flight"):
+    with pytest.raises(RuntimeError, match="in flight: call update_from_output first"):
         harness.scheduler.schedule()
     harness.deliver(harness.scheduler.update_from_output(first, harness.worker.step(first)))
     assert harness.step().step_id == first.step_id + 1

@@ -67,6 +67,7 @@ def simulations(draw):
         "max_bypasses": draw(st.sampled_from([0, 1, 2, 4, 16])),
         "watermark": draw(st.sampled_from([0.0, 0.0, 0.1, 0.3])),
         "batching": draw(st.sampled_from(["continuous"] * 4 + ["static"])),
+        "async_scheduling": draw(st.booleans()),
     }
     # Prompts fit the pool and the model (add_request refuses the others).
     # Some workloads have only short ones: many small requests behind a big
@@ -120,15 +121,21 @@ class Simulation:
             self._cancel(step, in_flight=False)
             preemptible = [r for r in self.scheduler.running if r.sampled_since_admission]
             preemptions = {r.request_id: r.num_preemptions for r, _ in self.requests}
-            plan = self.harness.schedule()
+            # With async scheduling a plan is sent while the one before it runs; its
+            # result is applied once the next is out, or when nothing more is planned.
+            plan = self.harness.schedule() if self.harness.may_send() else None
             self._check_after_schedule()
             self._check_victims(preemptible, preemptions)
             if plan is not None:
                 self._cancel(step, in_flight=True)
-                result = self.harness.worker.step(plan)
-                self.harness.deliver(self.scheduler.update_from_output(plan, result))
+                self.harness.send(plan)
+            answered = self.harness.in_flight and (plan is None or not self.harness.may_send())
+            if answered:
+                self.harness.answer_oldest()
             check_books(self.scheduler)
-            if plan is None and not self.pending and not self.scheduler.has_unfinished_requests():
+            # Idle: nothing planned, nothing answered (whose stops the next plan tells).
+            idle = not (answered or self.scheduler.has_unfinished_requests())
+            if plan is None and not self.pending and idle:
                 return
         raise AssertionError(f"not idle after {MAX_STEPS} steps")
 
