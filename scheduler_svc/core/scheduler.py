@@ -7,36 +7,31 @@ One Scheduler per worker. Each step, `schedule()` fills a token budget
    ones, that does not fit, preempts the fewest of them (worst first) that
    makes it fit and is admitted; if even all of them would not, none is.
 2. Running requests, best first (priority, then arrival): one decode token
-   each or their next prefill chunk (chunked prefill, so decodes keep flowing
-   beside a long prompt). A request that needs a block when none is free
-   preempts the worst running request that may be preempted, possibly itself.
-3. Waiting requests, best first, while the budget and the cap allow (see
-   AdmissionQueue in admission.py for the order and the no-starvation rule).
+   each or their next prefill chunk (chunked prefill). A request that needs a
+   block when none is free preempts the worst preemptible running request,
+   possibly itself (admission.py: order, no starvation, preemption bounds).
+3. Waiting requests, best first, while the budget and the cap allow.
 
 The plan is a diff (vLLM's SchedulerOutput idea): a sequence the worker has
 not seen carries its tokens, sampling settings and block table; one it holds
 carries only how many tokens to compute and its new blocks.
-`update_from_output()` then appends the sampled tokens, detokenizes, checks
-stops, registers newly full blocks in the prefix cache and frees what finished.
+`update_from_output()` appends the sampled tokens, detokenizes, checks stops,
+registers newly full blocks in the prefix cache and frees what finished.
 
-Async scheduling (vLLM's, SGLang's overlap): up to `max_in_flight` plans may be
-out at once, so the engine plans step N+1 while the worker runs step N. What a
-plan computes is counted when it is planned (num_computed_tokens), and what it
-will sample as pending (num_pending_samples): a decode of the next plan
-computes that pending token without its id, which the worker sampled itself.
+Async scheduling: up to `max_in_flight` plans may be out at once (see
+workers/step_loop.py). What a plan computes counts as computed when planned,
+and what it samples as pending (Request.num_pending_samples): the next plan's
+decode computes that token without its id, which the worker sampled itself.
 So stop checks lag one step: a request that stopped at step N's token is in
-step N+1 already; the token N+1 samples for it is dropped unseen, and its
-blocks are freed when N's result comes (the worker runs plans in order, so no
-later plan's owner of those blocks is written before N+1 is done). max_tokens
-and the model length never cost that extra step: a request is not planned
-past them. Results of a request preempted, aborted or finished since its plan
-went out are dropped.
+step N+1 already, and the token N+1 samples for it is dropped unseen. Its
+blocks are freed when N's result comes; the worker runs plans in order, so a
+later owner of those blocks writes them only after N+1. max_tokens and the
+model length never cost that extra step (a request is not planned past them),
+and a decode ahead of its sample never preempts. Results for a request
+preempted, aborted or finished since its plan went out are dropped.
 
-Preemption (by recompute) and its bounds: see admission.py. With
-num_scheduler_steps > 1, a step of decodes only may cover several decode
-steps: see multi_step.py. `add_request` and `abort_request` may come at any
-moment; `take_unfinished` and `adopt` move requests between schedulers when a
-worker is lost.
+num_scheduler_steps > 1: multi_step.py. `take_unfinished` and `adopt` move
+requests between schedulers when a worker is lost.
 """
 
 from __future__ import annotations
@@ -63,11 +58,14 @@ from scheduler_svc.core.request import (
     RequestError,
     RequestOutput,
     RequestStatus,
-    TokenLogprob,
 )
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.output.detokenizer import Decoder
-from scheduler_svc.output.output_processor import RequestOutputProcessor, merge_outputs
+from scheduler_svc.output.output_processor import (
+    RequestOutputProcessor,
+    merge_outputs,
+    token_logprob,
+)
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale) and whether it samples.
@@ -320,7 +318,9 @@ class Scheduler:
             request.num_pending_samples -= 1
             request.sampled_since_admission = True
             outputs.append(
-                processor.process_token(request, _logprob(request, token_id, result, index))
+                processor.process_token(
+                    request, token_logprob(request, token_id, result.logprobs.get(index))
+                )
             )
             if outputs[-1].finish_reason is not None:
                 # The tokens after it (later steps of a multi-step plan, or the next plan
@@ -400,12 +400,3 @@ class Scheduler:
         self._requests[request.request_id] = request
         self._processors[request.request_id] = processor
         self.queue.add_waiting(request)
-
-
-def _logprob(
-    request: Request, token_id: int, result: StepOutput, index: int
-) -> TokenLogprob | None:
-    entry = result.logprobs.get(index)
-    if entry is None or request.sampling.logprobs == 0:
-        return None
-    return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)

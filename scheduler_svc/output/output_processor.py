@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler_svc.core.plan import SampledLogprobs
 from scheduler_svc.core.request import FinishReason, Request, RequestOutput, TokenLogprob
 from scheduler_svc.output.detokenizer import Decoder, IncrementalDetokenizer
 from scheduler_svc.output.stop_checker import StopChecker, StopStringMatcher
@@ -77,3 +78,12 @@ def merge_outputs(outputs: Sequence[RequestOutput]) -> RequestOutput:
         completion_tokens=last.completion_tokens,
         cached_prompt_tokens=last.cached_prompt_tokens,
     )
+
+
+def token_logprob(
+    request: Request, token_id: int, entry: SampledLogprobs | None
+) -> TokenLogprob | None:
+    """The logprob entry a request's output carries for a sampled token, if it asked."""
+    if entry is None or request.sampling.logprobs == 0:
+        return None
+    return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)

@@ -1,12 +1,15 @@
-"""The step loop for one worker: schedule(), step on the worker, postprocess.
+"""One worker as the scheduler process holds it: its connection, its Scheduler, the
+requests placed on it, and what happens when it is lost.
 
 One WorkerEngine per worker connection, each with its own Scheduler and block
-manager, all on the scheduler process's single event loop. RPC handlers add
-and abort requests between steps; every request's outputs go to its own
-asyncio.Queue, which its Generate handler drains.
+manager, all on the scheduler process's single event loop. The iterations
+themselves are step_loop.StepLoop's. RPC handlers add and abort requests
+between steps; every request's outputs go to its own asyncio.Queue (handle.py),
+which its Generate handler drains.
 
-The pool reads an engine (engine_view) to place requests and is told when its
-connection comes or goes (on_connection_change): health status follows it.
+The pool reads an engine's plain properties (load, pool, cache) to place
+requests and is told when its connection comes or goes (on_connection_change):
+health status follows it.
 
 A lost worker (see liveness: its stream broke, a keepalive ping or a step
 went unanswered; idle or not) loses nothing: it is marked disconnected the
@@ -23,11 +26,8 @@ state.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -36,14 +36,14 @@ import structlog
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import FaultConfig, SchedulerConfig
-from scheduler_svc.core.plan import StepPlan
-from scheduler_svc.core.request import Request, RequestOutput
+from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.workers.client import WorkerClient, WorkerLost
-from scheduler_svc.workers.engine_view import EngineView
-from scheduler_svc.workers.handle import Migrant, RequestHandle
-from scheduler_svc.workers.liveness import Comeback, LossCause, keep_trying
+from scheduler_svc.workers.handle import Migrant, RequestHandle, RequestHandles
+from scheduler_svc.workers.liveness import Comeback, keep_trying
+from scheduler_svc.workers.step_loop import StepLoop
 
 if TYPE_CHECKING:
     from scheduler_svc.metrics import SchedulerMetrics
@@ -51,18 +51,11 @@ if TYPE_CHECKING:
 log = structlog.get_logger("scheduler.engine")
 
 
-@dataclass
-class _SentStep:
-    plan: StepPlan
-    answer: asyncio.Future  # completed by the client's stream reader
-    sent_at: float
-
-
 # One reconnect attempt's wait (the channel retries within it; keep_trying spaces them).
 RECONNECT_ATTEMPT_S = 2.0
 
 
-class WorkerEngine(EngineView):
+class WorkerEngine:
     def __init__(
         self,
         address: str,
@@ -92,9 +85,71 @@ class WorkerEngine(EngineView):
         self._on_connection_change = on_connection_change
         self._connected = False
         # The requests this engine holds, by id: their clients' streams.
-        self._handles: dict[str, RequestHandle] = {}
-        self._wakeup = asyncio.Event()
+        self._handles = RequestHandles()
+        self._loop = StepLoop(self.client, self._handles, self.faults, metrics, self._count_step)
         self._task: asyncio.Task | None = None
+
+    def _count_step(self) -> None:
+        self.steps += 1
+
+    # -- what placement and the metrics read (0 before the worker has described itself) --
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._handles
+
+    @property
+    def load(self) -> int:
+        return len(self._handles)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens of KV the worker's pool holds."""
+        description = self.client.description
+        return description.num_kv_blocks * description.block_size if description else 0
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether a request that may hold num_tokens of KV fits this worker's pool."""
+        return num_tokens <= self.capacity_tokens
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running if self.scheduler else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting if self.scheduler else 0
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.scheduler.block_manager.num_blocks if self.scheduler else 0
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.scheduler.block_manager.num_used_blocks if self.scheduler else 0
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.scheduler.block_manager.num_cached_blocks if self.scheduler else 0
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """Leading tokens of a prompt whose KV this worker's prefix cache holds now.
+
+        Read-only: the same lookup admission makes, without taking the blocks.
+        The last token is left out, as admission does: its logits need a forward.
+        """
+        if not self.connected or self.scheduler is None:
+            return 0
+        manager = self.scheduler.block_manager
+        hashes: list[int] = []
+        extend_block_hashes(hashes, token_ids, manager.block_size)
+        hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1)
+        return len(hits) * manager.block_size
+
+    # -- requests in and out --------------------------------------------------------------
 
     def _set_connected(self, connected: bool) -> None:
         if connected != self._connected:
@@ -114,8 +169,8 @@ class WorkerEngine(EngineView):
         except ValueError as error:
             raise ServiceError(str(error), grpc.StatusCode.UNAVAILABLE) from error
         migrant.handle.holder = self
-        self._handles[request.request_id] = migrant.handle
-        self._wakeup.set()
+        self._handles.add(migrant.handle)
+        self._loop.wakeup.set()
 
     async def start(self, connect_timeout_s: float) -> None:
         """Connects (raising WorkerLost after the timeout) and starts the loop."""
@@ -127,7 +182,7 @@ class WorkerEngine(EngineView):
         """The client found the worker lost (maybe while this engine idles): place
         nothing more here, and wake the loop to recover."""
         self._set_connected(False)
-        self._wakeup.set()
+        self._loop.wakeup.set()
 
     def _reset_scheduler(self) -> None:
         description = self.client.description
@@ -157,19 +212,19 @@ class WorkerEngine(EngineView):
             # the engine alive and tell the client if it ever happens.
             raise ServiceError(str(error), grpc.StatusCode.INVALID_ARGUMENT) from error
         handle = RequestHandle(request.request_id, self)
-        self._handles[request.request_id] = handle
+        self._handles.add(handle)
         self.num_submitted += 1
-        self._wakeup.set()
+        self._loop.wakeup.set()
         return handle
 
     def abort_local(self, request_id: str) -> bool:
         """Aborts the request if this engine holds it (its blocks are freed at the next
         step); whether it did."""
-        if self._handles.pop(request_id, None) is None:
+        if self._handles.pop(request_id) is None:
             return False
         if self.scheduler is not None:
             self.scheduler.abort_request(request_id)
-            self._wakeup.set()
+            self._loop.wakeup.set()
         return True
 
     async def stop(self) -> None:
@@ -186,89 +241,9 @@ class WorkerEngine(EngineView):
     async def _run(self) -> None:
         while True:
             try:
-                await self._serve()
+                await self._loop.run(self.scheduler)
             except WorkerLost as error:
                 await self._recover(error)
-
-    async def _serve(self) -> None:
-        """Steps while the worker answers; raises WorkerLost when it is lost.
-
-        schedule(), run on the worker, postprocess, as one iteration; with async
-        scheduling the next plan is built and sent before the result of the one the
-        worker is running is read, so the worker finds its next step waiting.
-        """
-        in_flight: deque[_SentStep] = deque()
-        last_result_at = time.monotonic()
-        while True:
-            self.client.raise_if_lost()
-            if len(in_flight) < self.scheduler.max_in_flight:
-                plan = self.scheduler.schedule()
-                self._deliver_failures()
-                if plan is not None:
-                    self._note_first_scheduled(plan)
-                    sent_at = time.monotonic()
-                    in_flight.append(_SentStep(plan, await self.client.send(plan), sent_at))
-                    continue  # plan the next one while this one runs
-            if not in_flight:
-                self._wakeup.clear()
-                await self._sleep_until_woken_or(self._next_deadline())
-                continue
-            sent = in_flight.popleft()
-            deadline_s = self.faults.step_deadline_s(sent.plan.num_scheduled_tokens)
-            result = await self.client.result(sent.plan, sent.answer, deadline_s)
-            answered_at = time.monotonic()
-            try:
-                outputs = self.scheduler.update_from_output(sent.plan, result)
-            except RuntimeError as error:
-                # The worker broke the protocol: its state cannot be trusted.
-                raise WorkerLost(f"protocol error: {error}", LossCause.PROTOCOL) from error
-            self.steps += 1
-            for output in outputs:
-                self._deliver(output)
-            self._deliver_failures()
-            if self._metrics is not None:
-                # The step's own time starts when the worker could start it: when it was
-                # sent, or when the step before it answered, whichever is later.
-                step_s = answered_at - max(sent.sent_at, last_result_at)
-                total_s = time.monotonic() - last_result_at
-                self._metrics.observe_iteration(
-                    self.address, step_s, result.forward_seconds, total_s
-                )
-            last_result_at = answered_at
-
-    def _note_first_scheduled(self, plan) -> None:
-        if not plan.new_sequences:
-            return
-        # A preempted request comes back as a new sequence: keep the first time.
-        now = time.monotonic()
-        new_seq_ids = {sequence.seq_id for sequence in plan.new_sequences}
-        for request in self.scheduler.running:
-            handle = self._handles.get(request.request_id)
-            if request.seq_id in new_seq_ids and handle and handle.first_scheduled is None:
-                handle.first_scheduled = now
-
-    async def _sleep_until_woken_or(self, deadline: float | None) -> None:
-        """Idle until a request arrives or leaves, or a queued request's deadline passes."""
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        # asyncio.TimeoutError: what wait_for raises on Python 3.10 (an alias of
-        # TimeoutError only from 3.11 on).
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-
-    def _deliver_failures(self) -> None:
-        """Ends the streams of requests the scheduler failed (deadline, pool too small)."""
-        for request in self.scheduler.take_failed():
-            handle = self._handles.pop(request.request_id, None)
-            if handle is not None:
-                handle.fail(ServiceError(request.error.message, request.error.code))
-
-    def _deliver(self, output: RequestOutput) -> None:
-        handle = self._handles.get(output.request_id)
-        if handle is None:
-            return  # aborted while its step was in flight
-        handle.queue.put_nowait(output)
-        if output.finish_reason is not None:
-            del self._handles[output.request_id]
 
     async def _recover(self, error: WorkerLost) -> None:
         """Hands the worker's unfinished requests to the pool, then reconnects with backoff.
@@ -308,11 +283,11 @@ class WorkerEngine(EngineView):
         """Empties the engine of its unfinished requests, to be resumed elsewhere."""
         if self.scheduler is None:
             return []
-        self._deliver_failures()
+        self._handles.deliver_failures(self.scheduler.take_failed())
         now = time.monotonic()
         migrants = []
         for request, processor in self.scheduler.take_unfinished():
-            handle = self._handles.pop(request.request_id, None)
+            handle = self._handles.pop(request.request_id)
             if handle is None:
                 continue  # its client is gone
             migrants.append(Migrant(request, processor, handle, now))
@@ -322,6 +297,4 @@ class WorkerEngine(EngineView):
 
     def _fail_all(self, reason: str) -> None:
         failure = ServiceError(f"{reason}; retry the request", grpc.StatusCode.UNAVAILABLE)
-        for handle in self._handles.values():
-            handle.fail(failure)
-        self._handles.clear()
+        self._handles.fail_all(failure)

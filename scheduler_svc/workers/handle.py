@@ -59,3 +59,47 @@ class Migrant:
     handle: RequestHandle
     # Since when it waits for a worker (time.monotonic()).
     lost_at: float
+
+
+class RequestHandles:
+    """The handles of the requests one engine holds, by request id: where the step
+    loop delivers outputs and errors, and what placement counts as load."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, RequestHandle] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    def add(self, handle: RequestHandle) -> None:
+        self._by_id[handle.request_id] = handle
+
+    def pop(self, request_id: str) -> RequestHandle | None:
+        return self._by_id.pop(request_id, None)
+
+    def get(self, request_id: str) -> RequestHandle | None:
+        return self._by_id.get(request_id)
+
+    def deliver(self, output: RequestOutput) -> None:
+        """Hands a step's output to its client's stream (dropped if its client left)."""
+        handle = self._by_id.get(output.request_id)
+        if handle is None:
+            return  # aborted while its step was in flight
+        handle.queue.put_nowait(output)
+        if output.finish_reason is not None:
+            del self._by_id[output.request_id]
+
+    def deliver_failures(self, failed: list[Request]) -> None:
+        """Ends the streams of requests the scheduler failed (deadline, pool too small)."""
+        for request in failed:
+            handle = self._by_id.pop(request.request_id, None)
+            if handle is not None:
+                handle.fail(ServiceError(request.error.message, request.error.code))
+
+    def fail_all(self, error: ServiceError) -> None:
+        for handle in self._by_id.values():
+            handle.fail(error)
+        self._by_id.clear()

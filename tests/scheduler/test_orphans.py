@@ -39,7 +39,7 @@ def _queue_on(engine: WorkerEngine, harness: Harness, request) -> RequestHandle:
     """Queues the request on the engine's scheduler, with the handle its client holds."""
     harness.add(request, tokens=WORDS)
     handle = RequestHandle(request.request_id, engine)
-    engine._handles[request.request_id] = handle
+    engine._handles.add(handle)
     return handle
 
 
