@@ -37,10 +37,11 @@ from scheduler_svc.api.validation import (
     validate_request,
 )
 from scheduler_svc.api.wire import refuse_undecodable, to_response
-from scheduler_svc.core.request import FinishReason
+from scheduler_svc.core.request import FinishReason, RequestOutput
 from scheduler_svc.metrics import SchedulerMetrics
+from scheduler_svc.output.output_processor import merge_outputs
 from scheduler_svc.workers.engine import WorkerEngine
-from scheduler_svc.workers.handle import RequestHandle
+from scheduler_svc.workers.handle import RequestHandle, StreamItem
 from scheduler_svc.workers.pool import WorkerPool
 
 
@@ -204,12 +205,17 @@ class GenerationService(pb_grpc.GenerationServicer):
         self._in_flight.add(request_id)
         self._placed[request_id] = handle
         outcome: ServiceError | FinishReason | None = None
+        held: ServiceError | None = None
         try:
             while outcome is None:
+                if held is not None:
+                    outcome = held
+                    break
                 item = await handle.queue.get()
                 if isinstance(item, ServiceError):
                     outcome = item
                     break
+                item, held = _coalesce(item, handle.queue)
                 trace.token_sent(item)
                 outcome = item.finish_reason
                 yield to_response(item, self.tokenizer)
@@ -245,6 +251,29 @@ class GenerationService(pb_grpc.GenerationServicer):
                 _worker_info(engine) for engine in sorted(engines, key=lambda e: e.address)
             ],
         )
+
+
+def _coalesce(
+    first: RequestOutput, queue: asyncio.Queue[StreamItem]
+) -> tuple[RequestOutput, ServiceError | None]:
+    """The first output merged with any that queued up behind it, and an error that
+    ended the request after them (sent after the merged output).
+
+    Outputs queue up only while the client reads slower than the steps produce them
+    (gRPC's flow control holds the handler in its write): then one message carries
+    the text of several steps, as SGLang's stream interval and the OpenAI stream shape
+    allow, and the client catches up instead of falling further behind. A client that
+    keeps up gets one message a step, as before.
+    """
+    if queue.empty() or first.finish_reason is not None:
+        return first, None
+    outputs = [first]
+    while not queue.empty() and outputs[-1].finish_reason is None:
+        item = queue.get_nowait()
+        if isinstance(item, ServiceError):
+            return merge_outputs(outputs), item
+        outputs.append(item)
+    return merge_outputs(outputs), None
 
 
 def _worker_info(engine: WorkerEngine) -> pb.WorkerInfo:
