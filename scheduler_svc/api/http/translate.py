@@ -34,28 +34,21 @@ class Choice:
 
 
 def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int) -> pb.SamplingParams:
-    params = pb.SamplingParams(
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        min_tokens=body.min_tokens,
-        ignore_eos=body.ignore_eos,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        logprobs=logprobs,
-    )
-    # Optional proto fields stay unset (the scheduler's defaults) when the body omits them.
-    for name, value in (
-        ("temperature", body.temperature),
-        ("top_p", body.top_p),
-        ("repetition_penalty", body.repetition_penalty),
-        ("max_tokens", max_tokens),
-        ("seed", body.seed),
-    ):
-        if value is not None:
+    """The body's sampling fields, by their proto names; a field the body leaves at None
+    stays unset, which the scheduler reads as the dataclass's default."""
+    params = pb.SamplingParams()
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    # Where HTTP's field means something else than the proto's of the same name.
+    worked_out = {"max_tokens": max_tokens, "logprobs": logprobs, "stop": stop}
+    for wire in pb.SamplingParams.DESCRIPTOR.fields:
+        name = wire.name
+        value = worked_out[name] if name in worked_out else getattr(body, name, None)
+        if value is None:
+            continue
+        if wire.is_repeated:
+            getattr(params, name).extend(value)
+        else:
             setattr(params, name, value)
-    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-    params.stop.extend(stop)
-    params.stop_token_ids.extend(body.stop_token_ids or [])
     return params
 
 
