@@ -15,37 +15,22 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cbserve.local_stack import LocalStack
-from common.cli_config import FlagError, add_flags, build, to_argv
-from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, DEFAULT_WORKER_PORT
-from common.flag_fields import flag
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.edge_config import DEFAULT_HTTP_PORT, EdgeConfig
+from common.cli_config import FlagError, add_flags, build, to_argv, to_env
+from common.defaults import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_SCHEDULER_PORT,
+    DEFAULT_WORKER_PORT,
+)
+from common.flag_fields import SERVE, flag, forwarded_flags
+from scheduler_svc.config import SCHEDULER_CONFIGS, ProcessConfig
 from worker_svc.config import WorkerConfig
 
-# Passed on to every worker and to the scheduler as they are given: declared once, on
-# the processes' own configs (so are their variables, CBSERVE_WORKER_DTYPE, ...).
-WORKER_FLAGS = (
-    "model",
-    "dtype",
-    "model_impl",
-    "num_kv_blocks",
-    "kv_cache_memory",
-    "block_size",
-    "threads",
-    "attention_backend",
-    "device",
-)
-SCHEDULER_FLAGS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_waiting_requests",
-    "enable_prefix_caching",
-    "batching",
-    "num_scheduler_steps",
-)
-# The scheduler's doors. --api-key is passed on as the scheduler's variable
-# (LocalStack.scheduler_env), not on its command line; the TLS flags as they are.
-EDGE_FLAGS = ("api_key", "tls_cert", "tls_key")
+# The processes' own flags that `cbserve serve` takes and passes on, as given: those
+# their configs mark `forwarded_by=(SERVE, ...)` (with their variables,
+# CBSERVE_WORKER_DTYPE, ...). Secret ones (--api-key) go as the scheduler's variable
+# (LocalStack.scheduler_env), not on its command line.
+WORKER_CONFIGS = (WorkerConfig,)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -82,36 +67,51 @@ class ServeConfig:
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ServeConfig)
-    add_flags(parser, WorkerConfig, only=WORKER_FLAGS, forward_to="worker")
-    add_flags(parser, SchedulerConfig, only=SCHEDULER_FLAGS, forward_to="scheduler")
-    add_flags(parser, EdgeConfig, only=EDGE_FLAGS, forward_to="scheduler")
+    for cls in WORKER_CONFIGS:
+        add_flags(parser, cls, only=forwarded_flags(cls, SERVE), forward_to="worker")
+    for cls in SCHEDULER_CONFIGS:
+        add_flags(parser, cls, only=forwarded_flags(cls, SERVE), forward_to="scheduler")
+
+
+def _passed_on(args: argparse.Namespace, configs) -> list[str]:
+    return [arg for cls in configs for arg in to_argv(args, cls, forwarded_flags(cls, SERVE))]
+
+
+def _check_passed_on(args: argparse.Namespace) -> None:
+    """Each process's config checks the flags passed on to it, so that a bad value fails
+    before any process starts; what serve sets itself (ports, --worker) is not checked."""
+    only = forwarded_flags(WorkerConfig, SERVE)
+    build(WorkerConfig, args, only=only, model=args.model or "checked by the worker")
+    for cls in SCHEDULER_CONFIGS:
+        only = forwarded_flags(cls, SERVE)
+        # ProcessConfig refuses a scheduler without workers: serve gives it its own.
+        workers = {"worker": ["set by serve"]} if cls is ProcessConfig else {}
+        if only:
+            build(cls, args, only=only, **workers)
 
 
 def stack_from_args(args: argparse.Namespace) -> LocalStack:
     """The stack `cbserve serve` runs for these flags (not started); raises FlagError,
     naming the flag, before any process starts."""
     where = build(ServeConfig, args)
-    build(WorkerConfig, args, model=args.model or "checked by the worker")
-    build(SchedulerConfig, args)
-    build(EdgeConfig, args)
+    _check_passed_on(args)
     # The scheduler reads the tokenizer from the workers' model directory (not a GGUF file).
     model = args.model
     tokenizer = ["--tokenizer", model] if model and not model.endswith(".gguf") else []
     log_level = ["--log-level", where.log_level]
-    keys = args.api_key or []
     return LocalStack(
         num_workers=where.num_workers,
         scheduler_port=where.port,
         metrics_port=where.metrics_port,
         http_port=where.http_port or None,
         worker_ports=[where.worker_port + i for i in range(where.num_workers)],
-        worker_args=to_argv(args, WorkerConfig, WORKER_FLAGS) + log_level,
-        scheduler_args=to_argv(args, SchedulerConfig, SCHEDULER_FLAGS)
-        + to_argv(args, EdgeConfig, ("tls_cert", "tls_key"))
-        + tokenizer
-        + log_level,
-        # Comma-separated, as the flag's variable takes several (a key holds no comma).
-        scheduler_env={"CBSERVE_SCHEDULER_API_KEY": ",".join(keys)} if keys else {},
+        worker_args=_passed_on(args, WORKER_CONFIGS) + log_level,
+        scheduler_args=_passed_on(args, SCHEDULER_CONFIGS) + tokenizer + log_level,
+        scheduler_env={
+            name: value
+            for cls in SCHEDULER_CONFIGS
+            for name, value in to_env(args, cls, forwarded_flags(cls, SERVE)).items()
+        },
         host=where.host,
     )
 

@@ -9,9 +9,8 @@ With --worker-dns the scheduler starts without waiting for any worker: it is
 ready (listening) at once, and its health status turns SERVING when the first
 worker behind the name connects.
 
-Every flag is a field of ProcessConfig, SchedulerConfig or FaultConfig
-(scheduler_svc/config.py), with the variable CBSERVE_SCHEDULER_<FLAG> as its
-default (`--help` lists them).
+Every flag is a field of one of SCHEDULER_CONFIGS (scheduler_svc/config.py), with
+the variable CBSERVE_SCHEDULER_<FLAG> as its default (`--help` lists them).
 """
 
 from __future__ import annotations
@@ -36,8 +35,13 @@ from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
-from scheduler_svc.config import FaultConfig, ProcessConfig, SchedulerConfig
-from scheduler_svc.edge_config import EdgeConfig
+from scheduler_svc.config import (
+    SCHEDULER_CONFIGS,
+    EdgeConfig,
+    FaultConfig,
+    ProcessConfig,
+    SchedulerConfig,
+)
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.client import WorkerLost
@@ -59,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scheduler_svc", description=__doc__.splitlines()[0]
     )
-    for config_class in (ProcessConfig, SchedulerConfig, FaultConfig, EdgeConfig):
+    for config_class in SCHEDULER_CONFIGS:
         add_flags(parser, config_class)
     return parser
 
@@ -83,7 +87,7 @@ def configs_from_args(
 
 
 def edge_config_from_args(args: argparse.Namespace) -> EdgeConfig:
-    """The HTTP front, keys and TLS (scheduler_svc/edge_config.py)."""
+    """The HTTP front, keys and TLS (EdgeConfig in scheduler_svc/config.py)."""
     return build(EdgeConfig, args)
 
 

@@ -1,7 +1,8 @@
 """Scheduler limits and policies, validated once at construction.
 
 They are also `python -m scheduler_svc`'s flags (common.cli_config): each `flag(...)`
-field is one, with the variable CBSERVE_SCHEDULER_<FLAG>.
+field of SCHEDULER_CONFIGS is one, with the variable CBSERVE_SCHEDULER_<FLAG>; those
+marked `forwarded_by` are `cbserve serve`'s (and `cbserve bench`'s) too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import ClassVar
 
 from common.addresses import parse_target
 from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT
-from common.flag_fields import flag
+from common.flag_fields import BENCH, SERVE, flag
 
 ENV_PREFIX = "CBSERVE_SCHEDULER_"
 BATCHING_MODES = ("continuous", "static")
@@ -25,15 +26,18 @@ class SchedulerConfig:
 
     # Most sequences admitted (running) at once, hence most sequences in one step
     # (see max_running_seqs).
-    max_num_seqs: int = flag(128, help="most sequences in one step")
+    max_num_seqs: int = flag(128, forwarded_by=(SERVE, BENCH), help="most sequences in one step")
     # Chunked prefill: a prompt longer than what is left of the budget is split
     # over several steps, after the decodes (one token each) have taken theirs.
     max_num_batched_tokens: int = flag(
-        512, help="token budget of one step; longer prompts are prefilled in chunks"
+        512,
+        forwarded_by=(SERVE, BENCH),
+        help="token budget of one step; longer prompts are prefilled in chunks",
     )
     # Past it Generate answers at once instead of growing an unbounded queue.
     max_waiting_requests: int = flag(
         1024,
+        forwarded_by=(SERVE,),
         help="requests queued across all workers before Generate answers RESOURCE_EXHAUSTED",
     )
     # Multi-step decoding (vLLM's name): a step in which every running request is a
@@ -43,12 +47,15 @@ class SchedulerConfig:
     # arrive meanwhile wait at most K - 1 more forwards.
     num_scheduler_steps: int = flag(
         1,
+        forwarded_by=(SERVE, BENCH),
         help="decode steps one plan may cover when every running request is decoding "
         "(1: a plan per token)",
     )
     # Only full KV blocks are shared.
     enable_prefix_caching: bool = flag(
-        True, help="share the KV of equal prompt prefixes between requests"
+        True,
+        forwarded_by=(SERVE,),
+        help="share the KV of equal prompt prefixes between requests",
     )
     # How often requests behind a waiting request may be admitted while it does
     # not fit, before the queue stops at it until it does (no starvation).
@@ -60,6 +67,7 @@ class SchedulerConfig:
     batching: str = flag(
         "continuous",
         choices=BATCHING_MODES,
+        forwarded_by=(SERVE,),
         help="continuous: requests join and leave at every step; static: a batch runs "
         "until all its requests finish before new ones join (a baseline)",
     )
@@ -213,3 +221,94 @@ class ProcessConfig:
         interval = self.worker_dns_interval_s
         if not interval > 0:
             raise ValueError(f"worker_dns_interval_s must be > 0, got {interval}")
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """The doors to the outside: the OpenAI-compatible HTTP front, API keys and TLS. The
+    keys may also come from CBSERVE_API_KEY (vLLM's VLLM_API_KEY plays that part),
+    comma-separated for several."""
+
+    ENV_PREFIX: ClassVar[str] = ENV_PREFIX
+
+    # Off by default for the bare process, so that several schedulers on one host (the
+    # tests, a second replica) do not fight over one port; the launchers turn it on.
+    http_port: int = flag(
+        0,
+        help="serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+        "/v1/models, /health, /metrics, /version) on this port; 0 turns it off",
+    )
+    api_key: list[str] = flag(
+        default_factory=list,
+        metavar="KEY",
+        env_aliases=("CBSERVE_API_KEY",),
+        forwarded_by=(SERVE,),
+        secret=True,
+        help="refuse requests without this key (HTTP: `Authorization: Bearer KEY`, 401; gRPC: "
+        "`authorization` metadata, UNAUTHENTICATED); repeat for several. Health and "
+        "metrics stay open",
+    )
+    tls_cert: str | None = flag(
+        None,
+        metavar="PEM",
+        forwarded_by=(SERVE,),
+        help="serve gRPC and HTTP over TLS with this certificate chain (with --tls-key)",
+    )
+    tls_key: str | None = flag(
+        None, metavar="PEM", forwarded_by=(SERVE,), help="the private key of --tls-cert"
+    )
+    worker_tls_ca: str | None = flag(
+        None,
+        metavar="PEM",
+        help="connect to workers over TLS, trusting the CA certificates in this file",
+    )
+    worker_tls_cert: str | None = flag(
+        None,
+        metavar="PEM",
+        help="the scheduler's client certificate for workers that require one "
+        "(their --tls-client-ca), with --worker-tls-key",
+    )
+    worker_tls_key: str | None = flag(
+        None, metavar="PEM", help="the private key of --worker-tls-cert"
+    )
+    # Workers found by --worker-dns are dialled by IP (a headless Service's pod IPs),
+    # which their certificate rarely names; one name that every worker's does carry
+    # (e.g. the Service's DNS name) is checked instead.
+    worker_tls_server_name: str | None = flag(
+        None,
+        metavar="NAME",
+        help="with --worker-tls-ca: the name workers' certificates must carry, instead of "
+        "the host dialled (for workers addressed by IP, e.g. through --worker-dns)",
+    )
+
+    def __post_init__(self) -> None:
+        port = self.http_port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"http_port must be an integer in [0, 65535], got {port!r}")
+        if any(not key or key != key.strip() for key in self.api_key):
+            raise ValueError("api_key must not be empty or start or end with whitespace")
+        _pair("tls_cert", self.tls_cert, "tls_key", self.tls_key)
+        _pair("worker_tls_cert", self.worker_tls_cert, "worker_tls_key", self.worker_tls_key)
+        if self.worker_tls_cert and not self.worker_tls_ca:
+            raise ValueError("worker_tls_cert needs worker_tls_ca (client certificates need TLS)")
+        if self.worker_tls_server_name is not None and not self.worker_tls_ca:
+            raise ValueError("worker_tls_server_name needs worker_tls_ca (it names a TLS peer)")
+        if self.worker_tls_server_name is not None and not self.worker_tls_server_name.strip():
+            raise ValueError("worker_tls_server_name must not be empty")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def worker_tls(self) -> bool:
+        return self.worker_tls_ca is not None
+
+
+def _pair(first: str, first_value, second: str, second_value) -> None:
+    if (first_value is None) != (second_value is None):
+        raise ValueError(f"{first} and {second} go together: give both or neither")
+
+
+# Every config `python -m scheduler_svc` builds from its flags.
+SCHEDULER_CONFIGS = (ProcessConfig, SchedulerConfig, FaultConfig, EdgeConfig)
