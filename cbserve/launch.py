@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cbserve.local_stack import LocalStack
+from common.addresses import port_or_off
 from common.cli_config import FlagError, add_flags, build, to_argv, to_env
 from common.defaults import (
     DEFAULT_HTTP_PORT,
@@ -52,17 +53,15 @@ class ServeConfig:
     )
     metrics_port: int = flag(
         DEFAULT_METRICS_PORT,
-        help="the scheduler's Prometheus metrics (http://HOST:PORT/metrics); -1 turns them off",
+        help="the scheduler's Prometheus metrics (http://HOST:PORT/metrics); 0 turns them off",
     )
     log_level: str = flag("info", choices=LOG_LEVELS, help="the scheduler's and workers' log level")
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if not 0 <= self.http_port <= 65535:
-            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
-        if not -1 <= self.metrics_port <= 65535 or self.metrics_port == 0:
-            raise ValueError(f"metrics_port must be in [1, 65535] or -1, got {self.metrics_port}")
+        for name in ("http_port", "metrics_port"):
+            object.__setattr__(self, name, port_or_off(name, getattr(self, name)))
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,7 +101,8 @@ def stack_from_args(args: argparse.Namespace) -> LocalStack:
     return LocalStack(
         num_workers=where.num_workers,
         scheduler_port=where.port,
-        metrics_port=where.metrics_port,
+        # LocalStack's None is off (its 0 picks a free port, for the tests).
+        metrics_port=where.metrics_port or None,
         http_port=where.http_port or None,
         worker_ports=[where.worker_port + i for i in range(where.num_workers)],
         worker_args=_passed_on(args, WORKER_CONFIGS) + log_level,
@@ -123,7 +123,7 @@ def announce(stack: LocalStack) -> None:
     if stack.http_url is not None:
         http = stack.http_url.replace(f"//{stack.host}:", f"//{shown}:")
         print(f"  OpenAI-compatible HTTP API: {http}/v1", flush=True)
-    if stack.metrics_port > 0:
+    if stack.metrics_port is not None:
         print(f"  metrics: http://{shown}:{stack.metrics_port}/metrics", flush=True)
     for port in stack.worker_ports:
         print(f"  worker on {shown}:{port}", flush=True)

@@ -126,7 +126,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     add_to_server(service, server)
     metrics_server = None
-    if process.metrics_port >= 0:
+    if process.metrics_port:
         metrics_server = MetricsServer(metrics.registry, process.host, process.metrics_port)
         try:
             await metrics_server.start()

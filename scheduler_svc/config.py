@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.addresses import parse_target
+from common.addresses import parse_target, port_or_off
 from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT
 from common.flag_fields import BENCH, SERVE, flag
 
@@ -198,8 +198,7 @@ class ProcessConfig:
     )
     metrics_port: int = flag(
         DEFAULT_METRICS_PORT,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port, "
-        "-1 turns metrics off)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 turns them off",
     )
     worker_connect_timeout_s: float = flag(
         120.0,
@@ -221,6 +220,7 @@ class ProcessConfig:
         interval = self.worker_dns_interval_s
         if not interval > 0:
             raise ValueError(f"worker_dns_interval_s must be > 0, got {interval}")
+        object.__setattr__(self, "metrics_port", port_or_off("metrics_port", self.metrics_port))
 
 
 @dataclass(frozen=True)
@@ -282,9 +282,7 @@ class EdgeConfig:
     )
 
     def __post_init__(self) -> None:
-        port = self.http_port
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"http_port must be an integer in [0, 65535], got {port!r}")
+        object.__setattr__(self, "http_port", port_or_off("http_port", self.http_port))
         if any(not key or key != key.strip() for key in self.api_key):
             raise ValueError("api_key must not be empty or start or end with whitespace")
         _pair("tls_cert", self.tls_cert, "tls_key", self.tls_key)

@@ -8,11 +8,12 @@ import argparse
 import pytest
 
 from bench import options
-from cbserve.launch import add_serve_arguments, stack_from_args
-from common.cli_config import to_argv
+from cbserve.launch import ServeConfig, add_serve_arguments, stack_from_args
+from common.addresses import port_or_off
+from common.cli_config import build, to_argv
 from common.flag_fields import SERVE, flags_of, forwarded_flags
 from scheduler_svc.__main__ import build_parser as scheduler_parser
-from scheduler_svc.__main__ import configs_from_args, parse_args
+from scheduler_svc.__main__ import configs_from_args, edge_config_from_args, parse_args
 from scheduler_svc.config import SCHEDULER_CONFIGS, SchedulerConfig
 from worker_svc.__main__ import build_parser as worker_parser
 from worker_svc.__main__ import config_from_args
@@ -126,3 +127,40 @@ def _an_argv_setting(each) -> list[str]:
     if each.field.name == "kv_cache_memory":
         return [each.option, "1G"]
     return [each.option, "m" if each.kind is str else "3"]
+
+
+# Every port flag that can be turned off, by command: 0 is off in each.
+OFF_ABLE_PORTS = {
+    "scheduler": ("--metrics-port", "--http-port"),
+    "worker": ("--metrics-port",),
+    "serve": ("--metrics-port", "--http-port"),
+}
+
+
+def _configs_of(name: str, argv: list[str]) -> list:
+    if name == "scheduler":
+        args = parse_args(["--worker", "w:1", *argv])
+        return [*configs_from_args(args), edge_config_from_args(args)]
+    if name == "worker":
+        return [config_from_args(worker_parser().parse_args(argv), model="m")]
+    return [build(ServeConfig, PARSERS["serve"]().parse_args(argv))]
+
+
+@pytest.mark.parametrize("name", sorted(OFF_ABLE_PORTS))
+def test_port_0_turns_off_and_minus_1_is_its_deprecated_alias(name, recwarn):
+    for option in OFF_ABLE_PORTS[name]:
+        field = option.removeprefix("--").replace("-", "_")
+        for given in ("0", "-1"):
+            configs = _configs_of(name, [option, given])
+            [value] = [getattr(c, field) for c in configs if hasattr(c, field)]
+            assert value == 0, (name, option, given)
+        assert [
+            getattr(c, field) for c in _configs_of(name, [option, "9999"]) if hasattr(c, field)
+        ] == [9999]
+    assert any("deprecated" in str(warning.message) for warning in recwarn)
+
+
+@pytest.mark.parametrize("value", [-2, 65536, True, "80"])
+def test_port_or_off_refuses_what_is_no_port(value):
+    with pytest.raises(ValueError, match="metrics_port"):
+        port_or_off("metrics_port", value)

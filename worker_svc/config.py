@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.addresses import port_or_off
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
 from common.flag_fields import BENCH, SERVE, flag
 
@@ -118,9 +119,9 @@ class WorkerConfig:
     port: int = flag(DEFAULT_WORKER_PORT, help="the gRPC port the scheduler connects to")
     # Off by default, so that several workers on one host need no port each.
     metrics_port: int = flag(
-        -1,
+        0,
         help="serve Prometheus metrics (forward time per step) at http://HOST:PORT/metrics; "
-        "0 picks a free port, printed in the ready line; -1: off",
+        "0 turns them off",
     )
     grace_period_s: float = flag(
         DEFAULT_GRACE_PERIOD_S,
@@ -178,6 +179,7 @@ class WorkerConfig:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        object.__setattr__(self, "metrics_port", port_or_off("metrics_port", self.metrics_port))
         grace = self.grace_period_s
         if not grace > 0 or math.isinf(grace):
             raise ValueError(f"grace_period_s must be a number of seconds > 0, got {grace}")

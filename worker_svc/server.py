@@ -221,11 +221,11 @@ def ready_line(
 
 
 async def serve(
-    config: WorkerConfig, metrics_port: int = -1, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    config: WorkerConfig, metrics_port: int = 0, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
 ) -> None:
     """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError.
 
-    metrics_port: serve /metrics there (0 picks a free port); -1, none.
+    metrics_port: serve /metrics there; 0, none.
     grace_period_s: on SIGTERM, how long the open Step stream gets to end.
     """
     # Bound before the model loads, so that a taken port fails in a second;
@@ -238,7 +238,7 @@ async def serve(
     # known before the model loads.
     servicer = WorkerServicer(WorkerMetrics(model_name=Path(config.model).name))
     metrics_server = None
-    if metrics_port >= 0:
+    if metrics_port:
         metrics_server = MetricsServer(servicer.metrics.registry, config.host, metrics_port)
         try:
             await metrics_server.start()
@@ -288,7 +288,7 @@ async def serve(
 
 
 def run(
-    config: WorkerConfig, metrics_port: int = -1, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    config: WorkerConfig, metrics_port: int = 0, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
 ) -> int:
     import uvloop
 
