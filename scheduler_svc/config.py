@@ -225,9 +225,8 @@ class ProcessConfig:
 
 @dataclass(frozen=True)
 class EdgeConfig:
-    """The doors to the outside: the OpenAI-compatible HTTP front, API keys and TLS. The
-    keys may also come from CBSERVE_API_KEY (vLLM's VLLM_API_KEY plays that part),
-    comma-separated for several."""
+    """The doors: the OpenAI-compatible HTTP front, API keys (also from CBSERVE_API_KEY,
+    as vLLM's VLLM_API_KEY) and TLS, to clients and to workers."""
 
     ENV_PREFIX: ClassVar[str] = ENV_PREFIX
 
@@ -271,9 +270,7 @@ class EdgeConfig:
     worker_tls_key: str | None = flag(
         None, metavar="PEM", help="the private key of --worker-tls-cert"
     )
-    # Workers found by --worker-dns are dialled by IP (a headless Service's pod IPs),
-    # which their certificate rarely names; one name that every worker's does carry
-    # (e.g. the Service's DNS name) is checked instead.
+    # Pod IPs (--worker-dns) are rarely in a certificate; a Service's DNS name is.
     worker_tls_server_name: str | None = flag(
         None,
         metavar="NAME",
@@ -285,8 +282,9 @@ class EdgeConfig:
         object.__setattr__(self, "http_port", port_or_off("http_port", self.http_port))
         if any(not key or key != key.strip() for key in self.api_key):
             raise ValueError("api_key must not be empty or start or end with whitespace")
-        _pair("tls_cert", self.tls_cert, "tls_key", self.tls_key)
-        _pair("worker_tls_cert", self.worker_tls_cert, "worker_tls_key", self.worker_tls_key)
+        for first, second in (("tls_cert", "tls_key"), ("worker_tls_cert", "worker_tls_key")):
+            if (getattr(self, first) is None) != (getattr(self, second) is None):
+                raise ValueError(f"{first} and {second} go together: give both or neither")
         if self.worker_tls_cert and not self.worker_tls_ca:
             raise ValueError("worker_tls_cert needs worker_tls_ca (client certificates need TLS)")
         if self.worker_tls_server_name is not None and not self.worker_tls_ca:
@@ -301,11 +299,6 @@ class EdgeConfig:
     @property
     def worker_tls(self) -> bool:
         return self.worker_tls_ca is not None
-
-
-def _pair(first: str, first_value, second: str, second_value) -> None:
-    if (first_value is None) != (second_value is None):
-        raise ValueError(f"{first} and {second} go together: give both or neither")
 
 
 # Every config `python -m scheduler_svc` builds from its flags.
