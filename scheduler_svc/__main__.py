@@ -27,6 +27,7 @@ from cbserve.v1 import generation_pb2 as pb
 from common import parent_watch
 from common.cli_config import FlagError, add_flags, build
 from common.defaults import default_model_path
+from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
@@ -53,10 +54,6 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
 SHUTDOWN_STAGE_TIMEOUT_S = 10.0
 
 log = structlog.get_logger("scheduler_svc")
-
-
-class StartupError(Exception):
-    pass
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready
 from common.metrics_server import MetricsServer
@@ -44,10 +45,6 @@ log = structlog.get_logger("worker_svc.server")
 
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-
-class StartupError(RuntimeError):
-    pass
 
 
 class _Superseded(Exception):
