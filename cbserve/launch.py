@@ -76,6 +76,13 @@ def _passed_on(args: argparse.Namespace, configs) -> list[str]:
     return [arg for cls in configs for arg in to_argv(args, cls, forwarded_flags(cls, SERVE))]
 
 
+def _passed_on_by_variable(args: argparse.Namespace, configs) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for cls in configs:
+        env.update(to_env(args, cls, forwarded_flags(cls, SERVE)))
+    return env
+
+
 def _check_passed_on(args: argparse.Namespace) -> None:
     """Each process's config checks the flags passed on to it, so that a bad value fails
     before any process starts; what serve sets itself (ports, --worker) is not checked."""
@@ -107,11 +114,7 @@ def stack_from_args(args: argparse.Namespace) -> LocalStack:
         worker_ports=[where.worker_port + i for i in range(where.num_workers)],
         worker_args=_passed_on(args, WORKER_CONFIGS) + log_level,
         scheduler_args=_passed_on(args, SCHEDULER_CONFIGS) + tokenizer + log_level,
-        scheduler_env={
-            name: value
-            for cls in SCHEDULER_CONFIGS
-            for name, value in to_env(args, cls, forwarded_flags(cls, SERVE)).items()
-        },
+        scheduler_env=_passed_on_by_variable(args, SCHEDULER_CONFIGS),
         host=where.host,
     )
 

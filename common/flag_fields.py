@@ -5,7 +5,9 @@ gives), typed by its annotation (str, int, float, Path, bool, `X | None`, or
 `list[X]` for a flag that may repeat), with the environment variable
 `<ENV_PREFIX><FLAG_NAME>`, ENV_PREFIX being a ClassVar of the dataclass: the
 scheduler's `--max-num-seqs` is CBSERVE_SCHEDULER_MAX_NUM_SEQS. common.cli_config
-turns them into argparse arguments and parsed arguments back into the dataclass.
+turns them into argparse arguments and parsed arguments back into the dataclass. A
+field marked `forwarded_by=(SERVE, ...)` is taken by that launcher too and passed on
+to the process (`forwarded_flags`).
 """
 
 from __future__ import annotations
