@@ -2,7 +2,7 @@
 
 - the client's `cbserve.v1.SamplingParams` (the public API): a field left unset takes
   the dataclass field's default, so the defaults live in one place
-  (common/sampling_params.py);
+  (common/sampling_params.py); the HTTP front writes it from an OpenAI body by name;
 - the worker protocol's `cbserve.worker.v1.SequenceSampling`: what the sampler needs
   of it (no stop strings: those are the scheduler's).
 
@@ -14,6 +14,8 @@ dataclass, with the same name, and this file carries it.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from google.protobuf.message import Message
@@ -42,13 +44,14 @@ def _values_from(message: Message, renames: dict[str, str]) -> dict[str, Any]:
     return values
 
 
-def _fill(message: Message, sampling: SamplingParams, renames: dict[str, str]) -> Message:
-    """Sets every field of message that the dataclass has; None leaves an optional unset."""
+def _fill(message: Message, value_of: Callable[[str], Any], renames: dict[str, str]) -> Message:
+    """Sets every field of message that the dataclass has to value_of(its dataclass name);
+    None leaves it unset."""
     for wire in message.DESCRIPTOR.fields:
         name = renames.get(wire.name, wire.name)
         if name not in _DATACLASS_FIELDS:
             continue
-        value = getattr(sampling, name)
+        value = value_of(name)
         if value is None:
             continue
         if wire.is_repeated:
@@ -65,12 +68,18 @@ def sampling_from_request(message: pb.SamplingParams) -> SamplingParams:
     )
 
 
+def sampling_request_from(values: Mapping[str, Any]) -> pb.SamplingParams:
+    """The client's message holding `values`, by field name (a missing or None one stays
+    unset: the default): how the HTTP front writes an OpenAI body's settings."""
+    return _fill(pb.SamplingParams(), values.get, {})
+
+
 def sampling_to_worker(
     sampling: SamplingParams, min_tokens_banned_ids: list[int] | tuple[int, ...] = ()
 ) -> wpb.SequenceSampling:
     """The plan's per-sequence settings; the banned ids are the scheduler's, worked out
     for the model's EOS (SamplingParams.banned_until_min_tokens)."""
-    message = _fill(wpb.SequenceSampling(), sampling, WORKER_WIRE_NAMES)
+    message = _fill(wpb.SequenceSampling(), partial(getattr, sampling), WORKER_WIRE_NAMES)
     del message.min_tokens_banned_ids[:]
     message.min_tokens_banned_ids.extend(min_tokens_banned_ids)
     return message

@@ -14,6 +14,7 @@ from common.sampling_codec import (
     WORKER_WIRE_NAMES,
     sampling_from_request,
     sampling_from_worker,
+    sampling_request_from,
     sampling_to_worker,
 )
 from common.sampling_params import SamplingParams
@@ -109,3 +110,12 @@ def test_the_worker_refuses_a_bad_value():
     message.top_p = float("nan")
     with pytest.raises(ValueError, match="top_p"):
         sampling_from_worker(message)
+
+
+def test_a_request_written_from_values_leaves_none_and_unknown_names_unset():
+    message = sampling_request_from(
+        {"temperature": None, "top_k": 3, "stop": ["x"], "n": 2, "max_tokens": 9}
+    )
+    assert not message.HasField("temperature") and message.top_k == 3
+    assert list(message.stop) == ["x"] and message.max_tokens == 9
+    assert sampling_from_request(message).temperature == SamplingParams().temperature

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
+from common.sampling_codec import sampling_request_from
 from scheduler_svc.api.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,22 +35,12 @@ class Choice:
 
 
 def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int) -> pb.SamplingParams:
-    """The body's sampling fields, by their proto names; a field the body leaves at None
-    stays unset, which the scheduler reads as the dataclass's default."""
-    params = pb.SamplingParams()
+    """The body's sampling fields under their proto names; one the body leaves at None
+    stays unset, which the scheduler reads as the default."""
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     # Where HTTP's field means something else than the proto's of the same name.
     worked_out = {"max_tokens": max_tokens, "logprobs": logprobs, "stop": stop}
-    for wire in pb.SamplingParams.DESCRIPTOR.fields:
-        name = wire.name
-        value = worked_out[name] if name in worked_out else getattr(body, name, None)
-        if value is None:
-            continue
-        if wire.is_repeated:
-            getattr(params, name).extend(value)
-        else:
-            setattr(params, name, value)
-    return params
+    return sampling_request_from({**dict(body), **worked_out})
 
 
 def _choices(
