@@ -13,13 +13,15 @@ import shlex
 
 from bench.config import DTYPES, TARGET, BenchConfig
 from common.cli_config import FlagError, add_flags, build, to_argv
+from common.flag_fields import BENCH, forwarded_flags
 from scheduler_svc.config import SchedulerConfig
 from worker_svc.config import DEFAULT_DTYPE, WorkerConfig
 
-# The stack's own flags that the benchmark passes on (its --threads and --model mean
-# more: llama-server's threads, the workload's tokenizer; they are BenchConfig's).
-STACK_WORKER_FLAGS = ("dtype", "num_kv_blocks")
-STACK_SCHEDULER_FLAGS = ("max_num_seqs", "max_num_batched_tokens", "num_scheduler_steps")
+# The stack's own flags that the benchmark passes on: those marked forwarded_by BENCH on
+# the processes' configs (its --threads and --model mean more: llama-server's threads,
+# the workload's tokenizer; they are BenchConfig's).
+STACK_WORKER_FLAGS = forwarded_flags(WorkerConfig, BENCH)
+STACK_SCHEDULER_FLAGS = forwarded_flags(SchedulerConfig, BENCH)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,8 +49,8 @@ def check(args: argparse.Namespace) -> str | None:
     request rates flattened, the length ranges and --goodput parsed, the dtypes settled."""
     try:
         config = build(BenchConfig, args)
-        build(WorkerConfig, args, model="checked by the worker")
-        build(SchedulerConfig, args)
+        build(WorkerConfig, args, only=STACK_WORKER_FLAGS, model="checked by the worker")
+        build(SchedulerConfig, args, only=STACK_SCHEDULER_FLAGS)
     except FlagError as error:
         return str(error)
     args.dtype = args.dtype or DEFAULT_DTYPE

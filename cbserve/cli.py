@@ -15,24 +15,21 @@ import os
 import sys
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 
+from cbserve.v1 import generation_pb2 as pb
 from common.defaults import DEFAULT_SCHEDULER_PORT
 
 DEFAULT_SERVER = os.environ.get("CBSERVE_SERVER", f"localhost:{DEFAULT_SCHEDULER_PORT}")
 
-# CLI flag -> SamplingParams field; a flag left out is not sent (server default).
+_FLOATS = (FieldDescriptor.CPPTYPE_FLOAT, FieldDescriptor.CPPTYPE_DOUBLE)
+# The client's numbers (cbserve.v1.SamplingParams), each a flag of its own name -> its
+# type; a flag left out is not sent (server default). The lists and the switch are
+# spelled in _add_generate.
 SAMPLING_FLAGS = {
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "min_p": float,
-    "max_tokens": int,
-    "min_tokens": int,
-    "seed": int,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-    "repetition_penalty": float,
-    "logprobs": int,
+    field.name: float if field.cpp_type in _FLOATS else int
+    for field in pb.SamplingParams.DESCRIPTOR.fields
+    if not field.is_repeated and field.cpp_type != FieldDescriptor.CPPTYPE_BOOL
 }
 
 
@@ -93,8 +90,7 @@ def _generate(args: argparse.Namespace) -> int:
     from cbserve.client import Completion
 
     sampling = {
-        name: getattr(args, name)
-        for name in [*SAMPLING_FLAGS, "stop", "stop_token_ids", "ignore_eos"]
+        field.name: getattr(args, field.name) for field in pb.SamplingParams.DESCRIPTOR.fields
     }
     sampling = {name: value for name, value in sampling.items() if value is not None}
     if args.chat:

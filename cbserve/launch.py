@@ -15,37 +15,23 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cbserve.local_stack import LocalStack
-from common.cli_config import FlagError, add_flags, build, to_argv
-from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT, DEFAULT_WORKER_PORT
-from common.flag_fields import flag
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.edge_config import DEFAULT_HTTP_PORT, EdgeConfig
+from common.addresses import port_or_off
+from common.cli_config import FlagError, add_flags, build, to_argv, to_env
+from common.defaults import (
+    DEFAULT_HTTP_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_SCHEDULER_PORT,
+    DEFAULT_WORKER_PORT,
+)
+from common.flag_fields import SERVE, flag, forwarded_flags
+from scheduler_svc.config import SCHEDULER_CONFIGS, ProcessConfig
 from worker_svc.config import WorkerConfig
 
-# Passed on to every worker and to the scheduler as they are given: declared once, on
-# the processes' own configs (so are their variables, CBSERVE_WORKER_DTYPE, ...).
-WORKER_FLAGS = (
-    "model",
-    "dtype",
-    "model_impl",
-    "num_kv_blocks",
-    "kv_cache_memory",
-    "block_size",
-    "threads",
-    "attention_backend",
-    "device",
-)
-SCHEDULER_FLAGS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "max_waiting_requests",
-    "enable_prefix_caching",
-    "batching",
-    "num_scheduler_steps",
-)
-# The scheduler's doors. --api-key is passed on as the scheduler's variable
-# (LocalStack.scheduler_env), not on its command line; the TLS flags as they are.
-EDGE_FLAGS = ("api_key", "tls_cert", "tls_key")
+# The processes' own flags that `cbserve serve` takes and passes on, as given: those
+# their configs mark `forwarded_by=(SERVE, ...)` (with their variables,
+# CBSERVE_WORKER_DTYPE, ...). Secret ones (--api-key) go as the scheduler's variable
+# (LocalStack.scheduler_env), not on its command line.
+WORKER_CONFIGS = (WorkerConfig,)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -67,51 +53,68 @@ class ServeConfig:
     )
     metrics_port: int = flag(
         DEFAULT_METRICS_PORT,
-        help="the scheduler's Prometheus metrics (http://HOST:PORT/metrics); -1 turns them off",
+        help="the scheduler's Prometheus metrics (http://HOST:PORT/metrics); 0 turns them off",
     )
     log_level: str = flag("info", choices=LOG_LEVELS, help="the scheduler's and workers' log level")
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
-        if not 0 <= self.http_port <= 65535:
-            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
-        if not -1 <= self.metrics_port <= 65535 or self.metrics_port == 0:
-            raise ValueError(f"metrics_port must be in [1, 65535] or -1, got {self.metrics_port}")
+        for name in ("http_port", "metrics_port"):
+            object.__setattr__(self, name, port_or_off(name, getattr(self, name)))
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ServeConfig)
-    add_flags(parser, WorkerConfig, only=WORKER_FLAGS, forward_to="worker")
-    add_flags(parser, SchedulerConfig, only=SCHEDULER_FLAGS, forward_to="scheduler")
-    add_flags(parser, EdgeConfig, only=EDGE_FLAGS, forward_to="scheduler")
+    for cls in WORKER_CONFIGS:
+        add_flags(parser, cls, only=forwarded_flags(cls, SERVE), forward_to="worker")
+    for cls in SCHEDULER_CONFIGS:
+        add_flags(parser, cls, only=forwarded_flags(cls, SERVE), forward_to="scheduler")
+
+
+def _passed_on(args: argparse.Namespace, configs) -> list[str]:
+    return [arg for cls in configs for arg in to_argv(args, cls, forwarded_flags(cls, SERVE))]
+
+
+def _passed_on_by_variable(args: argparse.Namespace, configs) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for cls in configs:
+        env.update(to_env(args, cls, forwarded_flags(cls, SERVE)))
+    return env
+
+
+def _check_passed_on(args: argparse.Namespace) -> None:
+    """Each process's config checks the flags passed on to it, so that a bad value fails
+    before any process starts; what serve sets itself (ports, --worker) is not checked."""
+    only = forwarded_flags(WorkerConfig, SERVE)
+    build(WorkerConfig, args, only=only, model=args.model or "checked by the worker")
+    for cls in SCHEDULER_CONFIGS:
+        only = forwarded_flags(cls, SERVE)
+        # ProcessConfig refuses a scheduler without workers: serve gives it its own.
+        workers = {"worker": ["set by serve"]} if cls is ProcessConfig else {}
+        if only:
+            build(cls, args, only=only, **workers)
 
 
 def stack_from_args(args: argparse.Namespace) -> LocalStack:
     """The stack `cbserve serve` runs for these flags (not started); raises FlagError,
     naming the flag, before any process starts."""
     where = build(ServeConfig, args)
-    build(WorkerConfig, args, model=args.model or "checked by the worker")
-    build(SchedulerConfig, args)
-    build(EdgeConfig, args)
+    _check_passed_on(args)
     # The scheduler reads the tokenizer from the workers' model directory (not a GGUF file).
     model = args.model
     tokenizer = ["--tokenizer", model] if model and not model.endswith(".gguf") else []
     log_level = ["--log-level", where.log_level]
-    keys = args.api_key or []
     return LocalStack(
         num_workers=where.num_workers,
         scheduler_port=where.port,
-        metrics_port=where.metrics_port,
+        # LocalStack's None is off (its 0 picks a free port, for the tests).
+        metrics_port=where.metrics_port or None,
         http_port=where.http_port or None,
         worker_ports=[where.worker_port + i for i in range(where.num_workers)],
-        worker_args=to_argv(args, WorkerConfig, WORKER_FLAGS) + log_level,
-        scheduler_args=to_argv(args, SchedulerConfig, SCHEDULER_FLAGS)
-        + to_argv(args, EdgeConfig, ("tls_cert", "tls_key"))
-        + tokenizer
-        + log_level,
-        # Comma-separated, as the flag's variable takes several (a key holds no comma).
-        scheduler_env={"CBSERVE_SCHEDULER_API_KEY": ",".join(keys)} if keys else {},
+        worker_args=_passed_on(args, WORKER_CONFIGS) + log_level,
+        scheduler_args=_passed_on(args, SCHEDULER_CONFIGS) + tokenizer + log_level,
+        scheduler_env=_passed_on_by_variable(args, SCHEDULER_CONFIGS),
         host=where.host,
         # The scheduler waits for loading workers itself: nothing to order here.
         workers_first=False,
@@ -125,7 +128,7 @@ def announce(stack: LocalStack) -> None:
     if stack.http_url is not None:
         http = stack.http_url.replace(f"//{stack.host}:", f"//{shown}:")
         print(f"  OpenAI-compatible HTTP API: {http}/v1", flush=True)
-    if stack.metrics_port > 0:
+    if stack.metrics_port is not None:
         print(f"  metrics: http://{shown}:{stack.metrics_port}/metrics", flush=True)
     for port in stack.worker_ports:
         print(f"  worker on {shown}:{port}", flush=True)

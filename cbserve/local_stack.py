@@ -90,12 +90,16 @@ class LocalStack:
 
     num_workers: int = 1
     scheduler_port: int = 0
-    # Where the scheduler serves /metrics; a free port unless given (-1: off).
-    metrics_port: int = 0
-    # The scheduler's OpenAI-compatible HTTP front: off (None) unless asked for, so that
-    # tests never take `cbserve serve`'s fixed 8000; 0 picks a free port.
+    # Ports here are the stack's, not flags: None is off, 0 picks a free port.
+    # Where the scheduler serves /metrics: a free port unless given.
+    metrics_port: int | None = 0
+    # The scheduler's OpenAI-compatible HTTP front: off unless asked for, so that tests
+    # never take `cbserve serve`'s fixed 8000.
     http_port: int | None = None
     worker_ports: list[int] = field(default_factory=list)
+    # Where each worker serves its own /metrics (worker i: the i-th): none unless given;
+    # a 0 in it picks a free port.
+    worker_metrics_ports: list[int] = field(default_factory=list)
     worker_args: list[str] = field(default_factory=list)
     scheduler_args: list[str] = field(default_factory=list)
     # Variables for the scheduler only: API keys go this way, not on its command line,
@@ -114,19 +118,26 @@ class LocalStack:
 
     def __post_init__(self) -> None:
         self.scheduler_port = self.scheduler_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        if self.metrics_port == 0:
+            self.metrics_port = free_port()
         if self.http_port == 0:
             self.http_port = free_port()
         while len(self.worker_ports) < self.num_workers:
             self.worker_ports.append(free_port())
+        self.worker_metrics_ports = [port or free_port() for port in self.worker_metrics_ports]
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.scheduler_port}"
 
     @property
-    def metrics_url(self) -> str:
+    def metrics_url(self) -> str | None:
+        if self.metrics_port is None:
+            return None
         return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def worker_metrics_url(self, index: int) -> str:
+        return f"http://{self.host}:{self.worker_metrics_ports[index]}/metrics"
 
     @property
     def http_url(self) -> str | None:
@@ -162,12 +173,15 @@ class LocalStack:
     def worker_argv(self, index: int) -> list[str]:
         argv = [sys.executable, "-m", "worker_svc", "--host", self.host]
         argv += ["--port", str(self.worker_ports[index])]
+        if index < len(self.worker_metrics_ports):
+            argv += ["--metrics-port", str(self.worker_metrics_ports[index])]
         return argv + self._grace_args(self.worker_args) + self.worker_args
 
     def scheduler_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "scheduler_svc", "--host", self.host]
         argv += ["--port", str(self.scheduler_port)]
-        argv += ["--metrics-port", str(self.metrics_port)]
+        # Off is said outright: the scheduler's own default is on (9090).
+        argv += ["--metrics-port", str(self.metrics_port or 0)]
         if self.http_port is not None:
             argv += ["--http-port", str(self.http_port)]
         for port in self.worker_ports:

@@ -78,11 +78,15 @@ def add_flags(
     return added
 
 
-def build(cls: type, args: argparse.Namespace, **overrides: Any):
-    """cls made from the parsed flags (a flag left at None leaves the field's default) and
-    overrides; raises FlagError, naming the flag and its variable, when cls refuses a value."""
+def build(
+    cls: type, args: argparse.Namespace, *, only: Iterable[str] | None = None, **overrides: Any
+):
+    """cls made from the parsed flags (only those named, when `only`; a flag left at None
+    leaves the field's default) and overrides; raises FlagError, naming the flag and its
+    variable, when cls refuses a value."""
     flags = flags_of(cls)
-    values = {each.field.name: getattr(args, each.dest, None) for each in flags}
+    named = flags_of(cls, only)
+    values = {each.field.name: getattr(args, each.dest, None) for each in named}
     values = {name: value for name, value in values.items() if value is not None}
     values.update(overrides)
     try:
@@ -92,11 +96,12 @@ def build(cls: type, args: argparse.Namespace, **overrides: Any):
 
 
 def to_argv(args: argparse.Namespace, cls: type, only: Iterable[str] | None = None) -> list[str]:
-    """The command-line flags that give another process the values set in args (None: left out)."""
+    """The command-line flags that give another process the values set in args (None: left
+    out); secret flags are left to to_env."""
     argv: list[str] = []
     for each in flags_of(cls, only):
         value = getattr(args, each.dest, None)
-        if value is None:
+        if value is None or each.spec.secret:
             continue
         if isinstance(value, bool):
             if value or not each.spec.switch:
@@ -105,6 +110,20 @@ def to_argv(args: argparse.Namespace, cls: type, only: Iterable[str] | None = No
             for item in value if each.is_list else [value]:
                 argv += [each.option, str(item)]
     return argv
+
+
+def to_env(
+    args: argparse.Namespace, cls: type, only: Iterable[str] | None = None
+) -> dict[str, str]:
+    """The variables that give another process the secret flags set in args; a list is
+    comma-separated, as the variable takes several (a key holds no comma)."""
+    env: dict[str, str] = {}
+    for each in flags_of(cls, only):
+        value = getattr(args, each.dest, None)
+        if value is None or not each.spec.secret or value == []:
+            continue
+        env[each.env] = ",".join(map(str, value)) if each.is_list else str(value)
+    return env
 
 
 class _EnvText(str):

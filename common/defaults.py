@@ -18,6 +18,8 @@ DEFAULT_SCHEDULER_PORT = 50051
 DEFAULT_WORKER_PORT = 50061
 # Prometheus scrapes the scheduler here (GET /metrics).
 DEFAULT_METRICS_PORT = 9090
+# The port `cbserve serve`, `make run` and the compose stack give the HTTP front.
+DEFAULT_HTTP_PORT = 8000
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_MAX_TOKENS = 256
 

@@ -1,4 +1,5 @@
-"""Errors that carry the gRPC status a client should see."""
+"""Errors both processes share: those that carry the gRPC status a client should see,
+and the one that stops a process at start."""
 
 from __future__ import annotations
 
@@ -29,3 +30,8 @@ class InvalidArgument(ServiceError, ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+
+
+class StartupError(RuntimeError):
+    """The process cannot start (a port taken, a model that does not load, ...): its
+    main prints the message and exits 1."""

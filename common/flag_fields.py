@@ -5,7 +5,9 @@ gives), typed by its annotation (str, int, float, Path, bool, `X | None`, or
 `list[X]` for a flag that may repeat), with the environment variable
 `<ENV_PREFIX><FLAG_NAME>`, ENV_PREFIX being a ClassVar of the dataclass: the
 scheduler's `--max-num-seqs` is CBSERVE_SCHEDULER_MAX_NUM_SEQS. common.cli_config
-turns them into argparse arguments and parsed arguments back into the dataclass.
+turns them into argparse arguments and parsed arguments back into the dataclass. A
+field marked `forwarded_by=(SERVE, ...)` is taken by that launcher too and passed on
+to the process (`forwarded_flags`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 _METADATA_KEY = "cbserve_flag"
+# The commands that start processes and pass flags on to them: `cbserve serve` (the
+# whole stack) and `cbserve bench` (a stack to measure).
+SERVE, BENCH = "serve", "bench"
+LAUNCHERS = (SERVE, BENCH)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +46,18 @@ class FlagSpec:
     # Fields this one cannot be given with: both on the command line is an error, and
     # this one on the command line clears theirs from a variable (the command line wins).
     excludes: tuple[str, ...] = ()
+    # The launchers (LAUNCHERS) that take this flag too and pass it on to the process
+    # whose config declares it, when given: `cbserve serve --dtype int8` starts its
+    # workers with --dtype int8. Declared here, so no launcher keeps a list of names.
+    forwarded_by: tuple[str, ...] = ()
+    # Passed on through its variable, never on a command line, which any user of the
+    # host can read (ps, /proc/PID/cmdline): API keys.
+    secret: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = set(self.forwarded_by) - set(LAUNCHERS)
+        if unknown:
+            raise ValueError(f"forwarded_by names unknown launchers {sorted(unknown)}")
 
 
 def flag(default: Any = dataclasses.MISSING, *, help: str, default_factory=None, **spec) -> Any:
@@ -105,6 +123,11 @@ def flags_of(cls: type, only: Iterable[str] | None = None) -> list[Flag]:
     if missing:
         raise TypeError(f"{cls.__name__} has no flag fields {sorted(missing)}")
     return found
+
+
+def forwarded_flags(cls: type, launcher: str) -> tuple[str, ...]:
+    """The names of cls's flag fields that `launcher` takes and passes on."""
+    return tuple(each.field.name for each in flags_of(cls) if launcher in each.spec.forwarded_by)
 
 
 def _scalar_type(hint: Any) -> tuple[type, bool]:

@@ -1,9 +1,11 @@
 """Sampling settings: one definition, one meaning, for the scheduler and the worker.
 
-The scheduler builds it from the client's request (unset fields take vLLM's
-defaults, except max_tokens: 256) and validates it once, at the door; the
-worker rebuilds it from the plan. Every out-of-range value raises
-InvalidArgument (a ValueError too) naming the field and its range.
+The fields' defaults are the service's (vLLM's, except max_tokens: 256): a field
+a client leaves unset takes its default here. The scheduler builds it from the
+client's request and validates it once, at the door; the worker rebuilds it from
+the plan (both through common.sampling_codec, which matches wire fields to these by
+name). Every out-of-range value raises InvalidArgument (a ValueError too) naming
+the field and its range.
 """
 
 from __future__ import annotations

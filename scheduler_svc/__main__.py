@@ -11,9 +11,8 @@ With --worker-dns the scheduler starts without waiting for any worker: it is
 ready (listening) at once, and its health status turns SERVING when the first
 worker behind the name connects.
 
-Every flag is a field of ProcessConfig, SchedulerConfig or FaultConfig
-(scheduler_svc/config.py), with the variable CBSERVE_SCHEDULER_<FLAG> as its
-default (`--help` lists them).
+Every flag is a field of one of SCHEDULER_CONFIGS (scheduler_svc/config.py), with
+the variable CBSERVE_SCHEDULER_<FLAG> as its default (`--help` lists them).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from cbserve.v1 import generation_pb2 as pb
 from common import parent_watch
 from common.cli_config import FlagError, add_flags, build
 from common.defaults import default_model_path
+from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
@@ -38,8 +38,13 @@ from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
-from scheduler_svc.config import FaultConfig, ProcessConfig, SchedulerConfig
-from scheduler_svc.edge_config import EdgeConfig
+from scheduler_svc.config import (
+    SCHEDULER_CONFIGS,
+    EdgeConfig,
+    FaultConfig,
+    ProcessConfig,
+    SchedulerConfig,
+)
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
@@ -52,15 +57,11 @@ SHUTDOWN_STAGE_TIMEOUT_S = 10.0
 log = structlog.get_logger("scheduler_svc")
 
 
-class StartupError(Exception):
-    pass
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scheduler_svc", description=__doc__.splitlines()[0]
     )
-    for config_class in (ProcessConfig, SchedulerConfig, FaultConfig, EdgeConfig):
+    for config_class in SCHEDULER_CONFIGS:
         add_flags(parser, config_class)
     return parser
 
@@ -84,7 +85,7 @@ def configs_from_args(
 
 
 def edge_config_from_args(args: argparse.Namespace) -> EdgeConfig:
-    """The HTTP front, keys and TLS (scheduler_svc/edge_config.py)."""
+    """The HTTP front, keys and TLS (EdgeConfig in scheduler_svc/config.py)."""
     return build(EdgeConfig, args)
 
 
@@ -123,7 +124,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     add_to_server(service, server)
     metrics_server = None
-    if process.metrics_port >= 0:
+    if process.metrics_port:
         metrics_server = MetricsServer(metrics.registry, process.host, process.metrics_port)
         try:
             await metrics_server.start()

@@ -1,7 +1,8 @@
 """Scheduler limits and policies, validated once at construction.
 
 They are also `python -m scheduler_svc`'s flags (common.cli_config): each `flag(...)`
-field is one, with the variable CBSERVE_SCHEDULER_<FLAG>.
+field of SCHEDULER_CONFIGS is one, with the variable CBSERVE_SCHEDULER_<FLAG>; those
+marked `forwarded_by` are `cbserve serve`'s (and `cbserve bench`'s) too.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from common.addresses import parse_target
+from common.addresses import parse_target, port_or_off
 from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT
-from common.flag_fields import flag
+from common.flag_fields import BENCH, SERVE, flag
 
 ENV_PREFIX = "CBSERVE_SCHEDULER_"
 BATCHING_MODES = ("continuous", "static")
@@ -25,15 +26,18 @@ class SchedulerConfig:
 
     # Most sequences admitted (running) at once, hence most sequences in one step
     # (see max_running_seqs).
-    max_num_seqs: int = flag(128, help="most sequences in one step")
+    max_num_seqs: int = flag(128, forwarded_by=(SERVE, BENCH), help="most sequences in one step")
     # Chunked prefill: a prompt longer than what is left of the budget is split
     # over several steps, after the decodes (one token each) have taken theirs.
     max_num_batched_tokens: int = flag(
-        512, help="token budget of one step; longer prompts are prefilled in chunks"
+        512,
+        forwarded_by=(SERVE, BENCH),
+        help="token budget of one step; longer prompts are prefilled in chunks",
     )
     # Past it Generate answers at once instead of growing an unbounded queue.
     max_waiting_requests: int = flag(
         1024,
+        forwarded_by=(SERVE,),
         help="requests queued across all workers before Generate answers RESOURCE_EXHAUSTED",
     )
     # Multi-step decoding (vLLM's name): a step in which every running request is a
@@ -43,12 +47,15 @@ class SchedulerConfig:
     # arrive meanwhile wait at most K - 1 more forwards.
     num_scheduler_steps: int = flag(
         1,
+        forwarded_by=(SERVE, BENCH),
         help="decode steps one plan may cover when every running request is decoding "
         "(1: a plan per token)",
     )
     # Only full KV blocks are shared.
     enable_prefix_caching: bool = flag(
-        True, help="share the KV of equal prompt prefixes between requests"
+        True,
+        forwarded_by=(SERVE,),
+        help="share the KV of equal prompt prefixes between requests",
     )
     # How often requests behind a waiting request may be admitted while it does
     # not fit, before the queue stops at it until it does (no starvation).
@@ -60,12 +67,14 @@ class SchedulerConfig:
     batching: str = flag(
         "continuous",
         choices=BATCHING_MODES,
+        forwarded_by=(SERVE,),
         help="continuous: requests join and leave at every step; static: a batch runs "
         "until all its requests finish before new ones join (a baseline)",
     )
-
+    # Async scheduling (see workers/step_loop.py).
     async_scheduling: bool = flag(
         True,
+        forwarded_by=(SERVE, BENCH),
         help="plan step N+1 while the worker runs step N, so that the worker never waits "
         "for the scheduler (stop checks lag one step; the extra token is dropped); only "
         "with continuous batching and --num-scheduler-steps 1",
@@ -208,8 +217,7 @@ class ProcessConfig:
     )
     metrics_port: int = flag(
         DEFAULT_METRICS_PORT,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port, "
-        "-1 turns metrics off)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 turns them off",
     )
     worker_connect_timeout_s: float = flag(
         120.0,
@@ -232,3 +240,86 @@ class ProcessConfig:
         interval = self.worker_dns_interval_s
         if not interval > 0:
             raise ValueError(f"worker_dns_interval_s must be > 0, got {interval}")
+        object.__setattr__(self, "metrics_port", port_or_off("metrics_port", self.metrics_port))
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """The doors: the OpenAI-compatible HTTP front, API keys (also from CBSERVE_API_KEY,
+    as vLLM's VLLM_API_KEY) and TLS, to clients and to workers."""
+
+    ENV_PREFIX: ClassVar[str] = ENV_PREFIX
+
+    # Off by default for the bare process, so that several schedulers on one host (the
+    # tests, a second replica) do not fight over one port; the launchers turn it on.
+    http_port: int = flag(
+        0,
+        help="serve the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+        "/v1/models, /health, /metrics, /version) on this port; 0 turns it off",
+    )
+    api_key: list[str] = flag(
+        default_factory=list,
+        metavar="KEY",
+        env_aliases=("CBSERVE_API_KEY",),
+        forwarded_by=(SERVE,),
+        secret=True,
+        help="refuse requests without this key (HTTP: `Authorization: Bearer KEY`, 401; gRPC: "
+        "`authorization` metadata, UNAUTHENTICATED); repeat for several. Health and "
+        "metrics stay open",
+    )
+    tls_cert: str | None = flag(
+        None,
+        metavar="PEM",
+        forwarded_by=(SERVE,),
+        help="serve gRPC and HTTP over TLS with this certificate chain (with --tls-key)",
+    )
+    tls_key: str | None = flag(
+        None, metavar="PEM", forwarded_by=(SERVE,), help="the private key of --tls-cert"
+    )
+    worker_tls_ca: str | None = flag(
+        None,
+        metavar="PEM",
+        help="connect to workers over TLS, trusting the CA certificates in this file",
+    )
+    worker_tls_cert: str | None = flag(
+        None,
+        metavar="PEM",
+        help="the scheduler's client certificate for workers that require one "
+        "(their --tls-client-ca), with --worker-tls-key",
+    )
+    worker_tls_key: str | None = flag(
+        None, metavar="PEM", help="the private key of --worker-tls-cert"
+    )
+    # Pod IPs (--worker-dns) are rarely in a certificate; a Service's DNS name is.
+    worker_tls_server_name: str | None = flag(
+        None,
+        metavar="NAME",
+        help="with --worker-tls-ca: the name workers' certificates must carry, instead of "
+        "the host dialled (for workers addressed by IP, e.g. through --worker-dns)",
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "http_port", port_or_off("http_port", self.http_port))
+        if any(not key or key != key.strip() for key in self.api_key):
+            raise ValueError("api_key must not be empty or start or end with whitespace")
+        for first, second in (("tls_cert", "tls_key"), ("worker_tls_cert", "worker_tls_key")):
+            if (getattr(self, first) is None) != (getattr(self, second) is None):
+                raise ValueError(f"{first} and {second} go together: give both or neither")
+        if self.worker_tls_cert and not self.worker_tls_ca:
+            raise ValueError("worker_tls_cert needs worker_tls_ca (client certificates need TLS)")
+        if self.worker_tls_server_name is not None and not self.worker_tls_ca:
+            raise ValueError("worker_tls_server_name needs worker_tls_ca (it names a TLS peer)")
+        if self.worker_tls_server_name is not None and not self.worker_tls_server_name.strip():
+            raise ValueError("worker_tls_server_name must not be empty")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def worker_tls(self) -> bool:
+        return self.worker_tls_ca is not None
+
+
+# Every config `python -m scheduler_svc` builds from its flags.
+SCHEDULER_CONFIGS = (ProcessConfig, SchedulerConfig, FaultConfig, EdgeConfig)

@@ -5,6 +5,8 @@ the worker's own parsers. One end-to-end run checks what it prints at start."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import subprocess
 import sys
@@ -15,10 +17,9 @@ import pytest
 from cbserve.launch import add_serve_arguments, announce, stack_from_args
 from cbserve.local_stack import ChildProcess, LocalStack, free_port
 from common.cli_config import FlagError
-from common.defaults import DEFAULT_METRICS_PORT, REPO_ROOT
+from common.defaults import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, REPO_ROOT
 from scheduler_svc.__main__ import edge_config_from_args
 from scheduler_svc.__main__ import parse_args as parse_scheduler_args
-from scheduler_svc.edge_config import DEFAULT_HTTP_PORT
 from tests.waiting import wait_until
 from worker_svc.__main__ import build_parser as worker_parser
 
@@ -57,12 +58,22 @@ def test_serve_turns_on_http_on_8000_and_metrics_on_a_fixed_port(monkeypatch):
     assert (scheduler.log_level, _worker(stack).log_level) == ("info", "info")
 
 
-def test_http_port_0_turns_the_front_off(monkeypatch):
-    stack = _stack(["--http-port", "0", "--metrics-port", "-1"])
+def test_port_0_turns_http_and_metrics_off(monkeypatch):
+    stack = _stack(["--http-port", "0", "--metrics-port", "0"])
     assert "--http-port" not in stack.scheduler_argv()
     scheduler = _scheduler(stack, monkeypatch)
-    assert (scheduler.http_port, scheduler.metrics_port) == (0, -1)
-    assert stack.http_url is None
+    assert (scheduler.http_port, scheduler.metrics_port) == (0, 0)
+    assert stack.http_url is None and stack.metrics_url is None
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        announce(stack)
+    assert "metrics:" not in printed.getvalue() and "HTTP API" not in printed.getvalue()
+
+
+def test_metrics_port_minus_1_is_still_off_with_a_warning(monkeypatch):
+    with pytest.warns(FutureWarning, match="0 turns it off"):
+        stack = _stack(["--metrics-port", "-1"])
+    assert stack.metrics_url is None
 
 
 def test_a_bare_local_stack_keeps_http_off_and_8000_free():
@@ -110,7 +121,7 @@ def test_worker_flags_and_log_level_reach_every_process(monkeypatch):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--http-port", "70000"], ["--metrics-port", "0"], ["--log-level", "verbose"]],
+    [["--http-port", "70000"], ["--metrics-port", "-2"], ["--log-level", "verbose"]],
 )
 def test_bad_values_are_refused_before_any_process_starts(argv):
     with pytest.raises((FlagError, SystemExit)):

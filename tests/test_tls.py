@@ -20,7 +20,7 @@ from common.health_probe import EXIT_SERVING, EXIT_UNHEALTHY
 from common.health_probe import main as probe_main
 from common.tls import TlsError, channel_security, server_credentials
 from scheduler_svc.api.grpc_auth import interceptors_for
-from scheduler_svc.edge_config import EdgeConfig
+from scheduler_svc.config import EdgeConfig
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from worker_svc.config import WorkerConfig
 

@@ -1,7 +1,8 @@
 """The worker's start-up settings, validated once so that nothing later re-checks them.
 
 They are also `python -m worker_svc`'s flags (common.cli_config): each `flag(...)`
-field is one, with the variable CBSERVE_WORKER_<FLAG>.
+field is one, with the variable CBSERVE_WORKER_<FLAG>; those marked `forwarded_by`
+are `cbserve serve`'s (and `cbserve bench`'s) too, passed on to every worker.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from common.addresses import port_or_off
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
-from common.flag_fields import flag
+from common.flag_fields import BENCH, SERVE, flag
 
 # Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
 # "auto" takes the fastest one this machine has (compute/selection.py).
@@ -50,6 +52,7 @@ class WorkerConfig:
     model: str = flag(
         default_factory=default_model_path,
         metavar="PATH",
+        forwarded_by=(SERVE,),
         default_help="$CBSERVE_MODEL, else the converted default model, else the packaged GGUF",
         help="HF directory or .gguf file",
     )
@@ -58,16 +61,18 @@ class WorkerConfig:
         DEFAULT_DTYPE,
         choices=DTYPES,
         env_aliases=("CBSERVE_DTYPE",),
+        forwarded_by=(SERVE, BENCH),
         help="compute path: auto takes the fastest this CPU has that is accurate enough to "
         "be a default (measured table, see bench/kernel_bench.py); float32 is the "
         "reference; int8 is int8 weights x int8 activations (fbgemm); bfloat16/float16 "
         "need native support on a CPU",
     )
-    block_size: int = flag(DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    block_size: int = flag(DEFAULT_BLOCK_SIZE, forwarded_by=(SERVE,), help="tokens per KV block")
     # At most one of these two; with neither, DEFAULT_KV_TOKENS worth of blocks.
     num_kv_blocks: int | None = flag(
         None,
         excludes=("kv_cache_memory",),
+        forwarded_by=(SERVE, BENCH),
         default_help=f"{DEFAULT_KV_TOKENS} tokens' worth",
         help="KV pool size in blocks",
     )
@@ -75,15 +80,20 @@ class WorkerConfig:
         None,
         parse=parse_bytes,
         excludes=("num_kv_blocks",),
+        forwarded_by=(SERVE,),
         metavar="BYTES",
         help="KV pool size in bytes (2G, 512MiB, ...); exclusive with --num-kv-blocks",
     )
     attention_backend: str = flag(
-        "auto", choices=ATTENTION_BACKENDS, help="paged attention implementation"
+        "auto",
+        choices=ATTENTION_BACKENDS,
+        forwarded_by=(SERVE,),
+        help="paged attention implementation",
     )
     model_impl: str = flag(
         "auto",
         choices=MODEL_IMPLS,
+        forwarded_by=(SERVE,),
         help="cbserve: the own forward (worker_svc/models); transformers: its modules; "
         "auto: the own forward where the architecture has one",
     )
@@ -97,15 +107,21 @@ class WorkerConfig:
         "disk for the next start); needs the own forward",
     )
     # "auto" picks cuda:0 when torch sees a GPU, else cpu.
-    device: str = flag("auto", help="auto, cpu, cuda, cuda:N")
-    threads: int | None = flag(None, default_help="torch's choice", help="torch intra-op threads")
+    device: str = flag("auto", forwarded_by=(SERVE,), help="auto, cpu, cuda, cuda:N")
+    # Not the benchmark's: its --threads is llama-server's too (bench/options.py).
+    threads: int | None = flag(
+        None,
+        forwarded_by=(SERVE,),
+        default_help="torch's choice",
+        help="torch intra-op threads",
+    )
     host: str = flag("0.0.0.0", help="address to listen on")
     port: int = flag(DEFAULT_WORKER_PORT, help="the gRPC port the scheduler connects to")
     # Off by default, so that several workers on one host need no port each.
     metrics_port: int = flag(
-        -1,
+        0,
         help="serve Prometheus metrics (forward time per step) at http://HOST:PORT/metrics; "
-        "0 picks a free port, printed in the ready line; -1: off",
+        "0 turns them off",
     )
     grace_period_s: float = flag(
         DEFAULT_GRACE_PERIOD_S,
@@ -163,6 +179,7 @@ class WorkerConfig:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        object.__setattr__(self, "metrics_port", port_or_off("metrics_port", self.metrics_port))
         grace = self.grace_period_s
         if not grace > 0 or math.isinf(grace):
             raise ValueError(f"grace_period_s must be a number of seconds > 0, got {grace}")

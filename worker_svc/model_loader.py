@@ -24,11 +24,9 @@ from worker_svc.models.dims import attention_dims
 from worker_svc.models.hf_model import TransformersCausalLM
 from worker_svc.models.weights import load_state_dict
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message names the path."""
+    """The model could not be loaded; the message names the model path."""
 
 
 @dataclass(frozen=True)
@@ -51,34 +49,27 @@ class LoadedModel:
     max_model_len: int
 
 
-def resolve_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
-def _source(path: Path) -> tuple[str, dict[str, str]]:
-    if path.is_file() and path.suffix == ".gguf":
-        return str(path.parent), {"gguf_file": path.name}
-    if path.is_dir() and (path / "config.json").is_file():
-        return str(path), {}
-    if not path.exists():
-        raise ModelLoadError(f"model not found: {path} does not exist")
+def _source(model_path: Path) -> tuple[str, dict[str, str]]:
+    if model_path.is_file() and model_path.suffix == ".gguf":
+        return str(model_path.parent), {"gguf_file": model_path.name}
+    if model_path.is_dir() and (model_path / "config.json").is_file():
+        return str(model_path), {}
+    if not model_path.exists():
+        raise ModelLoadError(f"model not found: {model_path} does not exist")
     raise ModelLoadError(
-        f"cannot load model {path}: expected a Hugging Face directory with config.json "
+        f"cannot load model {model_path}: expected a Hugging Face directory with config.json "
         "or a .gguf file"
     )
 
 
 def load_model(
-    path: str | Path,
+    model_path: str | Path,
     compute: str | torch.dtype | ComputePath,
     device: torch.device,
     model_impl: str = "auto",
@@ -95,22 +86,22 @@ def load_model(
     compute_path = _as_path(compute)
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {model_impl!r}")
-    path = Path(path)
-    source, extra = _source(path)
+    model_path = Path(model_path)
+    source, extra = _source(model_path)
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=True, **extra)
-    except Exception as exc:  # transformers raises many types; the path is what matters
-        raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
+    except Exception as exc:  # transformers raises many types; the model path is what matters
+        raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
     text_config = config.get_text_config()
     own, shape, why_not = _own_forward(text_config, model_impl)
     if own is None and compute_path.needs_own_forward:
         raise ModelLoadError(f"--dtype {compute_path.name} needs the own forward: {why_not}")
     dtype = compute_path.activation_dtype
     if own is not None:
-        model = _build_own(own, shape, path, source, compute_path, dtype)
+        model = _build_own(own, shape, model_path, source, compute_path, dtype)
         impl = "cbserve"
     else:
-        model = TransformersCausalLM(_load_transformers(path, source, extra, dtype))
+        model = TransformersCausalLM(_load_transformers(model_path, source, extra, dtype))
         impl = "transformers"
     model.to(device).eval()
     model.requires_grad_(False)
@@ -125,7 +116,7 @@ def load_model(
     return LoadedModel(
         model=model,
         config=text_config,
-        name=path.name,
+        name=model_path.name,
         dtype=dtype,
         device=device,
         compute_path=compute_path.name,
@@ -143,7 +134,7 @@ def _as_path(compute: str | torch.dtype | ComputePath) -> ComputePath:
     if isinstance(compute, ComputePath):
         return compute
     if isinstance(compute, torch.dtype):
-        compute = {v: k for k, v in DTYPES.items()}[compute]
+        compute = str(compute).removeprefix("torch.")  # the float paths are named so
     if compute not in PATHS:
         raise ValueError(f"dtype must be one of {sorted(PATHS)}, got {compute!r}")
     return PATHS[compute]
@@ -167,12 +158,12 @@ def _own_forward(text_config, model_impl: str) -> tuple[type | None, Any, str]:
     return None, None, why
 
 
-def _build_own(own, shape, path: Path, source: str, compute_path, dtype) -> nn.Module:
-    weights_at = path if path.suffix == ".gguf" else Path(source)
+def _build_own(own, shape, model_path: Path, source: str, compute_path, dtype) -> nn.Module:
+    weights_at = model_path if model_path.suffix == ".gguf" else Path(source)
     try:
         state = load_state_dict(weights_at, shape.num_heads, shape.num_kv_heads)
     except Exception as exc:
-        raise ModelLoadError(f"cannot read the weights of {path}: {exc}") from exc
+        raise ModelLoadError(f"cannot read the weights of {model_path}: {exc}") from exc
     if compute_path.name != "int8":
         return own(shape, state, compute_path.name, dtype)
     from worker_svc.models.llama_int8 import quantize_to_int8
@@ -183,7 +174,7 @@ def _build_own(own, shape, path: Path, source: str, compute_path, dtype) -> nn.M
     return model
 
 
-def _load_transformers(path: Path, source: str, extra: dict, dtype: torch.dtype) -> nn.Module:
+def _load_transformers(model_path: Path, source: str, extra: dict, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -194,5 +185,5 @@ def _load_transformers(path: Path, source: str, extra: dict, dtype: torch.dtype)
             local_files_only=True,
             **extra,
         )
-    except Exception as exc:  # transformers raises many types; the path is what matters
-        raise ModelLoadError(f"cannot load model {path}: {exc}") from exc
+    except Exception as exc:  # transformers raises many types; the model path is what matters
+        raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc

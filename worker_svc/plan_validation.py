@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cbserve.worker.v1 import worker_pb2
+from common.sampling_codec import sampling_from_worker
 from common.sampling_params import SamplingParams
 from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPool
-from worker_svc.sampling_params import sampling_from_proto
 from worker_svc.sequence import SequenceState
 
 
@@ -53,7 +53,7 @@ class PlanValidator:
                 sid, new.num_computed_tokens, new.num_scheduled_tokens, total, len(new.block_ids)
             )
             try:
-                sampling[sid] = sampling_from_proto(new.sampling)
+                sampling[sid] = sampling_from_worker(new.sampling)
             except ValueError as exc:
                 raise PlanError(f"sequence {sid}: {exc}") from None
         for cont in plan.continuing_sequences:

@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready
 from common.metrics_server import MetricsServer
@@ -44,10 +45,6 @@ log = structlog.get_logger("worker_svc.server")
 
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-
-class StartupError(RuntimeError):
-    pass
 
 
 class _Superseded(Exception):
@@ -221,11 +218,11 @@ def ready_line(
 
 
 async def serve(
-    config: WorkerConfig, metrics_port: int = -1, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    config: WorkerConfig, metrics_port: int = 0, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
 ) -> None:
     """Bind, load the model, serve until SIGINT/SIGTERM. Raises StartupError.
 
-    metrics_port: serve /metrics there (0 picks a free port); -1, none.
+    metrics_port: serve /metrics there; 0, none.
     grace_period_s: on SIGTERM, how long the open Step stream gets to end.
     """
     # Bound before the model loads, so that a taken port fails in a second;
@@ -238,7 +235,7 @@ async def serve(
     # known before the model loads.
     servicer = WorkerServicer(WorkerMetrics(model_name=Path(config.model).name))
     metrics_server = None
-    if metrics_port >= 0:
+    if metrics_port:
         metrics_server = MetricsServer(servicer.metrics.registry, config.host, metrics_port)
         try:
             await metrics_server.start()
@@ -288,7 +285,7 @@ async def serve(
 
 
 def run(
-    config: WorkerConfig, metrics_port: int = -1, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    config: WorkerConfig, metrics_port: int = 0, grace_period_s: float = DEFAULT_GRACE_PERIOD_S
 ) -> int:
     import uvloop
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
+from common.sampling_codec import sampling_from_request
 from common.sampling_params import SamplingParams
-from scheduler_svc.api.sampling_params import sampling_from_proto
 from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 from scheduler_svc.core.request import Request
 
@@ -157,7 +157,7 @@ def validate_request(
 ) -> ValidatedRequest:
     """Raises InvalidArgument; returns a request that is safe to schedule."""
     request_id = _request_id(request)
-    sampling = sampling_from_proto(request.sampling)
+    sampling = sampling_from_request(request.sampling)
     for index, token_id in enumerate(sampling.stop_token_ids):
         if token_id >= limits.vocab_size:
             raise InvalidArgument(

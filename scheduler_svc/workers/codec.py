@@ -2,35 +2,14 @@
 
 The only place that knows both sides: the core builds and reads the
 dataclasses of core/plan.py, the worker client sends and receives these
-messages.
+messages. A sequence's sampling settings go through common.sampling_codec.
 """
 
 from __future__ import annotations
 
 from cbserve.worker.v1 import worker_pb2 as wpb
-from common.sampling_params import SamplingParams
+from common.sampling_codec import sampling_to_worker
 from scheduler_svc.core.plan import SampledLogprobs, StepOutput, StepPlan
-
-
-def sampling_to_proto(
-    sampling: SamplingParams, min_tokens_banned_ids: list[int]
-) -> wpb.SequenceSampling:
-    message = wpb.SequenceSampling(
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k,
-        min_p=sampling.min_p,
-        presence_penalty=sampling.presence_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        repetition_penalty=sampling.repetition_penalty,
-        num_logprobs=sampling.logprobs,
-        min_tokens=sampling.min_tokens,
-        max_tokens=sampling.max_tokens,
-        min_tokens_banned_ids=min_tokens_banned_ids,
-    )
-    if sampling.seed is not None:
-        message.seed = sampling.seed
-    return message
 
 
 def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
@@ -45,7 +24,7 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
             num_computed_tokens=sequence.num_computed_tokens,
             num_scheduled_tokens=sequence.num_scheduled_tokens,
             block_ids=sequence.block_ids,
-            sampling=sampling_to_proto(sequence.sampling, sequence.min_tokens_banned_ids),
+            sampling=sampling_to_worker(sequence.sampling, sequence.min_tokens_banned_ids),
         )
     for sequence in plan.continuing_sequences:
         message.continuing_sequences.add(

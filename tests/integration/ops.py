@@ -41,7 +41,7 @@ def exposed_types(text: str) -> dict[str, str]:
 
 
 def worker_metrics_url(worker: ChildProcess) -> str:
-    """The /metrics URL a worker started with --metrics-port 0 printed in its ready line."""
+    """The /metrics URL a worker started with --metrics-port printed in its ready line."""
     line = worker.wait_ready()
     host = re.search(r" ready on (\S+):\d+ ", line).group(1)
     port = re.search(r"metrics_port=(\d+)", line).group(1)

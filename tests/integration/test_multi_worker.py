@@ -30,7 +30,7 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def two_workers():
-    with LocalStack(num_workers=2, worker_args=[*WORKER_ARGS, "--metrics-port", "0"]) as stack:
+    with LocalStack(num_workers=2, worker_args=WORKER_ARGS, worker_metrics_ports=[0, 0]) as stack:
         yield stack
 
 

@@ -1,7 +1,7 @@
 """Every metric the issue names, on a real stack, with the values a few requests leave.
 
 The scheduler serves its metrics at --metrics-port; the worker, started with
---metrics-port 0, serves its own forward-time histogram and prints the port in
+a --metrics-port, serves its own forward-time histogram and prints the port in
 its ready line. Both label every cbserve_* series with `model_name` and serve
 their process metrics beside them. Read with prometheus-client's parser.
 """
@@ -59,8 +59,8 @@ MAX_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def metrics_stack():
-    worker_args = ["--dtype", "float32", "--num-kv-blocks", "128", "--metrics-port", "0"]
-    with LocalStack(worker_args=worker_args) as stack:
+    worker_args = ["--dtype", "float32", "--num-kv-blocks", "128"]
+    with LocalStack(worker_args=worker_args, worker_metrics_ports=[0]) as stack:
         yield stack
 
 

@@ -33,7 +33,7 @@ def _worker(name: str, port: int) -> ChildProcess:
 
 def _scheduler(port: int, worker_ports: list[int]) -> ChildProcess:
     argv = [sys.executable, "-m", "scheduler_svc", "--host", HOST, "--port", str(port)]
-    argv += ["--metrics-port", "-1", "--grace-period", "1"]
+    argv += ["--metrics-port", "0", "--grace-period", "1"]
     argv += ["--worker-connect-timeout", str(CONNECT_TIMEOUT_S)]
     for worker_port in worker_ports:
         argv += ["--worker", f"{HOST}:{worker_port}"]

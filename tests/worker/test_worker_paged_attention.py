@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker_svc.attention import BatchLayout, CpuAttentionBackend, TorchAttentionBackend
-from worker_svc.attention.torch_backend import MIN_DECODE_GROUP, group_decodes
+from worker_svc.attention.torch_backend import (
+    MIN_DECODE_GROUP,
+    SCRATCH_BLOCK_SIZE,
+    group_decodes,
+    scratch_context,
+)
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 16, 4
@@ -163,3 +168,17 @@ def test_many_decodes_of_spread_lengths_match_dense(longest_first, backend_class
     assert len(layout_groups) > 1
     for (seq, start, n), got in zip(step, run_step(backend, pool, step), strict=True):
         torch.testing.assert_close(got, seq.expected[start : start + n], rtol=1e-5, atol=1e-5)
+
+
+def test_a_scratch_context_gives_each_sequence_blocks_of_its_own():
+    context = scratch_context(2, 3, 8, torch.float32, (20, 1))
+    assert context.pool.num_blocks == 3 and context.pool.block_size == SCRATCH_BLOCK_SIZE
+    t = 21
+    query = torch.randn(t, 6, 8)
+    key, value = torch.randn(t, 3, 8), torch.randn(t, 3, 8)
+    out = context.backend.forward(1, query, key, value, context.pool, context.metadata, 0.5)
+    assert out.shape == (t, 6, 8)
+    # The first sequence's K went to blocks 0-1 of layer 1, the second's to block 2.
+    written = context.pool.cache[1, 0].reshape(-1, 3, 8)
+    torch.testing.assert_close(written[:20], key[:20])
+    torch.testing.assert_close(written[2 * SCRATCH_BLOCK_SIZE], key[20])

@@ -25,8 +25,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from worker_svc.attention.base import AttentionBackend, BatchLayout
-from worker_svc.kv_pool import KVPool
+from worker_svc.attention.base import AttentionBackend, BatchLayout, PagedAttentionContext
+from worker_svc.kv_pool import KVPool, KVPoolSpec
+
+SCRATCH_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -208,3 +210,27 @@ class TorchAttentionBackend(AttentionBackend):
             q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=dec.mask, scale=scale
         )
         return o.reshape(d, num_heads, head_dim)
+
+
+def scratch_context(
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    query_lens: tuple[int, ...],
+    device: torch.device | str = "cpu",
+) -> PagedAttentionContext:
+    """The torch backend over a throwaway pool, for a forward whose K/V nobody keeps
+    (compiling the graphs, calibrating int8): each sequence is a prefill from position 0
+    in blocks of its own."""
+    spec = KVPoolSpec(num_layers, num_kv_heads, head_dim, SCRATCH_BLOCK_SIZE, dtype)
+    tables, next_block = [], 0
+    for query_len in query_lens:
+        blocks = spec.blocks_for_tokens(query_len)
+        tables.append(tuple(range(next_block, next_block + blocks)))
+        next_block += blocks
+    layout = BatchLayout(query_lens, query_lens, tuple(tables), SCRATCH_BLOCK_SIZE)
+    backend = TorchAttentionBackend()
+    device = torch.device(device)
+    pool = KVPool(spec, next_block, device)
+    return PagedAttentionContext(backend, pool, backend.build_metadata(layout, device))

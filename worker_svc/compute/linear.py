@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from worker_svc.compute.paths import PATHS
+
 
 class Projection(nn.Module):
     """Base: keeps the shape for FLOP counts and reports."""
@@ -109,5 +111,4 @@ def make_projection(weight: torch.Tensor, path: str) -> Projection:
     """The projection for a compute path name (see compute.paths)."""
     if path == "int8":
         return Int8Linear(weight)
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    return DenseLinear(weight, dtypes[path])
+    return DenseLinear(weight, PATHS[path].activation_dtype)

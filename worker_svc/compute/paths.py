@@ -73,5 +73,3 @@ PATHS: dict[str, ComputePath] = {
         ),
     )
 }
-
-DTYPE_CHOICES = ("auto", *PATHS)

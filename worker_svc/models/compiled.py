@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from worker_svc.attention import BatchLayout, PagedAttentionContext, TorchAttentionBackend
-from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.attention import PagedAttentionContext
+from worker_svc.attention.torch_backend import scratch_context
 
 # The step whose forward is running: (attention context) or None outside a forward.
 _STEP: list[PagedAttentionContext] = []
@@ -93,17 +93,12 @@ class CompiledForward(torch.nn.Module):
         sampled rows), on a throwaway pool: the graphs do not depend on the attention
         backend, which is opaque to them."""
         device = self.model.embed_tokens.device
-        num_layers, block = len(self.model.layers), 16
-        backend = TorchAttentionBackend()
-        spec = KVPoolSpec(num_layers, num_kv_heads, head_dim, block, dtype)
-        pool = KVPool(spec, 2, device)
+        num_layers = len(self.model.layers)
         for query_lens, sample_rows in (((1,), [0]), ((2,), [1]), ((1, 1), [0, 1])):
-            tables = ((0,), (1,))[: len(query_lens)]
-            layout = BatchLayout(query_lens, query_lens, tables, block)
             t = sum(query_lens)
             self(
                 torch.zeros(t, dtype=torch.long, device=device),
                 torch.cat([torch.arange(q, device=device) for q in query_lens]),
-                PagedAttentionContext(backend, pool, backend.build_metadata(layout, device)),
+                scratch_context(num_layers, num_kv_heads, head_dim, dtype, query_lens, device),
                 torch.tensor(sample_rows, device=device),
             )

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from worker_svc.attention import BatchLayout, PagedAttentionContext, TorchAttentionBackend
+from worker_svc.attention.torch_backend import scratch_context
 from worker_svc.compute.linear import DenseLinear, Int8Linear
-from worker_svc.kv_pool import KVPool, KVPoolSpec
 from worker_svc.models.llama import LlamaForCausalLM
 
 # SmoothQuant's migration strength: 0.5 splits the range evenly between the two.
@@ -113,12 +112,8 @@ def _calibrate(model: LlamaForCausalLM) -> dict:
         ids = _calibration_ids(model.shape.vocab_size)
         t = len(ids)
         shape = model.shape
-        spec = KVPoolSpec(shape.num_layers, shape.num_kv_heads, shape.head_dim, 16, torch.float32)
-        blocks = -(-t // 16)
-        backend = TorchAttentionBackend()
-        layout = BatchLayout((t,), (t,), (tuple(range(blocks)),), 16)
-        context = PagedAttentionContext(
-            backend, KVPool(spec, blocks), backend.build_metadata(layout, torch.device("cpu"))
+        context = scratch_context(
+            shape.num_layers, shape.num_kv_heads, shape.head_dim, torch.float32, (t,)
         )
         model(ids, torch.arange(t), context, torch.arange(t))
     finally:

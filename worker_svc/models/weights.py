@@ -31,10 +31,10 @@ _GGUF_NAMES = {
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
-def load_state_dict(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
-    if path.suffix == ".gguf":
-        return _from_gguf(path, num_heads, num_kv_heads)
-    return _from_safetensors(path)
+def load_state_dict(checkpoint: Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+    if checkpoint.suffix == ".gguf":
+        return _from_gguf(checkpoint, num_heads, num_kv_heads)
+    return _from_safetensors(checkpoint)
 
 
 def _from_safetensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -69,10 +69,10 @@ def _undo_rope_permute(weight: torch.Tensor, heads: int) -> torch.Tensor:
     )
 
 
-def _from_gguf(path: Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
+def _from_gguf(checkpoint: Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor]:
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf.GGUFReader(str(checkpoint))
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
+from common.sampling_codec import sampling_request_from
 from scheduler_svc.api.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,29 +35,12 @@ class Choice:
 
 
 def _sampling(body: SamplingFields, max_tokens: int | None, logprobs: int) -> pb.SamplingParams:
-    params = pb.SamplingParams(
-        top_k=body.top_k or 0,
-        min_p=body.min_p or 0.0,
-        min_tokens=body.min_tokens,
-        ignore_eos=body.ignore_eos,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        logprobs=logprobs,
-    )
-    # Optional proto fields stay unset (the scheduler's defaults) when the body omits them.
-    for name, value in (
-        ("temperature", body.temperature),
-        ("top_p", body.top_p),
-        ("repetition_penalty", body.repetition_penalty),
-        ("max_tokens", max_tokens),
-        ("seed", body.seed),
-    ):
-        if value is not None:
-            setattr(params, name, value)
-    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-    params.stop.extend(stop)
-    params.stop_token_ids.extend(body.stop_token_ids or [])
-    return params
+    """The body's sampling fields under their proto names; one the body leaves at None
+    stays unset, which the scheduler reads as the default."""
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    # Where HTTP's field means something else than the proto's of the same name.
+    worked_out = {"max_tokens": max_tokens, "logprobs": logprobs, "stop": stop}
+    return sampling_request_from({**dict(body), **worked_out})
 
 
 def _choices(
