@@ -36,6 +36,7 @@ requests between schedulers when a worker is lost.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Sequence
 
@@ -99,6 +100,8 @@ class Scheduler:
         self.queue = AdmissionQueue(config, self.block_manager, self.stats)
         # Unfinished requests, for abort by id, with their output processors.
         self._requests: dict[str, Request] = {}
+        # (deadline, seq_id, request) of the requests with a deadline, soonest first.
+        self._deadlines: list[tuple[float, int, Request]] = []
         self._processors: dict[str, RequestOutputProcessor] = {}
         # Sequences the worker must drop, sent with the next plan.
         self._finished_seq_ids: list[int] = []
@@ -145,11 +148,16 @@ class Scheduler:
                 f"request {request.request_id!r}: its prompt needs {needed} KV blocks, "
                 f"the pool has {self.block_manager.num_blocks}"
             )
-        self._requests[request.request_id] = request
+        self._track(request)
         self._processors[request.request_id] = RequestOutputProcessor(
             request, self._tokenizer, self._eos_token_ids, self.max_model_len
         )
         self.queue.add_waiting(request)
+
+    def _track(self, request: Request) -> None:
+        self._requests[request.request_id] = request
+        if request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, request.seq_id, request))
 
     def abort_request(self, request_id: str) -> None:
         """Drops a request wherever it is; a no-op for unknown or finished ids.
@@ -187,13 +195,13 @@ class Scheduler:
             if num_scheduled == 0:
                 continue
             end = request.num_computed_tokens + num_scheduled
-            if request.num_pending_samples and not self.block_manager.can_append_slots(
-                request.seq_id, end
-            ):
+            if self.block_manager.can_append_slots(request.seq_id, end):
+                pass
+            elif request.num_pending_samples:
                 # A decode ahead of its sample (async) never preempts, as a multi-step
                 # lookahead does not: it waits for its result, then competes as usual.
                 continue
-            if not self.queue.make_room(request, end, step):
+            elif not self.queue.make_room(request, end, step):
                 continue  # preempted, or failed because it can never fit
             self._add_to_plan(request, num_scheduled, plan, planned)
             budget -= num_scheduled
@@ -264,9 +272,13 @@ class Scheduler:
         request.seen_by_worker = True
 
     def _expire_deadlines(self) -> None:
+        # A heap, not a pass over every request: a step at 512 running requests must not
+        # pay for each one's deadline. Requests that finished or left stay in it until
+        # their deadline comes up, and are skipped then.
         now = self._clock()
-        for request in [*self.waiting, *self.running]:
-            if request.deadline is not None and request.deadline <= now:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, request = heapq.heappop(self._deadlines)
+            if self._requests.get(request.request_id) is request:
                 where = "waiting" if request.status is RequestStatus.WAITING else "running"
                 self._fail(
                     request,
@@ -397,6 +409,6 @@ class Scheduler:
                 f"request {request.request_id!r} has {request.num_tokens} tokens; this "
                 f"worker's max_model_len is {self.max_model_len}"
             )
-        self._requests[request.request_id] = request
+        self._track(request)
         self._processors[request.request_id] = processor
         self.queue.add_waiting(request)
