@@ -84,6 +84,20 @@ def cpu_used(before: Mapping[str, float], after: Mapping[str, float]) -> dict[st
     return {key: max(value - before.get(key, 0.0), 0.0) for key, value in after.items()}
 
 
+def parse_machine_stat(text: str, ticks_per_s: int = CLOCK_TICKS) -> float:
+    """Busy CPU seconds of the whole machine, all CPUs, from /proc/stat's `cpu` line:
+    everything but idle and iowait (guest time is already inside user)."""
+    line = next(line for line in text.splitlines() if line.startswith("cpu "))
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, line.split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / ticks_per_s
+
+
+def machine_cpu_s(proc: Path = PROC) -> float:
+    """What every process on the machine has used so far: the difference over a run,
+    less what was measured, is the CPU that others took from it."""
+    return parse_machine_stat((proc / "stat").read_text())
+
+
 def own_cpu_s() -> float:
     """This process's user + system CPU seconds, all threads."""
     times = os.times()

@@ -114,7 +114,8 @@ def _measurement(load: Load, front: str, raw: dict, busy_s: float = 0.0, steps: 
         load=load, front=front, wall_s=raw["wall_s"], requests=raw["requests"],
         completed=raw["completed"], tokens=raw["tokens"], messages=raw["messages"],
         client_cpu_s=raw["client_cpu_s"], cpu_s=raw["cpu_s"], worker_busy_s=busy_s,
-        worker_steps=steps, errors=tuple(raw["errors"]),
+        worker_steps=steps, machine_cpu_s=raw.get("machine_cpu_s", 0.0),
+        errors=tuple(raw["errors"]),
     )  # fmt: skip
 
 
@@ -216,6 +217,7 @@ def _derived(row: Measurement) -> dict:
         "tok_s": row.tok_s, "capacity_tok_s": row.load.capacity_tok_s, "share": row.share,
         "busy": row.busy, "outside_ms_per_step": row.outside_ms_per_step,
         "server_cpu_s_per_1k": row.server_cpu_per_1k, "client_cpu_s_per_1k": row.client_cpu_per_1k,
+        "other_cores": row.other_cores,
     }  # fmt: skip
     # JSON has no inf or nan.
     return {k: (v if math.isfinite(v) else None) for k, v in values.items()}

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from bench.cpu_accounting import cpu_snapshot, cpu_used, own_cpu_s
+from bench.cpu_accounting import cpu_snapshot, cpu_used, machine_cpu_s, own_cpu_s
 
 MAX_ERRORS_KEPT = 5
 
@@ -39,6 +39,8 @@ class LoadResult:
     tokens: int = 0
     messages: int = 0
     client_cpu_s: float = 0.0
+    # Every process on the machine, this one and the watched ones included.
+    machine_cpu_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -153,11 +155,12 @@ async def _timed(args, result: LoadResult, streams: list) -> None:
     """Runs the streams between two CPU readings of the watched processes and this one."""
     watched = dict(item.split("=", 1) for item in args.watch)
     roots = {label: int(pid) for label, pid in watched.items()}
-    before, own_before = cpu_snapshot(roots), own_cpu_s()
+    before, own_before, machine_before = cpu_snapshot(roots), own_cpu_s(), machine_cpu_s()
     started = time.perf_counter()
     await asyncio.gather(*streams)
     result.wall_s = time.perf_counter() - started
     result.client_cpu_s = own_cpu_s() - own_before
+    result.machine_cpu_s = machine_cpu_s() - machine_before
     result.cpu_s = cpu_used(before, cpu_snapshot(roots))
 
 

@@ -88,6 +88,8 @@ class Measurement:
     # Summed over the workers: seconds inside their runner, and steps they ran.
     worker_busy_s: float = 0.0
     worker_steps: int = 0
+    # The whole machine's busy CPU over the run: what is not ours was someone else's.
+    machine_cpu_s: float = 0.0
     errors: tuple[str, ...] = ()
 
     @property
@@ -127,6 +129,14 @@ class Measurement:
         return per_1k(self.client_cpu_s, self.tokens)
 
     @property
+    def other_cores(self) -> float:
+        """CPUs' worth that other processes used during the run (0 on a quiet machine)."""
+        if not (self.wall_s and self.machine_cpu_s):
+            return math.nan
+        ours = sum(self.cpu_s.values()) + self.client_cpu_s
+        return max(self.machine_cpu_s - ours, 0.0) / self.wall_s
+
+    @property
     def failed(self) -> int:
         return self.requests - self.completed
 
@@ -149,8 +159,8 @@ def capacity_table(rows: list[Measurement]) -> str:
     lines = [
         "| load | front | output tok/s | workers could make | share | workers busy "
         "| outside the workers, ms/step | scheduler CPU s/1k tok | x floor "
-        "| load generator CPU s/1k tok | failed |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| load generator CPU s/1k tok | other processes, CPUs | failed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row.front == BARE:
@@ -161,7 +171,8 @@ def capacity_table(rows: list[Measurement]) -> str:
             f"| {row.load.label} | {row.front} | {_num(row.tok_s)} "
             f"| {_num(row.load.capacity_tok_s)} | {_num(row.share, 2)} | {_num(row.busy, 2)} "
             f"| {_num(row.outside_ms_per_step, 2)} | {_num(row.server_cpu_per_1k, 3)} "
-            f"| {_num(ratio, 2)} | {_num(row.client_cpu_per_1k, 3)} | {row.failed} |"
+            f"| {_num(ratio, 2)} | {_num(row.client_cpu_per_1k, 3)} "
+            f"| {_num(row.other_cores, 2)} | {row.failed} |"
         )
     return "\n".join(lines)
 
@@ -169,14 +180,15 @@ def capacity_table(rows: list[Measurement]) -> str:
 def floor_table(rows: list[Measurement]) -> str:
     lines = [
         "| streams | bare server messages/s | bare server CPU s/1k messages "
-        "| load generator CPU s/1k messages | failed |",
-        "|---:|---:|---:|---:|---:|",
+        "| load generator CPU s/1k messages | other processes, CPUs | failed |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row.front == BARE:
             lines.append(
                 f"| {row.load.streams} | {_num(row.messages / row.wall_s if row.wall_s else 0)} "
                 f"| {_num(row.server_cpu_per_1k, 3)} "
-                f"| {_num(per_1k(row.client_cpu_s, row.messages), 3)} | {row.failed} |"
+                f"| {_num(per_1k(row.client_cpu_s, row.messages), 3)} "
+                f"| {_num(row.other_cores, 2)} | {row.failed} |"
             )
     return "\n".join(lines)
