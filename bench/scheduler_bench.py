@@ -145,6 +145,8 @@ def measure_stack(config: SchedulerBenchConfig, loads: list[Load]) -> list[Measu
         urls = [_metrics_url(worker.wait_ready()) for worker in stack.workers]
         watch = {SCHEDULER: stack.scheduler.process.pid}
         watch |= {f"worker{i}": w.process.pid for i, w in enumerate(stack.workers)}
+        # For a profiler to attach to (py-spy record --pid PID, see the README).
+        _say("  pids: " + " ".join(f"{label}={pid}" for label, pid in watch.items()))
         for load in loads:
             for front in config.fronts:
                 address = stack.address if front == "grpc" else stack.http_url.split("//")[1]

@@ -35,6 +35,7 @@ def _bars(axes, loads, series: dict[str, list[float]]) -> None:
     axes.set_xticks(range(len(loads)), loads, rotation=20)
     axes.set_xlabel("load: workers x step ms : streams")
     axes.grid(True, axis="y", alpha=0.3)
+    axes.margins(y=0.3)  # room above the bars for the legend
 
 
 def throughput(rows: list[Measurement], path: Path, plt) -> None:
