@@ -34,6 +34,10 @@ WORKER_FLAGS = (
     "threads",
     "attention_backend",
     "device",
+    # `cbserve serve --model-impl null --null-step-ms 10`: a stack with no model.
+    "null_step_ms",
+    "null_step_us_per_token",
+    "null_eos_probability",
 )
 SCHEDULER_FLAGS = (
     "max_num_seqs",
