@@ -30,7 +30,15 @@ from itertools import groupby
 from pathlib import Path
 
 from bench.scheduler_config import SchedulerBenchConfig
-from bench.scheduler_report import BARE, SCHEDULER, Load, Measurement, capacity_table, floor_table
+from bench.scheduler_report import (
+    BARE,
+    SCHEDULER,
+    Load,
+    Measurement,
+    capacity_table,
+    floor_table,
+    process_table,
+)
 from common.cli_config import FlagError, add_flags, build
 from common.defaults import DEFAULT_BLOCK_SIZE, REPO_ROOT
 
@@ -199,6 +207,7 @@ def write_results(config: SchedulerBenchConfig, rows: list[Measurement], command
     text = "\n\n".join(
         [f"`{command}` on {cpu_model()}", capacity_table(rows)]
         + ([floor_table(rows)] if any(row.front == BARE for row in rows) else [])
+        + [process_table(rows)]
     )
     print(text)
     (config.out_dir / "results.md").write_text(text + "\n")

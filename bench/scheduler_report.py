@@ -141,6 +141,15 @@ class Measurement:
         return self.requests - self.completed
 
 
+def measurement_from_json(data: dict) -> Measurement:
+    """A Measurement back from results.json (asdict, plus derived values ignored), so that
+    a run's tables can be made again, or two runs compared."""
+    fields = {k: v for k, v in data.items() if k != "derived"}
+    fields["load"] = Load(**fields["load"])
+    fields["errors"] = tuple(fields.get("errors", ()))
+    return Measurement(**fields)
+
+
 def _num(value: float, digits: int = 0) -> str:
     if math.isnan(value):
         return "-"
@@ -191,4 +200,16 @@ def floor_table(rows: list[Measurement]) -> str:
                 f"| {_num(per_1k(row.client_cpu_s, row.messages), 3)} "
                 f"| {_num(row.other_cores, 2)} | {row.failed} |"
             )
+    return "\n".join(lines)
+
+
+def process_table(rows: list[Measurement]) -> str:
+    """Each measured process's CPU per 1k streamed tokens (messages for the floor): a
+    scheduler deployment of several processes shows each of them here."""
+    lines = ["| load | front | CPU s/1k tokens by process |", "|---|---|---|"]
+    for row in rows:
+        count = row.messages if row.front == BARE else row.tokens
+        cells = [f"{label} {per_1k(cpu, count):.3f}" for label, cpu in sorted(row.cpu_s.items())]
+        cells.append(f"load generator {per_1k(row.client_cpu_s, count):.3f}")
+        lines.append(f"| {row.load.label} | {row.front} | {', '.join(cells)} |")
     return "\n".join(lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 
@@ -18,7 +20,14 @@ from bench.cpu_accounting import (
 )
 from bench.scheduler_bench import cpu_model
 from bench.scheduler_config import SchedulerBenchConfig
-from bench.scheduler_report import Load, Measurement, capacity_table, floor_table
+from bench.scheduler_report import (
+    Load,
+    Measurement,
+    capacity_table,
+    floor_table,
+    measurement_from_json,
+    process_table,
+)
 
 
 def stat_line(pid: int, name: str, ppid: int, utime: int, stime: int) -> str:
@@ -65,6 +74,9 @@ def test_measurement_derived_numbers():
     bare = measurement(front="bare", cpu_s={"bare": 1.0}, messages=2000)
     assert bare.server_cpu_per_1k == pytest.approx(0.5)
     assert math.isnan(measurement(worker_steps=0).outside_ms_per_step)
+    # results.json holds asdict(row) plus derived values; a row comes back whole.
+    data = json.loads(json.dumps({**dataclasses.asdict(row), "derived": {"tok_s": 1024}}))
+    assert measurement_from_json(data) == row
 
 
 def test_tables_name_every_row_and_the_floor_ratio():
@@ -81,6 +93,12 @@ def test_tables_name_every_row_and_the_floor_ratio():
     assert table[3].split("|")[-2].strip() == "1"
     floor = floor_table(rows).splitlines()
     assert len(floor) == 3 and floor[2].startswith("| 16 | 1,024 | 0.500 |")
+    processes = process_table(rows).splitlines()
+    assert processes[2] == (
+        "| 2 workers, 10 ms steps, 16 streams | grpc | scheduler 0.756, scheduler/77 0.244, "
+        "worker0 0.122, load generator 0.488 |"
+    )
+    assert processes[4].endswith("| bare | bare 0.500, load generator 0.488 |")
 
 
 def test_parse_stat_counts_fields_after_the_last_parenthesis():
