@@ -227,6 +227,7 @@ def _derived(row: Measurement) -> dict:
     values = {
         "tok_s": row.tok_s, "capacity_tok_s": row.load.capacity_tok_s, "share": row.share,
         "busy": row.busy, "outside_ms_per_step": row.outside_ms_per_step,
+        "scheduler_cpu_ms_per_step": row.scheduler_cpu_ms_per_step,
         "server_cpu_s_per_1k": row.server_cpu_per_1k, "client_cpu_s_per_1k": row.client_cpu_per_1k,
         "other_cores": row.other_cores,
     }  # fmt: skip

@@ -7,12 +7,17 @@ tokens. The share is what the clients got of that; the workers' busy fraction is
 own account (the time inside their runner, cbserve_worker_forward_seconds), and what
 is left of the wall time, per step, is the time a worker spent waiting for the
 scheduler between steps.
+
+`python -m bench.scheduler_report out/bench-scheduler/results.json` prints a run's
+tables again (with this version's columns).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 
 from bench.cpu_accounting import per_1k
@@ -125,6 +130,14 @@ class Measurement:
         return per_1k(self.server_cpu_s(label), count)
 
     @property
+    def scheduler_cpu_ms_per_step(self) -> float:
+        """The scheduler's CPU per worker step: unlike the wall times, a machine that
+        others share does not inflate it."""
+        if not self.worker_steps:
+            return math.nan
+        return self.server_cpu_s(SCHEDULER) / self.worker_steps * 1e3
+
+    @property
     def client_cpu_per_1k(self) -> float:
         return per_1k(self.client_cpu_s, self.tokens)
 
@@ -167,9 +180,10 @@ def capacity_table(rows: list[Measurement]) -> str:
     bare server's CPU per message at the same number of streams."""
     lines = [
         "| load | front | output tok/s | workers could make | share | workers busy "
-        "| outside the workers, ms/step | scheduler CPU s/1k tok | x floor "
+        "| outside the workers, ms/step | scheduler CPU ms/step | scheduler CPU s/1k tok "
+        "| x floor "
         "| load generator CPU s/1k tok | other processes, CPUs | failed |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if row.front == BARE:
@@ -179,7 +193,8 @@ def capacity_table(rows: list[Measurement]) -> str:
         lines.append(
             f"| {row.load.label} | {row.front} | {_num(row.tok_s)} "
             f"| {_num(row.load.capacity_tok_s)} | {_num(row.share, 2)} | {_num(row.busy, 2)} "
-            f"| {_num(row.outside_ms_per_step, 2)} | {_num(row.server_cpu_per_1k, 3)} "
+            f"| {_num(row.outside_ms_per_step, 2)} | {_num(row.scheduler_cpu_ms_per_step, 2)} "
+            f"| {_num(row.server_cpu_per_1k, 3)} "
             f"| {_num(ratio, 2)} | {_num(row.client_cpu_per_1k, 3)} "
             f"| {_num(row.other_cores, 2)} | {row.failed} |"
         )
@@ -211,5 +226,19 @@ def process_table(rows: list[Measurement]) -> str:
         count = row.messages if row.front == BARE else row.tokens
         cells = [f"{label} {per_1k(cpu, count):.3f}" for label, cpu in sorted(row.cpu_s.items())]
         cells.append(f"load generator {per_1k(row.client_cpu_s, count):.3f}")
-        lines.append(f"| {row.load.label} | {row.front} | {', '.join(cells)} |")
+        # The floor server has no workers: its rows are named by their streams only.
+        label = f"{row.load.streams} streams" if row.front == BARE else row.load.label
+        lines.append(f"| {label} | {row.front} | {', '.join(cells)} |")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    (path,) = sys.argv[1:] if argv is None else argv
+    with open(path) as results:
+        rows = [measurement_from_json(data) for data in json.load(results)]
+    print("\n\n".join([capacity_table(rows), floor_table(rows), process_table(rows)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

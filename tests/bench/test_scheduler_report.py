@@ -67,6 +67,7 @@ def test_measurement_derived_numbers():
     assert row.busy == pytest.approx(6.0 / 8.0)
     # 8 worker-seconds of wall time, 6 busy, over 600 steps.
     assert row.outside_ms_per_step == pytest.approx(2000 / 600)
+    assert row.scheduler_cpu_ms_per_step == pytest.approx(4096 / 600)
     # The scheduler and its child process, not the worker.
     assert row.server_cpu_per_1k == pytest.approx(1.0) and row.client_cpu_per_1k == 2 / 4.096
     # 7.596 s busy on the machine, 6.596 of them ours: a quarter of a CPU was someone else's.
@@ -89,7 +90,7 @@ def test_tables_name_every_row_and_the_floor_ratio():
     assert len(table) == 4 and "x floor" in table[0]
     cells = [cell.strip() for cell in table[2].split("|")]
     assert cells[1:4] == ["2 workers, 10 ms steps, 16 streams", "grpc", "1,024"]
-    assert cells[4:6] == ["1,600", "0.64"] and cells[9] == "2.00" and cells[-2] == "0"
+    assert cells[4:6] == ["1,600", "0.64"] and cells[10] == "2.00" and cells[-2] == "0"
     assert table[3].split("|")[-2].strip() == "1"
     floor = floor_table(rows).splitlines()
     assert len(floor) == 3 and floor[2].startswith("| 16 | 1,024 | 0.500 |")
@@ -98,7 +99,7 @@ def test_tables_name_every_row_and_the_floor_ratio():
         "| 2 workers, 10 ms steps, 16 streams | grpc | scheduler 0.756, scheduler/77 0.244, "
         "worker0 0.122, load generator 0.488 |"
     )
-    assert processes[4].endswith("| bare | bare 0.500, load generator 0.488 |")
+    assert processes[4] == "| 16 streams | bare | bare 0.500, load generator 0.488 |"
 
 
 def test_parse_stat_counts_fields_after_the_last_parenthesis():
