@@ -97,6 +97,27 @@ def test_multi_step_plan_is_step_major():
         assert seq.token_ids[4:] == list(result.token_ids[index::2])
 
 
+def test_recompute_and_prefix_hit_continue_where_the_sequence_was():
+    # Seeded: the token after a recompute is the one the first run drew at that index.
+    first = make_runner()
+    first.execute(pb.StepPlan(step_id=1, new_sequences=[new_seq(1, 4, [0, 1], seed=3)]))
+    first.execute(decode(2, 1))
+    drawn = first.sequences[1].token_ids[4:]
+    again = make_runner()
+    recompute = new_seq(1, 4, [0, 1], seed=3)
+    recompute.output_token_ids.append(drawn[0])
+    recompute.num_scheduled_tokens = 5
+    result = again.execute(pb.StepPlan(step_id=1, new_sequences=[recompute]))
+    assert list(result.token_ids) == drawn[1:] and result.num_tokens == 5
+    # A prefix-cache hit computes only the rest of the prompt.
+    hit = new_seq(2, 6, [2, 3])
+    hit.num_computed_tokens, hit.num_scheduled_tokens = 4, 2
+    result = again.execute(pb.StepPlan(step_id=2, new_sequences=[hit], continuing_sequences=[
+        pb.ContinuingSequence(seq_id=1, num_scheduled_tokens=1)]))  # fmt: skip
+    assert sorted(result.seq_ids) == [1, 2] and result.num_tokens == 3
+    assert again.sequences[2].num_computed_tokens == 6
+
+
 def test_logprobs_are_plausible():
     runner = make_runner()
     result = runner.execute(
