@@ -189,7 +189,9 @@ def capacity_table(rows: list[Measurement]) -> str:
         if row.front == BARE:
             continue
         floor = floor_for(rows, row.load.streams)
-        ratio = row.server_cpu_per_1k / floor.server_cpu_per_1k if floor else math.nan
+        floor_cpu = floor.server_cpu_per_1k if floor else math.nan
+        # A very short floor run can read 0 s: CPU time comes in clock ticks (10 ms).
+        ratio = row.server_cpu_per_1k / floor_cpu if floor_cpu > 0 else math.nan
         lines.append(
             f"| {row.load.label} | {row.front} | {_num(row.tok_s)} "
             f"| {_num(row.load.capacity_tok_s)} | {_num(row.share, 2)} | {_num(row.busy, 2)} "

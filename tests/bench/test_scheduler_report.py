@@ -92,6 +92,8 @@ def test_tables_name_every_row_and_the_floor_ratio():
     assert cells[1:4] == ["2 workers, 10 ms steps, 16 streams", "grpc", "1,024"]
     assert cells[4:6] == ["1,600", "0.64"] and cells[10] == "2.00" and cells[-2] == "0"
     assert table[3].split("|")[-2].strip() == "1"
+    no_ticks = [rows[0], measurement(front="bare", load=Load(1, 0.0, 16), cpu_s={"bare": 0.0})]
+    assert capacity_table(no_ticks).splitlines()[2].split("|")[10].strip() == "-"
     floor = floor_table(rows).splitlines()
     assert len(floor) == 3 and floor[2].startswith("| 16 | 1,024 | 0.500 |")
     processes = process_table(rows).splitlines()
