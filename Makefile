@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-slow lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-peers bench-sweep bench-front clean
+.PHONY: format bench bench-peers bench-sweep bench-front bench-scheduler clean
 
 env: $(STAMP)
 
@@ -158,6 +158,14 @@ bench-sweep: env proto model bench-peers
 # (bench/front_overhead.py; FRONT_ARGS="--concurrency 32 --num-prompts 128" to change it).
 bench-front: env proto model
 	$(PY) -m bench.front_overhead --out-dir out/bench-front $(FRONT_ARGS)
+
+# One scheduler's capacity with null workers (`--model-impl null`: no model, simulated
+# step times, real token ids): output tok/s against what the workers could make, the
+# scheduler's CPU per streamed token against a bare grpc.aio streaming server's in the
+# same run, over gRPC and HTTP; table and PNG plots in out/bench-scheduler/
+# (bench/scheduler_bench.py; SCHEDULER_BENCH_ARGS="--loads 1x0:512 --fronts grpc").
+bench-scheduler: env proto model
+	$(VENV)/bin/cbserve bench scheduler --out-dir out/bench-scheduler $(SCHEDULER_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*

@@ -5,6 +5,7 @@ cbserve generate --chat "What is the capital of France?"
 cbserve info
 cbserve serve            # the same as `make run`
 cbserve bench --baselines static,hf   # the serving benchmark (bench/, in a source checkout)
+cbserve bench scheduler               # the scheduler's capacity, with null workers
 cbserve --version
 """
 
@@ -158,6 +159,13 @@ def package_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    # `bench scheduler` has flags of its own (bench/scheduler_config.py); `cbserve bench`'s
+    # parser stays the serving benchmark's, as before.
+    if given[:2] == ["bench", "scheduler"] and _bench_options() is not None:
+        from bench.scheduler_bench import main as bench_scheduler
+
+        return bench_scheduler(given[2:], prog="cbserve bench scheduler")
     parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
     parser.add_argument("--version", action="version", version=f"cbserve {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -172,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     bench_options = _bench_options()
     if bench_options is not None:
         bench_options.add_arguments(
-            subparsers.add_parser("bench", help="serving benchmark (like `vllm bench serve`)")
+            subparsers.add_parser(
+                "bench",
+                help="serving benchmark (like `vllm bench serve`); `cbserve bench scheduler "
+                "--help`: the scheduler's capacity with null workers",
+            )
         )
     args = parser.parse_args(argv)
     if args.command == "generate":
@@ -182,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from bench.serve import run
 
-        given = sys.argv[1:] if argv is None else argv
         return run(args, bench_options.recorded_command(["cbserve", *given]))
     from cbserve.launch import serve
 

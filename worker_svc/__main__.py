@@ -1,5 +1,6 @@
 """python -m worker_svc --port 50061 [--host 0.0.0.0] [--model PATH]
-[--dtype auto|float32|bfloat16|float16|int8] [--model-impl auto|cbserve|transformers]
+[--dtype auto|float32|bfloat16|float16|int8] [--model-impl auto|cbserve|transformers|null]
+[--null-step-ms MS] [--null-step-us-per-token US] [--null-eos-probability P]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
 [--attention-backend auto|torch|cpu|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
 [--grace-period 30] [--log-level info]

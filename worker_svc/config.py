@@ -19,8 +19,10 @@ from common.flag_fields import BENCH, SERVE, flag
 # Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
 # "auto" takes the fastest one this machine has (compute/selection.py).
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
-# vLLM's names: the own forward where one exists, or transformers' modules.
-MODEL_IMPLS = ("auto", "cbserve", "transformers")
+# vLLM's names: the own forward where one exists, or transformers' modules; "null"
+# loads no weights and answers plans after a simulated step time (worker_svc/null_runner.py),
+# so that the scheduler's capacity can be measured without a GPU (bench/scheduler_bench.py).
+MODEL_IMPLS = ("auto", "cbserve", "transformers", "null")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
 # Default pool when neither a block count nor a byte budget is given: room for
 # 64 sequences of 512 tokens, which is about 1.5 GB in float32 for the default model.
@@ -106,6 +108,28 @@ class WorkerConfig:
         "a step, after compiling its graphs at start (minutes on a small CPU; cached on "
         "disk for the next start); needs the own forward",
     )
+    # The null model's simulated step: a GPU's step costs a fixed part (weights read once
+    # per step) plus a part per token (prefill chunks cost more than decodes).
+    null_step_ms: float = flag(
+        0.0,
+        forwarded_by=(SERVE,),
+        metavar="MS",
+        help="with --model-impl null: every step takes at least this long (per step of a "
+        "multi-step plan)",
+    )
+    null_step_us_per_token: float = flag(
+        0.0,
+        forwarded_by=(SERVE,),
+        metavar="US",
+        help="with --model-impl null: and this much more per scheduled token",
+    )
+    null_eos_probability: float = flag(
+        0.0,
+        forwarded_by=(SERVE,),
+        metavar="P",
+        help="with --model-impl null: the chance that a sampled token is EOS (0: never, so "
+        "requests run to max_tokens)",
+    )
     # "auto" picks cuda:0 when torch sees a GPU, else cpu.
     device: str = flag("auto", forwarded_by=(SERVE,), help="auto, cpu, cuda, cuda:N")
     # Not the benchmark's: its --threads is llama-server's too (bench/options.py).
@@ -175,6 +199,7 @@ class WorkerConfig:
                 f"compile with dtype {self.dtype} is not logprobs-close to float32; "
                 "use --dtype float32 with --compile, or int8 without it"
             )
+        self._check_null_model()
         if self.threads is not None and self.threads <= 0:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:
@@ -187,6 +212,27 @@ class WorkerConfig:
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert (client certificates need TLS)")
+
+    def _check_null_model(self) -> None:
+        null_flags = {
+            "null_step_ms": self.null_step_ms,
+            "null_step_us_per_token": self.null_step_us_per_token,
+            "null_eos_probability": self.null_eos_probability,
+        }
+        for name, value in null_flags.items():
+            if not 0 <= value < math.inf:  # also refuses NaN
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        if self.null_eos_probability > 1:
+            raise ValueError(
+                f"null_eos_probability must be at most 1, got {self.null_eos_probability}"
+            )
+        if self.model_impl != "null":
+            given = [name for name, value in null_flags.items() if value]
+            if given:
+                # A simulated step time on a real model would silently do nothing.
+                raise ValueError(f"{given[0]} needs model_impl null, got {self.model_impl!r}")
+        elif self.compile:
+            raise ValueError("compile has nothing to compile with model_impl null")
 
     def credentials(self):
         """The port's grpc.ServerCredentials: TLS with --tls-cert/--tls-key, mutual TLS

@@ -46,6 +46,10 @@ def build_worker(config: WorkerConfig) -> Worker:
     Call it on the thread that will run the forward passes: torch's intra-op
     thread count (OpenMP) is a per-thread setting there.
     """
+    if config.model_impl == "null":
+        from worker_svc.null_runner import build_null_worker  # no weights, no KV memory
+
+        return build_null_worker(config)
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
