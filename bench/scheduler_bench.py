@@ -92,11 +92,6 @@ def worker_counters(url: str) -> tuple[float, int]:
     return busy, int(steps)
 
 
-def _metrics_url(ready_line: str) -> str:
-    port = next(p.split("=", 1)[1] for p in ready_line.split() if p.startswith("metrics_port="))
-    return f"http://127.0.0.1:{port}/metrics"
-
-
 def run_load(config: SchedulerBenchConfig, front: str, address: str, streams: int,
              watch: dict[str, int], seed: int) -> dict:  # fmt: skip
     """One run of the load generator; its LoadResult as a dict."""
@@ -141,6 +136,8 @@ def measure_stack(config: SchedulerBenchConfig, loads: list[Load]) -> list[Measu
     stack = LocalStack(
         num_workers=first.workers,
         http_port=0 if "http" in config.fronts else None,
+        # Each worker's /metrics (its busy time) on a free port: a worker's is off by default.
+        worker_metrics_ports=[0] * first.workers,
         worker_args=config.worker_argv(first, blocks),
         scheduler_args=config.scheduler_argv(),
     )
@@ -150,7 +147,7 @@ def measure_stack(config: SchedulerBenchConfig, loads: list[Load]) -> list[Measu
         stack.start()
     rows = []
     try:
-        urls = [_metrics_url(worker.wait_ready()) for worker in stack.workers]
+        urls = [stack.worker_metrics_url(index) for index in range(len(stack.workers))]
         watch = {SCHEDULER: stack.scheduler.process.pid}
         watch |= {f"worker{i}": w.process.pid for i, w in enumerate(stack.workers)}
         # For a profiler to attach to (py-spy record --pid PID, see the README).

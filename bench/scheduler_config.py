@@ -88,7 +88,7 @@ class SchedulerBenchConfig:
         argv += ["--null-step-us-per-token", f"{load.us_per_token:g}"]
         # The null pool costs no memory: room for every stream on one worker, so that
         # an uneven placement never preempts.
-        argv += ["--num-kv-blocks", str(num_kv_blocks), "--metrics-port", "0"]
+        argv += ["--num-kv-blocks", str(num_kv_blocks)]
         if self.model:
             argv += ["--model", self.model]
         return argv + shlex.split(self.worker_args)
