@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -45,6 +46,10 @@ log = structlog.get_logger("worker_svc.server")
 
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+# Plans on the forward thread at once: the one running and the next, sent meanwhile.
+MAX_QUEUED_PLANS = 2
 
 
 class _Superseded(Exception):
@@ -128,50 +133,74 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     self.executor.submit(self._drop, worker, stream)
 
     async def _serve_stream(self, worker, stream, superseded, request_iterator, context):
-        loop = asyncio.get_running_loop()
+        """Executes the stream's plans in order and yields their results.
 
+        A plan that arrives while the one before it runs is queued on the forward
+        thread at once (the scheduler sends step N+1 while N runs: async scheduling),
+        so the thread starts it the moment N ends instead of waiting for this loop to
+        write N's result and read the next plan. At most one plan waits so.
+        """
+        loop = asyncio.get_running_loop()
         plans = request_iterator.__aiter__()
         superseded_wait = asyncio.ensure_future(superseded.wait())
         next_plan: asyncio.Future | None = None
+        queued: deque[tuple[worker_pb2.StepPlan, asyncio.Future]] = deque()
+        ended = False
         try:
             while True:
-                next_plan = asyncio.ensure_future(plans.__anext__())
-                # The read may end (e.g. StopAsyncIteration at shutdown) after this
-                # handler stopped looking; mark its outcome seen so asyncio stays quiet.
-                next_plan.add_done_callback(_mark_retrieved)
-                await asyncio.wait(
-                    {next_plan, superseded_wait}, return_when=asyncio.FIRST_COMPLETED
-                )
+                if next_plan is None and not ended and len(queued) < MAX_QUEUED_PLANS:
+                    next_plan = asyncio.ensure_future(plans.__anext__())
+                    # The read may end (e.g. StopAsyncIteration at shutdown) after this
+                    # handler stopped looking; mark its outcome seen so asyncio stays quiet.
+                    next_plan.add_done_callback(_mark_retrieved)
+                waits = {superseded_wait, *([next_plan] if next_plan else [])}
+                if queued:
+                    waits.add(queued[0][1])
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if superseded.is_set():
-                    next_plan.cancel()
+                    if next_plan is not None:
+                        next_plan.cancel()
                     await self._abort_superseded(context, stream)
-                try:
-                    plan = next_plan.result()
-                except StopAsyncIteration:
+                if next_plan is not None and next_plan.done():
+                    try:
+                        plan = next_plan.result()
+                    except StopAsyncIteration:
+                        ended = True
+                    else:
+                        future = loop.run_in_executor(
+                            self.executor, self._execute, worker, stream, plan
+                        )
+                        queued.append((plan, future))
+                    next_plan = None
+                if queued and queued[0][1].done():
+                    plan, future = queued.popleft()
+                    result = await self._result_or_abort(context, stream, plan, future)
+                    self.metrics.observe_step(result)
+                    yield result
+                if ended and not queued:
                     log.info("step_stream_closed", stream=stream)
                     return
-                try:
-                    result = await loop.run_in_executor(
-                        self.executor, self._execute, worker, stream, plan
-                    )
-                except _Superseded:
-                    await self._abort_superseded(context, stream)
-                except PlanError as exc:
-                    self.metrics.steps_failed.inc()
-                    log.warning(
-                        "plan_rejected", stream=stream, step_id=plan.step_id, error=str(exc)
-                    )
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                except Exception as exc:
-                    self.metrics.steps_failed.inc()
-                    log.exception("step_failed", stream=stream, step_id=plan.step_id)
-                    await context.abort(grpc.StatusCode.INTERNAL, f"step failed: {exc!r}")
-                self.metrics.observe_step(result)
-                yield result
         finally:
             superseded_wait.cancel()
             if next_plan is not None:
                 next_plan.cancel()
+            for _, future in queued:
+                future.cancel()
+
+    async def _result_or_abort(self, context, stream: int, plan, future: asyncio.Future):
+        """The executed plan's result; a refused or failed plan ends the stream."""
+        try:
+            return future.result()
+        except _Superseded:
+            await self._abort_superseded(context, stream)
+        except PlanError as exc:
+            self.metrics.steps_failed.inc()
+            log.warning("plan_rejected", stream=stream, step_id=plan.step_id, error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            self.metrics.steps_failed.inc()
+            log.exception("step_failed", stream=stream, step_id=plan.step_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"step failed: {exc!r}")
 
     async def _abort_superseded(self, context, stream: int) -> None:
         if self._closing:
