@@ -19,6 +19,7 @@ from tests.tiers import (  # noqa: F401 (pytest's hooks, found by name)
     pytest_addoption,
     pytest_collection_modifyitems,
     pytest_configure,
+    pytest_ignore_collect,
     pytest_runtest_makereport,
     pytest_runtest_protocol,
 )

@@ -57,11 +57,16 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "process: starts a process (not in `make test-fast`)")
-    config.addinivalue_line("markers", "model: loads the model's weights (not in `make test-fast`)")
     if config.getoption("fast"):
         config.option.markexpr = FAST_MARKEXPR
         _Guard.install()
+
+
+def pytest_ignore_collect(collection_path, config) -> bool | None:
+    """Under --fast, STACK_DIRS are not even imported: all of them is process and model."""
+    if config.getoption("fast") and Path(collection_path).resolve() in STACK_DIRS:
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -24,6 +24,7 @@ NUM_PROMPTS = 16
 # Small enough that every prompt above 32 tokens is prefilled over several steps.
 CHUNK_BUDGET = 32
 CHUNKED_POOL_BLOCKS = 256
+POOL_STACK_BLOCKS = 128
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +41,15 @@ def tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def stack():
-    running = started_stack(worker_args=["--dtype", "float32"])
+    """The session's plain stack, for every module that only reads from it: a float32
+    worker with the default pool, and a scheduler serving the OpenAI-compatible HTTP
+    front too (stack.http_port). Modules that kill, stop or flag a process, or need
+    a pool of a given size, start their own."""
+    port = free_port()
+    running = started_stack(
+        worker_args=["--dtype", "float32"], scheduler_args=["--http-port", str(port)]
+    )
+    running.http_port = port
     yield running
     stop_stack(running)
 
@@ -55,6 +64,22 @@ def chunked_stack():
             str(CHUNK_BUDGET),
             "--no-enable-prefix-caching",
         ],
+    )
+    yield running
+    stop_stack(running)
+
+
+@pytest.fixture(scope="session")
+def pool_stack():
+    """A worker with exactly POOL_STACK_BLOCKS blocks that serves its own metrics
+    (--metrics-port 0), for the modules that read exact block counts, counter deltas or
+    the worker's /metrics and only read from it (test_reflection, test_ops_metrics)."""
+    running = started_stack(
+        worker_args=[
+            *("--dtype", "float32"),
+            *("--num-kv-blocks", str(POOL_STACK_BLOCKS)),
+            *("--metrics-port", "0"),
+        ]
     )
     yield running
     stop_stack(running)
@@ -93,15 +118,9 @@ def reference_outputs(prompts) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def http_stack():
-    """A stack serving the OpenAI-compatible HTTP front too (stack.http_port)."""
-    port = free_port()
-    running = started_stack(
-        worker_args=["--dtype", "float32"], scheduler_args=["--http-port", str(port)]
-    )
-    running.http_port = port
-    yield running
-    stop_stack(running)
+def http_stack(stack):
+    """The stack whose HTTP front the HTTP tests use: the session's stack."""
+    return stack
 
 
 @pytest.fixture(scope="session")
