@@ -15,7 +15,7 @@ TOOLS ?= .tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
-.PHONY: env proto model run test test-slow lint lint-python lint-proto buf
+.PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
 .PHONY: format bench bench-peers bench-sweep bench-front bench-scheduler clean
 
@@ -49,11 +49,26 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 run: env proto model
 	$(PY) -m cbserve.launch $(RUN_ARGS)
 
-test: env proto model
+# Everything but the `slow` variants: unit tiers, worker tests on the model, real
+# processes (tests/integration). The slowest 25 tests are listed at the end.
+test: env proto model test-refs
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-slow: env proto model
+# The edit-run loop: only tests that start no process and load no weights (scheduler
+# on the fake worker, configs, codecs, translation, the benchmark's pure parts); a test
+# that starts a process or loads weights anyway fails (tests/tiers.py). It reads the
+# converted model's tokenizer files, so `make model` runs first; no references.
+test-fast: env proto model
+	$(PY) -m pytest -q --fast $(PYTEST_ARGS)
+
+test-slow: env proto model test-refs
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# transformers' greedy references that the tests compare against, computed once into
+# ~/.cache/cbserve/test-refs/ (keyed by model files, torch and transformers versions;
+# $$CBSERVE_TEST_REFS moves it): a few seconds when cached (tests/reference_cache.py).
+test-refs: env proto model
+	$(PY) -m tests.reference_cache
 
 lint: lint-python lint-proto
 

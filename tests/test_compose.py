@@ -237,6 +237,7 @@ def _help_flags(module: str) -> set[str]:
     return set(re.findall(r"--[a-z0-9][a-z0-9-]*", result.stdout))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module", ["scheduler_svc", "worker_svc"])
 def test_every_flag_is_spelled_out_in_help(module):
     # argparse accepts a prefix of a longer flag, so parsing alone would not notice
@@ -248,6 +249,7 @@ def test_every_flag_is_spelled_out_in_help(module):
             assert not unknown, f"{variant} {name} passes flags python -m {module} lacks: {unknown}"
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 @variants
 def test_docker_compose_renders_the_variant(variant):

@@ -101,6 +101,7 @@ def test_nothing_listening_is_unhealthy_and_fast(capsys):
     assert "UNAVAILABLE" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_module_entry_point_as_compose_runs_it(server):
     # The exact form docker-compose.yml's healthcheck uses.
     probe = [sys.executable, "-m", "common.health_probe"]

@@ -19,6 +19,8 @@ from tests.test_k8s_manifests import (
     variants,
 )
 
+pytestmark = pytest.mark.process
+
 EXAMPLE_SECRET = Path(__file__).resolve().parent.parent / "deploy/k8s/api-key-secret.example.yaml"
 
 

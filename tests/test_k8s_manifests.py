@@ -26,6 +26,8 @@ from scheduler_svc.__main__ import parse_args as parse_scheduler_args
 from worker_svc.__main__ import build_parser as worker_parser
 from worker_svc.__main__ import config_from_args
 
+pytestmark = pytest.mark.process
+
 K8S_DIR = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 KUSTOMIZATIONS = {
     "base": K8S_DIR / "base",

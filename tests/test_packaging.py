@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a clone holds that the build reads (tests, examples and deploy are not packaged).
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md"]

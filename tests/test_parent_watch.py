@@ -7,7 +7,11 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.waiting import wait_until
+
+pytestmark = pytest.mark.process
 
 # The child and the launcher sleep to stay alive until killed: what is tested is
 # that the child does not outlive the launcher.

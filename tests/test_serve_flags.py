@@ -128,6 +128,7 @@ def test_bad_values_are_refused_before_any_process_starts(argv):
         _stack(argv)
 
 
+@pytest.mark.process
 def test_version_prints_the_package_version():
     result = subprocess.run(
         [sys.executable, "-m", "cbserve.cli", "--version"],
@@ -141,6 +142,8 @@ def test_version_prints_the_package_version():
     assert result.stdout.strip() == f"cbserve {declared}"
 
 
+@pytest.mark.process
+@pytest.mark.model
 def test_serve_prints_where_grpc_http_and_metrics_listen():
     ports = {name: free_port() for name in ("port", "worker-port", "http-port", "metrics-port")}
     argv = [sys.executable, "-m", "cbserve.launch"]

@@ -57,6 +57,7 @@ def test_a_client_certificate_needs_its_key(test_certificates):
         channel_security(test_certificates.ca, cert=str(test_certificates.client_cert))
 
 
+@pytest.mark.process
 def test_both_processes_refuse_to_start_with_one_line_naming_the_file(test_certificates):
     certs = test_certificates
     cases = {

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.process, pytest.mark.model]
+
 
 def cbserve_command() -> list[str]:
     script = Path(sys.executable).with_name("cbserve")

@@ -6,6 +6,8 @@ import pytest
 
 from bench.workload import random_requests
 
+pytestmark = pytest.mark.model
+
 
 def test_every_requested_token_is_timed_and_batches_run_one_after_another(model_dir, tokenizer):
     pytest.importorskip("transformers")

@@ -16,7 +16,10 @@ from bench import llama_server, llamacpp_baseline, metrics
 from bench.runner import ClientSettings
 from bench.workload import random_requests
 
-pytestmark = [] if llama_server.binary_path() else [pytest.mark.slow]
+# llama-server and a cbserve stack are processes on the model; without the binary, slow.
+pytestmark = [pytest.mark.process, pytest.mark.model]
+if not llama_server.binary_path():
+    pytestmark.append(pytest.mark.slow)
 
 OUTPUT_TOKENS = (6, 12)
 

@@ -6,6 +6,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 
 def run_module(*argv: str) -> str:
     done = subprocess.run(

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cbserve.cli import main
+
+# Starts real processes (null workers need no weights).
+pytestmark = pytest.mark.process
 
 
 def test_bench_scheduler_runs_both_fronts_and_the_floor(tmp_path, capsys):

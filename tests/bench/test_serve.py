@@ -14,6 +14,8 @@ from bench import serve
 from bench.metrics import RequestTiming
 from bench.runner import RateResult
 
+pytestmark = [pytest.mark.process, pytest.mark.model]
+
 
 class FakeStack:
     """Starts like LocalStack, except that a scheduler given --batching fails, as one

@@ -88,6 +88,8 @@ def test_a_sweep_with_llama_server_missing_fails_at_once(tmp_path, monkeypatch, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
+@pytest.mark.model
 @pytest.mark.timeout(300)
 def test_a_small_cbserve_sweep_runs(model_dir, tmp_path, capsys):
     out = tmp_path / "sweep"

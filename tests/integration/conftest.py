@@ -1,8 +1,8 @@
 """Real scheduler and worker processes on loopback, on the default model.
 
 Stacks are started once per session; the transformers reference outputs are
-computed once, in this process, one prompt at a time. After every test, each
-stack started through `started_stack` must come back to an idle state with no
+read from the on-disk cache (tests/reference_cache.py), computed there on a miss.
+After every test, each stack started through `started_stack` must come back to an idle state with no
 KV block held (the cbserve_kv_blocks_used gauge at 0): a leaked block fails the
 test that leaked it.
 """
@@ -17,11 +17,14 @@ from common.defaults import default_model_path
 from scheduler_svc.api.tokenizer import Tokenizer
 from tests.integration.prompts import mixed_prompts
 from tests.integration.stacks import running_stacks, started_stack, stop_stack, wait_until_idle
+from tests.reference_cache import GreedyReference, greedy_outputs
 
 GREEDY_TOKENS = 32
+NUM_PROMPTS = 16
 # Small enough that every prompt above 32 tokens is prefilled over several steps.
 CHUNK_BUDGET = 32
 CHUNKED_POOL_BLOCKS = 256
+POOL_STACK_BLOCKS = 128
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +41,15 @@ def tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def stack():
-    running = started_stack(worker_args=["--dtype", "float32"])
+    """The session's plain stack, for every module that only reads from it: a float32
+    worker with the default pool, and a scheduler serving the OpenAI-compatible HTTP
+    front too (stack.http_port). Modules that kill, stop or flag a process, or need
+    a pool of a given size, start their own."""
+    port = free_port()
+    running = started_stack(
+        worker_args=["--dtype", "float32"], scheduler_args=["--http-port", str(port)]
+    )
+    running.http_port = port
     yield running
     stop_stack(running)
 
@@ -58,6 +69,19 @@ def chunked_stack():
     stop_stack(running)
 
 
+@pytest.fixture(scope="session")
+def pool_stack():
+    """A worker with exactly POOL_STACK_BLOCKS blocks that serves its own metrics (on a
+    free port), for the modules that read exact block counts, counter deltas or the
+    worker's /metrics and only read from it (test_reflection, test_ops_metrics)."""
+    running = started_stack(
+        worker_args=["--dtype", "float32", "--num-kv-blocks", str(POOL_STACK_BLOCKS)],
+        worker_metrics_ports=[0],
+    )
+    yield running
+    stop_stack(running)
+
+
 @pytest.fixture
 def client(stack):
     with Client(stack.address) as connected:
@@ -66,41 +90,34 @@ def client(stack):
 
 @pytest.fixture(scope="session")
 def prompts(tokenizer) -> list[list[int]]:
-    return mixed_prompts(tokenizer, 16)
+    return mixed_prompts(tokenizer, NUM_PROMPTS)
+
+
+def integration_reference(prompts: list[list[int]] | None = None) -> GreedyReference:
+    """transformers' float32 greedy continuations of the mixed prompts, EOS ignored
+    (as the requests do with ignore_eos)."""
+    if prompts is None:
+        prompts = mixed_prompts(Tokenizer(default_model_path()), NUM_PROMPTS)
+    return GreedyReference(
+        name="integration-mixed",
+        model_path=default_model_path(),
+        prompts=tuple(tuple(prompt) for prompt in prompts),
+        max_new_tokens=GREEDY_TOKENS,
+        ignore_eos=True,
+    )
 
 
 @pytest.fixture(scope="session")
 def reference_outputs(prompts) -> list[list[int]]:
-    """transformers' own greedy generate, one prompt at a time, EOS ignored."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32).eval()
-    # Keep generating past EOS, as the requests do with ignore_eos.
-    model.generation_config.eos_token_id = None
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            generated = model.generate(
-                torch.tensor([prompt]),
-                max_new_tokens=GREEDY_TOKENS,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
+    """transformers' own greedy generate, one prompt at a time, EOS ignored; from the
+    on-disk cache (tests/reference_cache.py, `make test-refs`) when it holds them."""
+    return greedy_outputs(integration_reference(prompts))
 
 
 @pytest.fixture(scope="session")
-def http_stack():
-    """A stack serving the OpenAI-compatible HTTP front too (stack.http_port)."""
-    port = free_port()
-    running = started_stack(
-        worker_args=["--dtype", "float32"], scheduler_args=["--http-port", str(port)]
-    )
-    running.http_port = port
-    yield running
-    stop_stack(running)
+def http_stack(stack):
+    """The stack whose HTTP front the HTTP tests use: the session's stack."""
+    return stack
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The client examples against a real stack.
+"""The client examples against the session's stack (it only reads from it).
 
 examples/python_client.py must run and print what cbserve.Client gets for the same
 requests. examples/node/generate.js is a plain gRPC client in another language, built
@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from cbserve.client import Client
-from tests.integration.stacks import started_stack, stop_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_EXAMPLE = ROOT / "examples" / "python_client.py"
@@ -32,26 +31,19 @@ PROMPT = "The capital of France is"
 CHAT_PROMPT = "What is the capital of France?"
 
 
-@pytest.fixture(scope="module")
-def clients_stack():
-    running = started_stack(worker_args=["--dtype", "float32"])
-    yield running
-    stop_stack(running)
-
-
 def _run(argv: list[str], timeout_s: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
     return subprocess.run(
         argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
     )
 
 
-def test_python_example_prints_what_the_client_gets(clients_stack):
+def test_python_example_prints_what_the_client_gets(stack):
     ran = _run(
         [
             sys.executable,
             str(PYTHON_EXAMPLE),
             "--server",
-            clients_stack.address,
+            stack.address,
             "--max-tokens",
             str(EXAMPLE_MAX_TOKENS),
         ]
@@ -59,7 +51,7 @@ def test_python_example_prints_what_the_client_gets(clients_stack):
     assert ran.returncode == 0, ran.stderr
 
     # The same requests as the example makes (keep in step with examples/python_client.py).
-    with Client(clients_stack.address) as client:
+    with Client(stack.address) as client:
         chat = client.complete(
             chat=[("user", CHAT_PROMPT)],
             temperature=0.0,
@@ -131,16 +123,16 @@ def _node_generate(address: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["prompt", "chat"])
-def test_node_client_streams_what_the_python_client_gets(clients_stack, chat):
+def test_node_client_streams_what_the_python_client_gets(stack, chat):
     prompt = CHAT_PROMPT if chat else PROMPT
     greedy = {"temperature": 0.0, "max_tokens": GREEDY_TOKENS, "ignore_eos": True}
     flags = ["--temperature", "0", "--max-tokens", str(GREEDY_TOKENS), "--ignore-eos"]
 
-    ran = _node_generate(clients_stack.address, *flags, *(["--chat"] if chat else []), prompt)
+    ran = _node_generate(stack.address, *flags, *(["--chat"] if chat else []), prompt)
     assert ran.returncode == 0, ran.stderr
 
     source = {"chat": [("user", prompt)]} if chat else {"prompt": prompt}
-    with Client(clients_stack.address) as client:
+    with Client(stack.address) as client:
         expected = client.complete(timeout=REQUEST_TIMEOUT_S, **source, **greedy)
     assert len(expected.token_ids) == GREEDY_TOKENS
     assert expected.text.strip()
@@ -149,8 +141,8 @@ def test_node_client_streams_what_the_python_client_gets(clients_stack, chat):
     assert f" completion_tokens={GREEDY_TOKENS} " in ran.stderr, ran.stderr
 
 
-def test_node_client_exits_non_zero_on_a_grpc_error(clients_stack):
-    ran = _node_generate(clients_stack.address, "--temperature", "500", PROMPT)
+def test_node_client_exits_non_zero_on_a_grpc_error(stack):
+    ran = _node_generate(stack.address, "--temperature", "500", PROMPT)
     assert ran.returncode == 1, (ran.stdout, ran.stderr)
     assert ran.stdout == ""
     assert "generate.js: INVALID_ARGUMENT: sampling.temperature" in ran.stderr, ran.stderr

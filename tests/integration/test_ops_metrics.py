@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cbserve.client import Client
-from cbserve.local_stack import LocalStack
+from tests.integration.conftest import POOL_STACK_BLOCKS as BLOCKS
 from tests.integration.ops import exposed_types, per_worker, scrape, worker_metrics_url
 from tests.waiting import wait_until
 
@@ -58,10 +58,8 @@ MAX_TOKENS = 5
 
 
 @pytest.fixture(scope="module")
-def metrics_stack():
-    worker_args = ["--dtype", "float32", "--num-kv-blocks", "128"]
-    with LocalStack(worker_args=worker_args, worker_metrics_ports=[0]) as stack:
-        yield stack
+def metrics_stack(pool_stack):
+    return pool_stack  # the session's: 128 blocks, the worker's metrics on a free port
 
 
 def _text(url: str) -> str:
@@ -125,7 +123,7 @@ def test_every_scheduler_metric_is_exposed_with_its_type(metrics_stack):
     assert samples[f'cbserve_step_forward_seconds_count{{worker="{worker}"}}'] == steps
     assert samples[f'cbserve_step_overhead_seconds_count{{worker="{worker}"}}'] == steps
     assert per_worker(samples, "cbserve_worker_connected", worker) == 1
-    assert per_worker(samples, "cbserve_worker_kv_blocks_total", worker) == 128
+    assert per_worker(samples, "cbserve_worker_kv_blocks_total", worker) == BLOCKS
     assert samples["cbserve_workers_connected"] == 1
 
 
@@ -183,9 +181,9 @@ def test_the_kv_cache_usage_ratio_is_used_over_total_blocks(metrics_stack):
         # While the request holds blocks: one scrape, so used and ratio agree.
         busy = metrics_stack.metrics()
         stream.close()
-    assert busy["cbserve_kv_blocks_total"] == 128
+    assert busy["cbserve_kv_blocks_total"] == BLOCKS
     assert 0 < busy["cbserve_kv_cache_usage_ratio"] <= 1
-    assert busy["cbserve_kv_cache_usage_ratio"] == busy["cbserve_kv_blocks_used"] / 128
+    assert busy["cbserve_kv_cache_usage_ratio"] == busy["cbserve_kv_blocks_used"] / BLOCKS
     assert (
         per_worker(busy, "cbserve_worker_kv_cache_usage_ratio", worker)
         == (busy["cbserve_kv_cache_usage_ratio"])

@@ -18,16 +18,15 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from cbserve.local_stack import LocalStack
+from tests.integration.conftest import POOL_STACK_BLOCKS
 
 REFLECTION = "grpc.reflection.v1alpha.ServerReflection"
 HEALTH = "grpc.health.v1.Health"
 
 
 @pytest.fixture(scope="module")
-def reflected_stack():
-    with LocalStack(worker_args=["--dtype", "float32", "--num-kv-blocks", "128"]) as stack:
-        yield stack
+def reflected_stack(pool_stack):
+    return pool_stack  # the session's, with POOL_STACK_BLOCKS blocks
 
 
 class ReflectedServer:
@@ -113,5 +112,5 @@ def test_worker_lists_and_describes_itself_through_reflection(reflected_stack):
         assert server.methods("cbserve.worker.v1.Worker") == ["Describe", "Step"]
         (description,) = server.call("cbserve.worker.v1.Worker", "Describe", {})
         (health,) = server.call(HEALTH, "Check", {})
-    assert int(description["numKvBlocks"]) == 128
+    assert int(description["numKvBlocks"]) == POOL_STACK_BLOCKS
     assert health == {"status": "SERVING"}

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import scheduler_svc
+
+pytestmark = pytest.mark.process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("torch", "transformers")

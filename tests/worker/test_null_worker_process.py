@@ -19,6 +19,9 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from cbserve.worker.v1 import worker_pb2_grpc
 from common.defaults import default_model_path
 
+# Starts real processes (null workers need no weights).
+pytestmark = pytest.mark.process
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEP_MS = 20
 SAMPLING = pb.SequenceSampling(temperature=1.0, top_p=1.0, repetition_penalty=1.0)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from cbserve.worker.v1 import worker_pb2 as pb
+from common.defaults import default_model_path
+from tests.reference_cache import GreedyReference, greedy_outputs
+from tests.worker.conftest import TEST_DTYPE
 
 GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 NUM_NEW = 32
@@ -121,8 +123,7 @@ class MiniScheduler:
         raise AssertionError("did not finish")
 
 
-@pytest.fixture(scope="module")
-def prompt_ids(tokenizer):
+def runner_prompt_ids(tokenizer) -> list[list[int]]:
     chats = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
@@ -132,20 +133,35 @@ def prompt_ids(tokenizer):
     return [tokenizer(text)["input_ids"] for text in [RAW_PROMPT, *chats]]
 
 
+def runner_reference(prompt_ids: list[list[int]] | None = None) -> GreedyReference:
+    """transformers' greedy continuation of each prompt (stops early only at EOS), in the
+    dtype the worker tests run in."""
+    if prompt_ids is None:
+        from transformers import AutoTokenizer
+
+        prompt_ids = runner_prompt_ids(AutoTokenizer.from_pretrained(default_model_path()))
+    return GreedyReference(
+        name="worker-runner",
+        model_path=default_model_path(),
+        prompts=tuple(tuple(ids) for ids in prompt_ids),
+        max_new_tokens=NUM_NEW,
+        ignore_eos=False,
+        dtype=str(TEST_DTYPE).removeprefix("torch."),
+    )
+
+
 @pytest.fixture(scope="module")
-def expected(reference_model, prompt_ids):
-    """transformers' greedy continuation of each prompt (stops early only at EOS)."""
-    out = []
-    with torch.inference_mode():
-        for ids in prompt_ids:
-            generated = reference_model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=NUM_NEW,
-                do_sample=False,
-            )
-            out.append(generated[0, len(ids) :].tolist())
-    return out
+def prompt_ids(tokenizer):
+    return runner_prompt_ids(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def expected(request, prompt_ids):
+    """transformers' greedy continuations, from the on-disk cache (tests/reference_cache.py);
+    the session's reference model computes them on a miss."""
+    return greedy_outputs(
+        runner_reference(prompt_ids), lambda: request.getfixturevalue("reference_model")
+    )
 
 
 def assert_matches(got: list[int], want: list[int]):

@@ -20,6 +20,8 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from cbserve.worker.v1 import worker_pb2_grpc
 from tests.waiting import wait_until
 
+pytestmark = [pytest.mark.process, pytest.mark.model]
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 120
 # 135 GFLOP on one thread: well over half a second even at 200 GFLOP/s.
