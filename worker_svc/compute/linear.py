@@ -109,5 +109,10 @@ def make_projection(weight: torch.Tensor, path: str) -> Projection:
     """The projection for a compute path name (see compute.paths)."""
     if path == "int8":
         return Int8Linear(weight)
+    if path == "q4_1":
+        from worker_svc.compute.qblock import Q4_1
+        from worker_svc.compute.qblock_linear import QBlockLinear
+
+        return QBlockLinear.from_float(weight, Q4_1)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     return DenseLinear(weight, dtypes[path])

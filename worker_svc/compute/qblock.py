@@ -49,9 +49,9 @@ def load_qblock_kernel() -> ctypes.CDLL:
     """The compiled kernel; KernelUnavailableError says why not."""
     lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
     lib.qblock_gemm.restype = ctypes.c_int
-    lib.qblock_gemm.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [
-        ctypes.c_int64
-    ] * 3 + [ctypes.c_int]
+    lib.qblock_gemm.argtypes = (
+        [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    )
     lib.qblock_dequantize.restype = ctypes.c_int
     lib.qblock_dequantize.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
     lib.qblock_supported_variants.restype = ctypes.c_int
