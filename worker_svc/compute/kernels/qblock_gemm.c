@@ -8,9 +8,9 @@
  * float32 add, never fused), so the kernel multiplies by exactly the float32 model's
  * weights; only the order of the sums differs from torch's matmul.
  *
- * Work: threads share tiles of R output rows. A tile's rows are dequantized once into
- * a per-thread buffer of R * K floats (at most 24 KB for K = 1536: it stays in L1/L2),
- * then every row of x is multiplied by them in R x 4 register blocks. At M = 1 the
+ * Work: threads share panels of output rows. A panel's rows are dequantized once into
+ * a per-thread buffer, then every row of x is multiplied by them in 4 x 4 register
+ * blocks (4 x 2 rows x 4 with AVX2). At M = 1 the
  * step reads each weight byte once (memory bound, a sixth of float32's bytes); at large
  * M the dequantization is paid once per tile, not once per row of x.
  *
@@ -237,7 +237,32 @@ AVX512_TARGET static void tile_avx512(const float *w, int64_t rows, const float 
 
 /* ---- dispatch ----------------------------------------------------------------- */
 
-enum { TILE_ROWS = 4 };
+/* A thread's unit of work: PANEL_ROWS output rows, dequantized together (at most
+ * 192 KB for K = 1536: L2-resident). x is taken in chunks of X_CHUNK rows, each reused
+ * by the panel's TILE_ROWS-row tiles while it is in L2; a tile's weights (at most 24 KB)
+ * stay in L1 across the chunk's rows. */
+enum { PANEL_ROWS = 32, TILE_ROWS = 4, X_CHUNK = 64 };
+
+static void tile(int variant, const float *w, int64_t rows, const float *x, int64_t m_count,
+                 int64_t k, float *y, int64_t ldy)
+{
+    if (variant == VARIANT_AVX512)
+        tile_avx512(w, rows, x, m_count, k, y, ldy);
+    else if (variant == VARIANT_AVX2)
+        tile_avx2(w, rows, x, m_count, k, y, ldy);
+    else
+        tile_plain(w, rows, x, m_count, k, y, ldy);
+}
+
+static void dequant(int variant, int format, const uint8_t *row, int64_t k, float *out)
+{
+    if (variant == VARIANT_AVX512)
+        dequant_avx512(format, row, k, out);
+    else if (variant == VARIANT_AVX2)
+        dequant_avx2(format, row, k, out);
+    else
+        dequant_plain(format, row, k, out);
+}
 
 int qblock_supported_variants(void)
 {
@@ -266,37 +291,30 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
     if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0) || m_count < 0 || n < 0)
         return -2;
     const int64_t row_bytes = k / QK * (format == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES);
-    const int64_t tiles = (n + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t panels = (n + PANEL_ROWS - 1) / PANEL_ROWS;
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
-        float *buf = aligned_alloc(64, sizeof(float) * TILE_ROWS * k + 64);
+        float *buf = aligned_alloc(64, sizeof(float) * PANEL_ROWS * k + 64);
         if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        /* Static: every tile is the same work, and neighbouring tiles on one thread read
-         * neighbouring weight bytes. */
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; t++) {
+        /* Dynamic: on a shared machine a thread may lose its core for a while; the
+         * others then take its panels instead of waiting for it at the end. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t p = 0; p < panels; p++) {
             if (buf == NULL)
                 continue;
-            int64_t first = t * TILE_ROWS, rows = n - first < TILE_ROWS ? n - first : TILE_ROWS;
-            for (int64_t r = 0; r < rows; r++) {
-                const uint8_t *src = w + (first + r) * row_bytes;
-                if (variant == VARIANT_AVX512)
-                    dequant_avx512(format, src, k, buf + r * k);
-                else if (variant == VARIANT_AVX2)
-                    dequant_avx2(format, src, k, buf + r * k);
-                else
-                    dequant_plain(format, src, k, buf + r * k);
+            int64_t first = p * PANEL_ROWS, rows = n - first < PANEL_ROWS ? n - first : PANEL_ROWS;
+            for (int64_t r = 0; r < rows; r++)
+                dequant(variant, format, w + (first + r) * row_bytes, k, buf + r * k);
+            for (int64_t i = 0; i < m_count; i += X_CHUNK) {
+                int64_t chunk = m_count - i < X_CHUNK ? m_count - i : X_CHUNK;
+                for (int64_t r = 0; r < rows; r += TILE_ROWS)
+                    tile(variant, buf + r * k, rows - r < TILE_ROWS ? rows - r : TILE_ROWS,
+                         x + i * k, chunk, k, y + i * n + first + r, n);
             }
-            if (variant == VARIANT_AVX512)
-                tile_avx512(buf, rows, x, m_count, k, y + first, n);
-            else if (variant == VARIANT_AVX2)
-                tile_avx2(buf, rows, x, m_count, k, y + first, n);
-            else
-                tile_plain(buf, rows, x, m_count, k, y + first, n);
         }
         free(buf);
     }
