@@ -1,6 +1,12 @@
-"""python -m bench: the same as `cbserve bench` (see bench.serve)."""
+"""python -m bench: the same as `cbserve bench` (see bench.serve);
+`python -m bench accuracy` is `cbserve bench accuracy` (see bench.accuracy)."""
 
 import sys
+
+if sys.argv[1:2] == ["accuracy"]:
+    from bench.accuracy import main as accuracy_main
+
+    sys.exit(accuracy_main(sys.argv[2:]))
 
 from bench.serve import main
 

@@ -235,13 +235,83 @@ AVX512_TARGET static void tile_avx512(const float *w, int64_t rows, const float 
             block_avx512(w + r * k, x + i * k, k, y + i * ldy + r, ldy, 1, 1);
 }
 
+/* Small M (a decode of a few sequences): no buffer. Each block of RR rows is
+ * dequantized into registers and used at once by the MM rows of x, so the weights go
+ * from memory to the FMAs without a store and a reload. */
+AVX512_TARGET INLINE void block_regs_avx512(const uint8_t *blk, const int FORMAT, __m512 *lo,
+                                            __m512 *hi)
+{
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
+    if (FORMAT == FORMAT_Q4_1) {
+        __m512 m = _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
+        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+        *lo = _mm512_add_ps(
+            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0f)))), m);
+        *hi = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4))), m);
+    } else {
+        *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                   _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
+        *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                   _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 18)))));
+    }
+}
+
+AVX512_TARGET INLINE void small_avx512(const uint8_t *w, int64_t row_bytes, const float *x,
+                                       int64_t k, float *y, int64_t ldy, const int FORMAT,
+                                       const int RR, const int MM)
+{
+    const int bytes = FORMAT == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES;
+    __m512 acc[4][4];
+    for (int r = 0; r < RR; r++)
+        for (int i = 0; i < MM; i++)
+            acc[r][i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < k / QK; b++) {
+        __m512 lo[4], hi[4];
+        for (int r = 0; r < RR; r++)
+            block_regs_avx512(w + r * row_bytes + b * bytes, FORMAT, &lo[r], &hi[r]);
+        for (int i = 0; i < MM; i++) {
+            __m512 x0 = _mm512_loadu_ps(x + i * k + b * QK), x1 = _mm512_loadu_ps(x + i * k + b * QK + 16);
+            for (int r = 0; r < RR; r++)
+                acc[r][i] = _mm512_fmadd_ps(hi[r], x1, _mm512_fmadd_ps(lo[r], x0, acc[r][i]));
+        }
+    }
+    for (int i = 0; i < MM; i++)
+        for (int r = 0; r < RR; r++)
+            y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+#define SMALL_CASES(FORMAT)                                                                       \
+    switch (m_count * 8 + (rows == 4 ? 4 : 1)) {                                                  \
+    case 12: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 1); break;                       \
+    case 20: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 2); break;                       \
+    case 28: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 3); break;                       \
+    case 36: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 4); break;                       \
+    default:                                                                                      \
+        for (int64_t r = 0; r < rows; r++)                                                        \
+            for (int64_t i = 0; i < m_count; i++)                                                 \
+                small_avx512(w + r * row_bytes, row_bytes, x + i * k, k, y + i * ldy + r, ldy,    \
+                             FORMAT, 1, 1);                                                       \
+    }
+
+/* rows <= 4 weight rows times m_count <= SMALL_M rows of x. */
+AVX512_TARGET static void small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes,
+                                            int64_t rows, const float *x, int64_t m_count,
+                                            int64_t k, float *y, int64_t ldy)
+{
+    if (format == FORMAT_Q4_1) {
+        SMALL_CASES(FORMAT_Q4_1)
+    } else {
+        SMALL_CASES(FORMAT_Q8_0)
+    }
+}
+
 /* ---- dispatch ----------------------------------------------------------------- */
 
 /* A thread's unit of work: PANEL_ROWS output rows, dequantized together (at most
  * 192 KB for K = 1536: L2-resident). x is taken in chunks of X_CHUNK rows, each reused
  * by the panel's TILE_ROWS-row tiles while it is in L2; a tile's weights (at most 24 KB)
  * stay in L1 across the chunk's rows. */
-enum { PANEL_ROWS = 32, TILE_ROWS = 4, X_CHUNK = 64 };
+enum { PANEL_ROWS = 32, TILE_ROWS = 4, X_CHUNK = 64, SMALL_M = 4 };
 
 static void tile(int variant, const float *w, int64_t rows, const float *x, int64_t m_count,
                  int64_t k, float *y, int64_t ldy)
@@ -307,6 +377,13 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
             if (buf == NULL)
                 continue;
             int64_t first = p * PANEL_ROWS, rows = n - first < PANEL_ROWS ? n - first : PANEL_ROWS;
+            if (variant == VARIANT_AVX512 && m_count <= SMALL_M) {
+                for (int64_t r = 0; r < rows; r += TILE_ROWS)
+                    small_tile_avx512(format, w + (first + r) * row_bytes, row_bytes,
+                                      rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,
+                                      y + first + r, n);
+                continue;
+            }
             for (int64_t r = 0; r < rows; r++)
                 dequant(variant, format, w + (first + r) * row_bytes, k, buf + r * k);
             for (int64_t i = 0; i < m_count; i += X_CHUNK) {
