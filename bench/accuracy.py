@@ -60,7 +60,7 @@ def evaluate(args) -> dict:
         print(f"# {name}: perplexity {ppl:.4f} ({results[name]['seconds']:.0f} s)", flush=True)
         del loaded
     reference = results["float32"]
-    for name, row in results.items():
+    for row in results.values():
         row["ratio"] = row["perplexity"] / reference["perplexity"]
         row["equal_replies"] = sum(
             a == b for a, b in zip(row["replies"], reference["replies"], strict=True)
