@@ -46,6 +46,23 @@ def test_kernel_matches_float_reference(variant, fmt, m, n):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", [Q4_1, Q8_0], ids=lambda f: f.name)
+@pytest.mark.parametrize("m", [1, 2, 4, 96])
+def test_every_variant_multiplies_by_the_exact_weights(variant, fmt, m):
+    """One-hot rows of x read single weights out: each must equal, bit for bit, the
+    dequantized weight (zero weight error), at small M (in registers) and large M
+    (through the panel buffer)."""
+    gen = torch.Generator().manual_seed(3)
+    blocks = quantize(torch.randn(40, 96, generator=gen) * 0.1, fmt)
+    weight = dequantize(blocks, fmt)
+    columns = torch.randperm(96, generator=gen)[:m] if m < 96 else torch.arange(96)
+    x = torch.zeros(m, 96)
+    x[torch.arange(m), columns] = 1.0
+    got = qblock_matmul(x, blocks, fmt, 96, variant)
+    assert torch.equal(got, weight[:, columns].T)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_threads_split_the_rows_without_changing_them(variant):
     gen = torch.Generator().manual_seed(1)
     blocks = quantize(torch.randn(300, 576, generator=gen), Q4_1)

@@ -4,9 +4,12 @@
  *   Q4_1 (20 bytes): f16 d, f16 m, 16 bytes of nibbles; byte j holds weight j in its
  *        low nibble and weight j + 16 in its high one; w = d * q + m.
  *   Q8_0 (34 bytes): f16 d, 32 int8; w = d * q.
- * Each weight is computed as gguf's dequantizer computes it (float32 multiply, then
- * float32 add, never fused), so the kernel multiplies by exactly the float32 model's
- * weights; only the order of the sums differs from torch's matmul.
+ * Each weight is the value gguf's dequantizer computes (float32 d * q, then + m), so
+ * the kernel multiplies by exactly the float32 model's weights; only the order of the
+ * sums differs from torch's matmul. d has 11 significant bits and q at most 8, so d * q
+ * is exact in float32 and fma(d, q, m) rounds once, as the separate add does: the
+ * vector variants may fuse it (and Q4_1's AVX-512 path reads its 16 possible values
+ * from a table made by one FMA a block).
  *
  * Work: threads share panels of output rows. A panel's rows are dequantized once into
  * a per-thread buffer, then every row of x is multiplied by them in 4 x 4 register
@@ -15,8 +18,8 @@
  * M the dequantization is paid once per tile, not once per row of x.
  *
  * Variants (chosen per call; 0 = the best this CPU runs): 1 plain C, 2 AVX2+FMA+F16C,
- * 3 AVX-512 (F, BW, VL). Compiled with -ffp-contract=off so that no compiler turns the
- * dequantization's multiply and add into one rounding.
+ * 3 AVX-512 (F, BW, VL). Compiled with -ffp-contract=off: fusing is the kernel's choice
+ * where it is exact (above), never the compiler's.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -113,8 +116,7 @@ AVX2_TARGET static void dequant_avx2(int format, const uint8_t *row, int64_t k, 
             __m256i parts[4] = {_mm256_and_si256(lo8, nib), _mm256_and_si256(hi8, nib),
                                 _mm256_srli_epi32(lo8, 4), _mm256_srli_epi32(hi8, 4)};
             for (int p = 0; p < 4; p++)
-                _mm256_storeu_ps(out + 8 * p,
-                                 _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(parts[p])), m));
+                _mm256_storeu_ps(out + 8 * p, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(parts[p]), m));
         } else {
             const uint8_t *blk = row + b * Q8_0_BYTES;
             __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
@@ -173,18 +175,27 @@ AVX2_TARGET static void tile_avx2(const float *w, int64_t rows, const float *x, 
 
 /* ---- AVX-512 ------------------------------------------------------------------ */
 
+/* A Q4_1 block's 32 weights: its 16 possible values d * q + m (one FMA over 0..15),
+ * picked by each nibble (vpermps reads only an index's low 4 bits: no mask needed). */
+AVX512_TARGET INLINE void q4_1_regs_avx512(const uint8_t *blk, __m512 *lo, __m512 *hi)
+{
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(load_u16(blk))), levels,
+                                   _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 2))));
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
+    *lo = _mm512_permutexvar_ps(q, table);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
+}
+
 AVX512_TARGET static void dequant_avx512(int format, const uint8_t *row, int64_t k, float *out)
 {
     for (int64_t b = 0; b < k / QK; b++, out += QK) {
         if (format == FORMAT_Q4_1) {
             const uint8_t *blk = row + b * Q4_1_BYTES;
-            __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
-            __m512 m = _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
-            __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
-            __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0f)));
-            __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
-            _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(d, lo), m));
-            _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(d, hi), m));
+            __m512 lo, hi;
+            q4_1_regs_avx512(blk, &lo, &hi);
+            _mm512_storeu_ps(out, lo);
+            _mm512_storeu_ps(out + 16, hi);
         } else {
             const uint8_t *blk = row + b * Q8_0_BYTES;
             __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
@@ -241,14 +252,10 @@ AVX512_TARGET static void tile_avx512(const float *w, int64_t rows, const float 
 AVX512_TARGET INLINE void block_regs_avx512(const uint8_t *blk, const int FORMAT, __m512 *lo,
                                             __m512 *hi)
 {
-    __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
     if (FORMAT == FORMAT_Q4_1) {
-        __m512 m = _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
-        __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
-        *lo = _mm512_add_ps(
-            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0f)))), m);
-        *hi = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4))), m);
+        q4_1_regs_avx512(blk, lo, hi);
     } else {
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
         *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
                                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
         *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
