@@ -274,8 +274,13 @@ AVX512_TARGET INLINE void small_avx512(const uint8_t *w, int64_t row_bytes, cons
             acc[r][i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < k / QK; b++) {
         __m512 lo[4], hi[4];
-        for (int r = 0; r < RR; r++)
+        for (int r = 0; r < RR; r++) {
+            /* The next tile's rows, a block at a time: out-of-cache weights (the LM head)
+             * arrive at twice the rate with this lookahead (measured). A prefetch past
+             * the end of the weights is harmless: it never faults. */
+            _mm_prefetch((const char *)(w + (RR + r) * row_bytes + b * bytes), _MM_HINT_T0);
             block_regs_avx512(w + r * row_bytes + b * bytes, FORMAT, &lo[r], &hi[r]);
+        }
         for (int i = 0; i < MM; i++) {
             __m512 x0 = _mm512_loadu_ps(x + i * k + b * QK), x1 = _mm512_loadu_ps(x + i * k + b * QK + 16);
             for (int r = 0; r < RR; r++)
