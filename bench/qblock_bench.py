@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.compute.cpu_features import cpu_name
-from worker_svc.compute.qblock import dequantize, qblock_matmul, supported_variants
+from worker_svc.compute.qblock import dense_matmul, dequantize, qblock_matmul, supported_variants
 from worker_svc.models.gguf_blocks import read_gguf_blocks
 
 
@@ -75,7 +75,7 @@ def main() -> None:
     dense = {n: dequantize(b, fmt) for n, (b, fmt, _k, _c) in shapes.items()}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
-            for how in ["float32", *variants]:
+            for how in ["float32", "dequant+mm", *variants]:
                 cells, flops, t_min, t_med, nbytes = [], 0.0, 0.0, 0.0, 0.0
                 for name in names:
                     blocks, fmt, k, count = shapes[name]
@@ -83,6 +83,11 @@ def main() -> None:
                     if how == "float32":
                         weight = dense[name]
                         lo, med = timed(lambda x=x, w=weight: F.linear(x, w), args.repeats)
+                    elif how == "dequant+mm":
+                        lo, med = timed(
+                            lambda x=x, b=blocks, f=fmt, k=k: dense_matmul(x, b, f, k),
+                            args.repeats,
+                        )
                     else:
                         lo, med = timed(
                             lambda x=x, b=blocks, f=fmt, k=k, v=how: qblock_matmul(x, b, f, k, v),

@@ -11,6 +11,7 @@ from common.defaults import packaged_gguf_path
 from worker_svc.compute.qblock import (
     Q4_1,
     Q8_0,
+    dense_matmul,
     dequantize,
     qblock_matmul,
     quantize,
@@ -63,6 +64,19 @@ def test_every_variant_multiplies_by_the_exact_weights(variant, fmt, m):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fmt", [Q4_1, Q8_0], ids=lambda f: f.name)
+def test_vector_dequantizers_equal_the_plain_one(variant, fmt, monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    blocks = quantize(torch.randn(37, 192, generator=gen), fmt)
+    assert torch.equal(dequantize(blocks, fmt, variant, threads=2), dequantize(blocks, fmt))
+    # dense_matmul in chunks of 5 rows: the chunks' outputs land in their columns.
+    monkeypatch.setattr("worker_svc.compute.qblock.DENSE_CHUNK_FLOATS", 5 * 192)
+    x = torch.randn(3, 192, generator=gen)
+    got = dense_matmul(x, blocks, fmt, 192)
+    torch.testing.assert_close(got, reference(x, dequantize(blocks, fmt)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_threads_split_the_rows_without_changing_them(variant):
     gen = torch.Generator().manual_seed(1)
     blocks = quantize(torch.randn(300, 576, generator=gen), Q4_1)
@@ -108,5 +122,7 @@ def test_dequantized_blocks_equal_ggufs_own_dequantizer():
     assert fmt is Q4_1
     assert np.array_equal(dequantize(data, fmt).numpy(), expected.reshape(data.shape[0], k))
     layer = QBlockLinear(data, fmt, k)
-    x = torch.randn(2, k)
-    torch.testing.assert_close(layer(x), reference(x, layer.dequantized()), rtol=1e-5, atol=1e-5)
+    for m in (2, layer.dense_from_m):  # the block kernel, then the chunked dense GEMM
+        x = torch.randn(m, k)
+        expected = reference(x, layer.dequantized())
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)

@@ -53,7 +53,9 @@ def load_qblock_kernel() -> ctypes.CDLL:
         [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     )
     lib.qblock_dequantize.restype = ctypes.c_int
-    lib.qblock_dequantize.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    lib.qblock_dequantize.argtypes = (
+        [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    )
     lib.qblock_supported_variants.restype = ctypes.c_int
     return lib
 
@@ -90,13 +92,36 @@ def qblock_matmul(
     return out
 
 
-def dequantize(blocks: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """Blocks `[N, B]` -> float32 `[N, K]`, each weight rounded as gguf's dequantizer does."""
+# Rows of W dequantized at a time by dense_matmul: about 4 MB of float32, so a chunk is
+# still in cache when torch's GEMM reads it.
+DENSE_CHUNK_FLOATS = 1 << 20
+
+
+def dense_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat, k: int) -> torch.Tensor:
+    """The large-M strategy: W dequantized a chunk of rows at a time (threads over rows),
+    each chunk multiplied by torch's float32 GEMM. Same weights as qblock_matmul; no
+    float32 copy of W outlives the call."""
+    rows = max(1, DENSE_CHUNK_FLOATS // k)
+    threads = torch.get_num_threads()
+    parts = [
+        torch.nn.functional.linear(
+            x, dequantize(blocks[start : start + rows], fmt, "auto", threads)
+        )
+        for start in range(0, blocks.shape[0], rows)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def dequantize(
+    blocks: torch.Tensor, fmt: BlockFormat, variant: str = "plain", threads: int = 1
+) -> torch.Tensor:
+    """Blocks `[N, B]` -> float32 `[N, K]`, each weight as gguf's dequantizer computes it
+    (plain C by default: the reference the vector variants are tested against)."""
     blocks = blocks.contiguous()
     n, k = blocks.shape[0], blocks.shape[1] // fmt.block_bytes * QK
     out = torch.empty((n, k), dtype=torch.float32)
     status = load_qblock_kernel().qblock_dequantize(
-        fmt.code, blocks.data_ptr(), out.data_ptr(), n, k
+        fmt.code, VARIANTS[variant], blocks.data_ptr(), out.data_ptr(), n, k, threads
     )
     if status != 0:
         raise ValueError(f"blocks of shape {tuple(blocks.shape)} are not whole {fmt.name} rows")
@@ -134,6 +159,7 @@ __all__ = [
     "Q8_0",
     "BlockFormat",
     "KernelUnavailableError",
+    "dense_matmul",
     "dequantize",
     "qblock_matmul",
     "quantize",

@@ -10,14 +10,36 @@ from __future__ import annotations
 import torch
 
 from worker_svc.compute.linear import Projection
-from worker_svc.compute.qblock import QK, BlockFormat, dequantize, qblock_matmul, quantize
+from worker_svc.compute.qblock import (
+    QK,
+    BlockFormat,
+    dense_matmul,
+    dequantize,
+    qblock_matmul,
+    quantize,
+)
+
+# From this many rows of x, a projection dequantizes its weight in cache-sized chunks
+# for torch's float32 GEMM instead of running the block kernel: on the model's shapes
+# (bench/qblock_bench.py, 1 thread, AVX-512 Zen 4) the kernel led at M = 16 (70-75 vs
+# 61-65 GFLOP/s) and the chunked GEMM at M = 64 (91-92 vs 78) and 256 (97-99 vs 78-80).
+# The LM head, 30 MB of Q8_0, stays on the kernel at every M (56 vs 49 at M = 64):
+# its dequantized chunks would stream 113 MB through the caches a call.
+DENSE_FROM_M = 48
 
 
 class QBlockLinear(Projection):
     """y = x @ W.T, W `[out, in]` held as blocks `[out, in / 32 * block_bytes]`."""
 
-    def __init__(self, blocks: torch.Tensor, fmt: BlockFormat, in_features: int):
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        fmt: BlockFormat,
+        in_features: int,
+        dense_from_m: int | None = DENSE_FROM_M,
+    ):
         super().__init__()
+        self.dense_from_m = dense_from_m  # None: the block kernel at every M
         if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // QK * fmt.block_bytes:
             raise ValueError(f"{tuple(blocks.shape)} {blocks.dtype} are not {fmt.name} rows")
         self.out_features, self.in_features = blocks.shape[0], in_features
@@ -25,14 +47,16 @@ class QBlockLinear(Projection):
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, fmt: BlockFormat) -> QBlockLinear:
-        return cls(quantize(weight, fmt), fmt, weight.shape[1])
+    def from_float(cls, weight: torch.Tensor, fmt: BlockFormat, **kwargs) -> QBlockLinear:
+        return cls(quantize(weight, fmt), fmt, weight.shape[1], **kwargs)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight the kernel multiplies by (for tests and references)."""
         return dequantize(self.blocks, self.format)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
+            return dense_matmul(x, self.blocks, self.format, self.in_features)
         return qblock_matmul(x, self.blocks, self.format, self.in_features)
 
     def extra_repr(self) -> str:

@@ -64,10 +64,11 @@ def to_qblock(model, blocks: GgufBlocks | None) -> None:
             else:
                 projection = QBlockLinear.from_float(getattr(layer, name).weight.data, Q8_0)
             setattr(layer, name, projection)
+    # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
     if blocks is not None:
-        model.lm_head = QBlockLinear(*blocks.lm_head)
+        model.lm_head = QBlockLinear(*blocks.lm_head, dense_from_m=None)
     else:
-        model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, Q8_0)
+        model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, Q8_0, dense_from_m=None)
     # The float32 tensors left (embedding, norms) may be views of the checkpoint's
     # memory, which would keep all of its pages resident.
     for tensor in (*model.parameters(), *model.buffers()):

@@ -410,13 +410,23 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
     return failed ? -3 : 0;
 }
 
-/* Dequantizes n rows into out[n, k]: the embedding lookup and the tests' reference. */
-int qblock_dequantize(int format, const uint8_t *w, float *out, int64_t n, int64_t k)
+/* Dequantizes n rows into out[n, k] (row-parallel): large-M calls hand the result to
+ * torch's GEMM a chunk of rows at a time, and the tests use it as their reference. */
+int qblock_dequantize(int format, int variant, const uint8_t *w, float *out, int64_t n,
+                      int64_t k, int threads)
 {
+    int mask = qblock_supported_variants();
+    if (variant == VARIANT_AUTO)
+        variant = (mask & (1 << VARIANT_AVX512)) ? VARIANT_AVX512
+                  : (mask & (1 << VARIANT_AVX2)) ? VARIANT_AVX2
+                                                 : VARIANT_PLAIN;
+    if (variant < VARIANT_PLAIN || variant > VARIANT_AVX512 || !(mask & (1 << variant)))
+        return -1;
     if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0))
         return -2;
     const int64_t row_bytes = k / QK * (format == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES);
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int64_t r = 0; r < n; r++)
-        dequant_plain(format, w + r * row_bytes, k, out + r * k);
+        dequant(variant, format, w + r * row_bytes, k, out + r * k);
     return 0;
 }
