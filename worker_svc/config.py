@@ -16,7 +16,7 @@ from common.flag_fields import flag
 
 # Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
 # "auto" takes the fastest one this machine has (compute/selection.py).
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q4_1")
 # vLLM's names: the own forward where one exists, or transformers' modules.
 MODEL_IMPLS = ("auto", "cbserve", "transformers")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
