@@ -60,30 +60,33 @@ def load_qblock_kernel() -> ctypes.CDLL:
     return lib
 
 
-VNNI_SOURCE = Path(__file__).with_name("kernels") / "q4_1_vnni.c"
+VNNI_SOURCE = Path(__file__).with_name("kernels") / "qblock_vnni.c"
 
 
 @functools.cache
 def load_vnni_kernel() -> ctypes.CDLL | None:
-    """The Q4_1 x 8-bit activation kernel, or None where the CPU has no AVX-512 VNNI or
-    it cannot be built."""
+    """The large-M kernel (blocks x 16-bit activation blocks), or None where the CPU has
+    no AVX-512 VNNI or it cannot be built."""
     try:
         lib = build_and_load(VNNI_SOURCE, COMPILE_FLAGS, LINK_FLAGS)
     except KernelUnavailableError:
         return None
-    if not lib.q4_1_vnni_supported():
+    if not lib.qblock_vnni_supported():
         return None
-    lib.q4_1_vnni_gemm.restype = ctypes.c_int
-    lib.q4_1_vnni_gemm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    lib.qblock_vnni_gemm.restype = ctypes.c_int
+    lib.qblock_vnni_gemm.argtypes = (
+        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    )
     return lib
 
 
-def vnni_matmul(x: torch.Tensor, blocks: torch.Tensor, k: int) -> torch.Tensor:
-    """x `[M, K]` float32 @ W.T, W in Q4_1 blocks, with x quantized to 8 bits per block of
-    32 (llama.cpp's Q8_1 arithmetic, kernels/q4_1_vnni.c). Needs load_vnni_kernel()."""
+def vnni_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat, k: int) -> torch.Tensor:
+    """x `[M, K]` float32 @ W.T, with x quantized to 16 bits per block of 32 and integer
+    dot products (kernels/qblock_vnni.c). Needs load_vnni_kernel()."""
     x = x.contiguous()
     out = torch.empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
-    status = load_vnni_kernel().q4_1_vnni_gemm(
+    status = load_vnni_kernel().qblock_vnni_gemm(
+        fmt.code,
         blocks.data_ptr(),
         x.data_ptr(),
         out.data_ptr(),
@@ -93,7 +96,7 @@ def vnni_matmul(x: torch.Tensor, blocks: torch.Tensor, k: int) -> torch.Tensor:
         torch.get_num_threads(),
     )
     if status != 0:
-        raise RuntimeError(f"q4_1_vnni_gemm failed ({status})")
+        raise RuntimeError(f"qblock_vnni_gemm failed ({status})")
     return out
 
 

@@ -13,7 +13,6 @@ import torch
 
 from worker_svc.compute.linear import Projection
 from worker_svc.compute.qblock import (
-    Q4_1,
     QK,
     BlockFormat,
     dense_matmul,
@@ -31,11 +30,11 @@ from worker_svc.compute.qblock import (
 # The LM head, 30 MB of Q8_0, stays on the kernel at every M (56 vs 49 at M = 64):
 # its dequantized chunks would stream 113 MB through the caches a call.
 DENSE_FROM_M = 48
-# Where the CPU has AVX-512 VNNI, Q4_1 projections from this many rows take 16-bit
-# activations in blocks of 32 and integer dot products (kernels/q4_1_vnni.c): 140 vs 92
-# (dense) and 79 (kernel) GFLOP/s at M = 64, 175 vs 102 at M = 256, on one Zen 4 thread;
-# relative error 2e-5. Below it (39 vs 60 at M = 7) the float kernel is faster.
-# CBSERVE_QBLOCK_VNNI=0 turns it off (the dense GEMM then takes large M).
+# Where the CPU has AVX-512 VNNI, every projection (the Q8_0 head too, whatever its
+# dense_from_m) from this many rows takes 16-bit activations in blocks of 32 and integer
+# dot products (kernels/qblock_vnni.c): 140 vs 92 (dense) and 79 (kernel) GFLOP/s at
+# M = 64, 175 vs 102 at M = 256, on one Zen 4 thread; relative error 2e-5. Below it
+# (39 vs 60 at M = 7) the float kernel is faster. CBSERVE_QBLOCK_VNNI=0 turns it off.
 VNNI_FROM_M = 16
 
 
@@ -52,10 +51,7 @@ class QBlockLinear(Projection):
         super().__init__()
         self.dense_from_m = dense_from_m  # None: the block kernel at every M
         self.vnni = (
-            fmt is Q4_1
-            and dense_from_m is not None
-            and os.environ.get("CBSERVE_QBLOCK_VNNI", "1") != "0"
-            and load_vnni_kernel() is not None
+            os.environ.get("CBSERVE_QBLOCK_VNNI", "1") != "0" and load_vnni_kernel() is not None
         )
         if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // QK * fmt.block_bytes:
             raise ValueError(f"{tuple(blocks.shape)} {blocks.dtype} are not {fmt.name} rows")
@@ -73,7 +69,7 @@ class QBlockLinear(Projection):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.vnni and x.shape[0] >= VNNI_FROM_M:
-            return vnni_matmul(x, self.blocks, self.in_features)
+            return vnni_matmul(x, self.blocks, self.format, self.in_features)
         if self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
             return dense_matmul(x, self.blocks, self.format, self.in_features)
         return qblock_matmul(x, self.blocks, self.format, self.in_features)

@@ -1,9 +1,9 @@
-/* y[M, N] = x[M, K] @ W[N, K]^T for large M, W in Q4_1 blocks, in integer dot products
- * (AVX-512 VNNI's vpdpwssd): llama.cpp's block arithmetic, with 16-bit activations.
+/* y[M, N] = x[M, K] @ W[N, K]^T for large M, W in Q4_1 or Q8_0 blocks, in integer dot
+ * products (AVX-512 VNNI's vpdpwssd): llama.cpp's block arithmetic, 16-bit activations.
  *
  * x is quantized per row in blocks of 32: dx = max|x| / 32767, qx = round(x / dx) in
  * int16, sx = dx * sum(qx). A block's dot product is then exact integer work plus two
- * scalings:  sum_j (d q_j + m) x_j ~= d dx sum_j q_j qx_j + m sx.
+ * scalings:  sum_j (d q_j + m) x_j ~= d dx sum_j q_j qx_j + m sx   (Q8_0: m = 0, q signed).
  * Why 16 bits, not llama.cpp's 8 (Q8_1, vpdpbusd, twice the products an instruction):
  * with 8-bit blocks the prefill of "What is the capital of France?" already turned
  * SmolLM2-135M's reply to French nonsense, as the int8 path's did; 16-bit activations
@@ -24,9 +24,10 @@
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { QK = 32, Q4_1_BYTES = 20, LANES = 16, ROWS = 8 };
+enum { QK = 32, Q4_1_BYTES = 20, Q8_0_BYTES = 34, LANES = 16, ROWS = 8 };
+enum { FORMAT_Q4_1 = 0, FORMAT_Q8_0 = 1 };
 
-int q4_1_vnni_supported(void)
+int qblock_vnni_supported(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -51,8 +52,8 @@ VNNI_TARGET static void quantize_row(const float *x, int64_t k, int16_t *qx, flo
 
 /* Panel of `rows` <= 16 output rows -> wq[K/2][16][2] int16, wd/wm[K/32][16] floats
  * (missing rows are zeros). tmp holds 16 rows of K widened nibbles. */
-VNNI_TARGET static void pack_panel(const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t k,
-                                   int16_t *tmp, int16_t *wq, float *wd, float *wm)
+VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                                   int64_t k, int16_t *tmp, int16_t *wq, float *wd, float *wm)
 {
     const __m128i low = _mm_set1_epi8(0x0f);
     for (int64_t r = 0; r < LANES; r++)
@@ -61,6 +62,18 @@ VNNI_TARGET static void pack_panel(const uint8_t *w, int64_t row_bytes, int64_t 
             if (r >= rows) {
                 memset(dst, 0, QK * sizeof(int16_t));
                 wd[b * LANES + r] = wm[b * LANES + r] = 0.0f;
+                continue;
+            }
+            if (format == FORMAT_Q8_0) {
+                const uint8_t *blk = w + r * row_bytes + b * Q8_0_BYTES;
+                uint16_t d;
+                memcpy(&d, blk, 2);
+                wd[b * LANES + r] = _cvtsh_ss(d);
+                wm[b * LANES + r] = 0.0f;
+                for (int h = 0; h < 2; h++)
+                    _mm256_storeu_si256(
+                        (__m256i *)(dst + 16 * h),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h))));
                 continue;
             }
             const uint8_t *blk = w + r * row_bytes + b * Q4_1_BYTES;
@@ -115,10 +128,11 @@ VNNI_TARGET INLINE void panel_rows(const int16_t *wq, const float *wd, const flo
         _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
-VNNI_TARGET static int gemm(const uint8_t *w, const float *x, float *y, int64_t m_count,
+VNNI_TARGET static int gemm(int format, const uint8_t *w, const float *x, float *y, int64_t m_count,
                             int64_t n, int64_t k, int threads)
 {
-    const int64_t blocks = k / QK, row_bytes = blocks * Q4_1_BYTES;
+    const int64_t blocks = k / QK;
+    const int64_t row_bytes = blocks * (format == FORMAT_Q8_0 ? Q8_0_BYTES : Q4_1_BYTES);
     int16_t *qx = malloc(sizeof(int16_t) * m_count * k);
     float *dx = malloc(sizeof(float) * m_count * blocks), *sx = malloc(sizeof(float) * m_count * blocks);
     if (!qx || !dx || !sx) {
@@ -146,7 +160,7 @@ VNNI_TARGET static int gemm(const uint8_t *w, const float *x, float *y, int64_t 
             int64_t rows = n - p * LANES < LANES ? n - p * LANES : LANES;
             int16_t *wq = tmp + LANES * k;
             float *wm = wd + LANES * blocks;
-            pack_panel(w + p * LANES * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
+            pack_panel(format, w + p * LANES * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
             int64_t i = 0;
             for (; i + ROWS <= m_count; i += ROWS)
                 panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,
@@ -164,12 +178,12 @@ VNNI_TARGET static int gemm(const uint8_t *w, const float *x, float *y, int64_t 
 
 /* Returns 0; -1 without VNNI, -2 for a K not a multiple of 32, -3 out of memory. No
  * AVX-512 instruction runs before the CPU is checked. */
-int q4_1_vnni_gemm(const uint8_t *w, const float *x, float *y, int64_t m_count, int64_t n,
-                   int64_t k, int threads)
+int qblock_vnni_gemm(int format, const uint8_t *w, const float *x, float *y, int64_t m_count,
+                     int64_t n, int64_t k, int threads)
 {
-    if (!q4_1_vnni_supported())
+    if (!qblock_vnni_supported())
         return -1;
-    if (k % QK != 0)
+    if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0))
         return -2;
-    return gemm(w, x, y, m_count, n, k, threads);
+    return gemm(format, w, x, y, m_count, n, k, threads);
 }
