@@ -12,9 +12,11 @@ the CPU features each needs to be worth running.
   where present. Norms, rotary, attention and the KV cache stay float32. Needs the
   own forward (transformers' modules keep their float32 matmuls).
 - q4_1: weights in GGUF's own blocks (the shipped model's Q4_1 projections and Q8_0
-  head; Q8_0 quantized at load for a float-only model), float32 activations, through
-  the own C kernel (compute/qblock.py): the float32 weights, read from a sixth of the
-  bytes. Plain C everywhere, AVX2 and AVX-512 variants where the CPU has them.
+  head; Q8_0 quantized at load for a float-only model) through the own C kernels
+  (compute/qblock.py): the float32 weights, read from a sixth of the bytes. Small M:
+  float32 activations (plain C everywhere, AVX2 / AVX-512 where present); large M on
+  AVX-512 VNNI: 16-bit activation blocks of 32 in integer dot products. Passes the
+  accuracy gate (bench/accuracy.py); needs a C compiler.
 """
 
 from __future__ import annotations
@@ -75,18 +77,7 @@ PATHS: dict[str, ComputePath] = {
             needs_own_forward=True,
             auto_eligible=False,
         ),
-        # Passes the accuracy gate (perplexity 1.0000x float32, 16/16 replies: bench/
-        # RESULTS.md) and is 3.1x float32 at batch 1, but only 1.01x at batch 64, where
-        # it runs the same float32 GEMM on dequantized chunks; `auto` takes a path only
-        # where it is faster at both. An 8-bit dot-product kernel for large M would be.
-        ComputePath(
-            "q4_1",
-            torch.float32,
-            (),
-            runs_on_cuda=False,
-            needs_own_forward=True,
-            auto_eligible=False,
-        ),
+        ComputePath("q4_1", torch.float32, (), runs_on_cuda=False, needs_own_forward=True),
     )
 }
 

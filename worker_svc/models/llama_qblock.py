@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.compute.qblock import Q8_0, load_qblock_kernel
+from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
 from worker_svc.models.gguf_blocks import GgufBlocks, blocks_match_state, read_gguf_blocks
 
@@ -56,7 +56,12 @@ def find_blocks(model_path: Path, state: dict[str, torch.Tensor]) -> tuple[GgufB
 
 def to_qblock(model, blocks: GgufBlocks | None) -> None:
     """In place: every projection and the LM head become QBlockLinear."""
-    load_qblock_kernel()  # KernelUnavailableError here, at load, not at the first step
+    try:
+        load_qblock_kernel()  # here, at load, not at the first step
+    except KernelUnavailableError as exc:
+        from worker_svc.model_loader import ModelLoadError
+
+        raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
     for index, layer in enumerate(model.layers):
         for name in _PROJECTIONS:
             if blocks is not None:
