@@ -8,8 +8,11 @@ LM head in Q8_0), fused as the forward fuses them (QKV, gate/up). Each cell is t
 min and the median of --repeats timed calls, printed as GFLOP/s (2 M N K per call)
 and, for the kernel, the weight bytes read per second. "step" sums a whole decode
 step's projections as the forward runs them: 30 layers of the four, plus the head.
-The CPU is named on the first line; other processes on the machine move the
-medians, so compare figures taken together.
+Strategies: "float32" is F.linear on the dequantized weight; "dequant+mm" the chunked
+dequantize + torch GEMM; plain/avx2/avx512 the block kernel's variants; "vnni" the
+16-bit-activation integer kernel (AVX-512 VNNI CPUs only). Each is applied to every
+shape, whatever QBlockLinear would pick. The CPU is named on the first line; other
+processes on the machine move the medians, so compare figures taken together.
 """
 
 from __future__ import annotations
@@ -22,7 +25,14 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.compute.cpu_features import cpu_name
-from worker_svc.compute.qblock import dense_matmul, dequantize, qblock_matmul, supported_variants
+from worker_svc.compute.qblock import (
+    dense_matmul,
+    dequantize,
+    load_vnni_kernel,
+    qblock_matmul,
+    supported_variants,
+    vnni_matmul,
+)
 from worker_svc.models.gguf_blocks import read_gguf_blocks
 
 
@@ -75,7 +85,8 @@ def main() -> None:
     dense = {n: dequantize(b, fmt) for n, (b, fmt, _k, _c) in shapes.items()}
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
-            for how in ["float32", "dequant+mm", *variants]:
+            extra = ["vnni"] if load_vnni_kernel() is not None else []
+            for how in ["float32", "dequant+mm", *variants, *extra]:
                 cells, flops, t_min, t_med, nbytes = [], 0.0, 0.0, 0.0, 0.0
                 for name in names:
                     blocks, fmt, k, count = shapes[name]
@@ -83,6 +94,11 @@ def main() -> None:
                     if how == "float32":
                         weight = dense[name]
                         lo, med = timed(lambda x=x, w=weight: F.linear(x, w), args.repeats)
+                    elif how == "vnni":
+                        lo, med = timed(
+                            lambda x=x, b=blocks, f=fmt, k=k: vnni_matmul(x, b, f, k),
+                            args.repeats,
+                        )
                     elif how == "dequant+mm":
                         lo, med = timed(
                             lambda x=x, b=blocks, f=fmt, k=k: dense_matmul(x, b, f, k),
