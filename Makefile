@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-peers bench-sweep bench-front bench-scheduler clean
+.PHONY: format bench bench-accuracy bench-peers bench-sweep bench-front bench-scheduler clean
 
 env: $(STAMP)
 
@@ -154,6 +154,12 @@ BENCH_PROMPTS ?= 50
 bench: env proto model bench-peers
 	$(VENV)/bin/cbserve bench --num-prompts $(BENCH_PROMPTS) --baselines static,hf,llamacpp \
 		--out-dir out/bench $(BENCH_ARGS)
+
+# The accuracy gate, in-process (no service): perplexity on held-out ShareGPT text and
+# greedy replies to 16 short questions, every compute path this CPU has against float32
+# (see bench/accuracy.py). ACCURACY_ARGS="--paths float32,q4_1" narrows it.
+bench-accuracy: env proto model
+	$(PY) -m bench accuracy $(ACCURACY_ARGS)
 
 # llama.cpp's llama-server for `cbserve bench --baselines llamacpp` and the sweep: built
 # once from the source in the pinned llama-cpp-python sdist (PyPI) with cmake, cached

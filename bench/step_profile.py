@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=0, help="tokens of one prefill chunk")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8")
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8", "q4_1")
     )
     parser.add_argument(
         "--attention-backend",

@@ -166,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         from bench.scheduler_bench import main as bench_scheduler
 
         return bench_scheduler(given[2:], prog="cbserve bench scheduler")
+    if given[:2] == ["bench", "accuracy"] and _bench_options() is not None:
+        # Its own flags (in-process, no service): not the serving benchmark's.
+        from bench.accuracy import main as accuracy_main
+
+        return accuracy_main(given[2:])
     parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
     parser.add_argument("--version", action="version", version=f"cbserve {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)

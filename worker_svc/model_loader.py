@@ -164,6 +164,10 @@ def _build_own(own, shape, model_path: Path, source: str, compute_path, dtype) -
         state = load_state_dict(weights_at, shape.num_heads, shape.num_kv_heads)
     except Exception as exc:
         raise ModelLoadError(f"cannot read the weights of {model_path}: {exc}") from exc
+    if compute_path.name == "q4_1":
+        from worker_svc.models.llama_qblock import build_qblock
+
+        return build_qblock(own, shape, state, model_path, dtype)
     if compute_path.name != "int8":
         return own(shape, state, compute_path.name, dtype)
     from worker_svc.models.llama_int8 import quantize_to_int8

@@ -1,12 +1,9 @@
 """Builds and loads the C paged-decode kernel (kernels/paged_decode.c) for CPU workers.
 
-The kernel is compiled on the machine that runs it, with `-march=native`, by the
-system's C compiler (`$CC`, else gcc or cc): about a second, once; the shared
-object is cached under `$CBSERVE_KERNEL_CACHE` (default
-`~/.cache/cbserve/kernels`), named by a hash of the source, the flags, the
-compiler and the CPU's feature flags, so a cache shared between machines never
-hands one CPU another's build. It is loaded with ctypes after torch, so its
-OpenMP calls bind to the libgomp torch already loaded and share its threads.
+The kernel is compiled on the machine that runs it, with `-march=native`, at first
+use and cached by CPU flags (worker_svc/native_build.py, shared with the block
+kernel). It is loaded with ctypes after torch, so its OpenMP calls bind to the
+libgomp torch already loaded and share its threads.
 
 Where no compiler is found or the build fails, `load_kernel` raises
 KernelUnavailableError with the reason, and the worker keeps the torch path.
@@ -16,14 +13,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+
+from worker_svc.native_build import KernelUnavailableError, build_and_load
 
 SOURCE = Path(__file__).with_name("kernels") / "paged_decode.c"
 # -ffast-math only at compile time: linking with it would add crtfastmath.o, which
@@ -32,71 +26,10 @@ COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-s
 LINK_FLAGS = ("-shared", "-fopenmp", "-lm")
 
 
-class KernelUnavailableError(RuntimeError):
-    """The kernel cannot be built or loaded here; the message says why."""
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "gcc", "cc"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _cache_dir() -> Path:
-    configured = os.environ.get("CBSERVE_KERNEL_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "cbserve" / "kernels"
-
-
-def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        obj = Path(scratch) / "paged_decode.o"
-        lib = Path(scratch) / target.name
-        for argv in (
-            [compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-            [compiler, str(obj), *LINK_FLAGS, "-o", str(lib)],
-        ):
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
-                raise KernelUnavailableError(
-                    f"building {SOURCE.name} failed ({' '.join(argv[:2])} ...): "
-                    f"{done.stderr.strip()[-500:]}"
-                )
-        os.replace(lib, target)  # atomic: workers starting together never load half a file
-
-
 @functools.cache
 def load_kernel() -> ctypes.CDLL:
     """The compiled kernel, built on first use; KernelUnavailableError says why not."""
-    compiler = _compiler()
-    if compiler is None:
-        raise KernelUnavailableError("no C compiler (gcc, cc or $CC) to build the CPU kernel")
-    key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(COMPILE_FLAGS + LINK_FLAGS).encode()):
-        key.update(part)
-    key.update(compiler.encode())
-    key.update(_cpu_flags().encode())
-    target = _cache_dir() / f"paged_decode-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        try:
-            _build(compiler, target)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise KernelUnavailableError(f"building {SOURCE.name} failed: {exc}") from exc
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        raise KernelUnavailableError(f"loading {target} failed: {exc}") from exc
+    lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
     function = lib.paged_decode_attention
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]

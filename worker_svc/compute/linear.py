@@ -111,4 +111,9 @@ def make_projection(weight: torch.Tensor, path: str) -> Projection:
     """The projection for a compute path name (see compute.paths)."""
     if path == "int8":
         return Int8Linear(weight)
+    if path == "q4_1":
+        from worker_svc.compute.qblock import Q4_1
+        from worker_svc.compute.qblock_linear import QBlockLinear
+
+        return QBlockLinear.from_float(weight, Q4_1)
     return DenseLinear(weight, PATHS[path].activation_dtype)

@@ -26,6 +26,8 @@ class MeasuredCpu:
         return m64 if m1 is None else math.sqrt(m1 * m64)
 
 
+_ZEN4 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"})
+
 MEASURED: tuple[MeasuredCpu, ...] = (
     MeasuredCpu(
         name="AMD EPYC, AVX2 and FMA only (Zen 3 class)",
@@ -35,8 +37,23 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         source="python -m bench.kernel_bench --threads 2, 2 vCPUs, idle, torch 2.13.0, 2026-11-23",
     ),
     MeasuredCpu(
+        name="AMD EPYC, AVX-512 with bf16 and VNNI, no AVX-VNNI (Zen 4 class)",
+        flags=_ZEN4,
+        # The 1-thread figures (a busy shared machine made 2-thread ones swing 5-10x);
+        # q4_1's M=64 is its VNNI kernel on 16-bit activation blocks (compute/qblock_linear).
+        gflops={
+            "float32": (4.9, 45.3),
+            "bfloat16": (11.9, 91.8),
+            "int8": (43.5, 184.5),
+            "q4_1": (26.9, 91.2),
+        },
+        source="python -m bench.kernel_bench --threads 1 --paths float32,bfloat16,int8,q4_1 "
+        "--repeats 15, 2 vCPUs (Zen 4, family 25 model 17), busy, torch 2.13.0, 2026-11-24",
+    ),
+    MeasuredCpu(
         name="AMD EPYC, AVX-512 with bf16 and VNNI (Zen 5 class)",
-        flags=frozenset({"avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni"}),
+        # Zen 5 is told from Zen 4 by AVX-VNNI (the VEX form), which Zen 4 lacks.
+        flags=_ZEN4 | {"avx_vnni"},
         # M=64 only: the 120 projections of one step, fbgemm dynamic int8 (issue 12).
         gflops={"float32": (None, 164.0), "bfloat16": (None, 571.0), "int8": (None, 1015.0)},
         source="issue 12's measurement, 2 vCPUs, torch 2.13.0, 2026-11-23",

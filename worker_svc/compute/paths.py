@@ -11,6 +11,12 @@ the CPU features each needs to be worth running.
   fbgemm, on the CPU's 8-bit dot products: AVX2's vpmaddubsw at least, VNNI or AMX
   where present. Norms, rotary, attention and the KV cache stay float32. Needs the
   own forward (transformers' modules keep their float32 matmuls).
+- q4_1: weights in GGUF's own blocks (the shipped model's Q4_1 projections and Q8_0
+  head; Q8_0 quantized at load for a float-only model) through the own C kernels
+  (compute/qblock.py): the float32 weights, read from a sixth of the bytes. Small M:
+  float32 activations (plain C everywhere, AVX2 / AVX-512 where present); large M on
+  AVX-512 VNNI: 16-bit activation blocks of 32 in integer dot products. Passes the
+  accuracy gate (bench/accuracy.py); needs a C compiler.
 """
 
 from __future__ import annotations
@@ -71,5 +77,6 @@ PATHS: dict[str, ComputePath] = {
             needs_own_forward=True,
             auto_eligible=False,
         ),
+        ComputePath("q4_1", torch.float32, (), runs_on_cuda=False, needs_own_forward=True),
     )
 }

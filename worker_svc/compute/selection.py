@@ -68,4 +68,9 @@ def _problem(path: ComputePath, device_type: str, flags: frozenset[str], own: bo
         return None if path.runs_on_cuda else f"--dtype {path.name} runs on CPUs only"
     if path.needs_own_forward and not own:
         return f"--dtype {path.name} needs the own forward (--model-impl auto or cbserve)"
+    if path.name == "q4_1":
+        from worker_svc.native_build import compiler
+
+        if compiler() is None:
+            return "--dtype q4_1 needs a C compiler (gcc, cc or $CC) to build its kernels"
     return path.missing_on_cpu(flags)

@@ -1,0 +1,114 @@
+"""The accuracy gate of every compute path against float32, in this process:
+
+    cbserve bench accuracy [--paths float32,int8,q4_1] [--texts 16] [--threads 2]
+    (also `python -m bench accuracy`, `make bench-accuracy`)
+
+- perplexity over held-out ShareGPT text (bench/accuracy_data.py), each path beside
+  float32's; the gate is at most GATE_PPL_RATIO x float32's;
+- greedy chat replies to 16 short questions: a reply counts as equal when its first
+  REPLY_TOKENS tokens are float32's; the gate is at least GATE_REPLIES of 16.
+A path passing both may be taken by `--dtype auto` (worker_svc/compute/selection.py).
+Prints a markdown table (for bench/RESULTS.md) with the CPU named; `--json FILE`
+writes the figures too. Exits 1 when a path asked for fails the gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+GATE_PPL_RATIO = 1.01
+REPLY_TOKENS = 12
+GATE_REPLIES = 12
+
+
+def _default_paths() -> list[str]:
+    from worker_svc.compute.cpu_features import cpu_flags
+    from worker_svc.compute.paths import PATHS
+
+    return [n for n, p in PATHS.items() if p.missing_on_cpu(cpu_flags()) is None]
+
+
+def evaluate(args) -> dict:
+    import torch
+
+    from bench.accuracy_data import QUESTIONS, heldout_texts
+    from bench.accuracy_eval import greedy_replies, perplexity
+    from common.defaults import default_model_path
+    from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
+    from worker_svc.model_loader import load_model
+
+    torch.set_num_threads(args.threads)
+    model = args.model or default_model_path()
+    tokenizer = Tokenizer(model)
+    texts = heldout_texts(lambda s: tokenizer.encode(s, False), args.texts, args.max_text_tokens)
+    prompts = [tokenizer.encode_chat([ChatTurn("user", q)]) for q in QUESTIONS]
+    results: dict[str, dict] = {}
+    for name in ["float32", *[p for p in args.paths.split(",") if p != "float32"]]:
+        started = time.perf_counter()
+        loaded = load_model(model, name, torch.device("cpu"))
+        ppl = perplexity(loaded, texts)
+        replies = greedy_replies(loaded, prompts, REPLY_TOKENS)
+        results[name] = {
+            "perplexity": ppl,
+            "replies": replies,
+            "seconds": time.perf_counter() - started,
+            "weights": getattr(loaded.model, "qblock_source", ""),
+        }
+        print(f"# {name}: perplexity {ppl:.4f} ({results[name]['seconds']:.0f} s)", flush=True)
+        del loaded
+    reference = results["float32"]
+    for row in results.values():
+        row["ratio"] = row["perplexity"] / reference["perplexity"]
+        row["equal_replies"] = sum(
+            a == b for a, b in zip(row["replies"], reference["replies"], strict=True)
+        )
+        row["passes"] = row["ratio"] <= GATE_PPL_RATIO and row["equal_replies"] >= GATE_REPLIES
+        row["first_reply"] = tokenizer.decode(row["replies"][0])
+    return {"model": model, "texts": len(texts), "tokens": sum(map(len, texts)), "paths": results}
+
+
+def table(report: dict, threads: int) -> str:
+    from worker_svc.compute.cpu_features import cpu_name
+
+    lines = [
+        f"{cpu_name()}, {threads} threads; {report['texts']} ShareGPT texts, "
+        f"{report['tokens']} tokens; {len(report['paths']['float32']['replies'])} questions",
+        "",
+        f"| path | perplexity | vs float32 | replies = float32's first {REPLY_TOKENS} tokens "
+        "| gate | reply to the first question |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for name, row in report["paths"].items():
+        reply = row["first_reply"].replace("\n", " ").replace("|", "/")
+        lines.append(
+            f"| {name} | {row['perplexity']:.4f} | {row['ratio']:.4f}x "
+            f"| {row['equal_replies']}/{len(row['replies'])} "
+            f"| {'pass' if row['passes'] else 'FAIL'} | {reply} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cbserve bench accuracy", description=__doc__)
+    parser.add_argument("--model", default=None, help="default: the converted SmolLM2")
+    parser.add_argument("--paths", default=None, help="default: every path this CPU runs")
+    parser.add_argument("--texts", type=int, default=16)
+    parser.add_argument("--max-text-tokens", type=int, default=384)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    args.paths = args.paths or ",".join(_default_paths())
+    report = evaluate(args)
+    print(table(report, args.threads))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=1)
+    asked = [p for p in args.paths.split(",") if p != "float32"]
+    return 0 if all(report["paths"][p]["passes"] for p in asked) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

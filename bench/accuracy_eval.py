@@ -1,0 +1,99 @@
+"""What the accuracy gate measures on a loaded model, in this process (no service):
+perplexity over token sequences, and greedy replies, through the worker's own runner.
+
+Perplexity runs the model's forward over each whole text as one prefill, with logits
+for every row, and scores each next token: exp(mean negative log-likelihood) over all
+texts' predicted tokens. Greedy replies go through ModelRunner with one step plan for
+all questions' prefills and one decode step each after, as a worker serves them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from cbserve.worker.v1 import worker_pb2 as pb
+from worker_svc.attention import BatchLayout, PagedAttentionContext, select_backend
+from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.model_loader import LoadedModel
+from worker_svc.model_runner import ModelRunner
+from worker_svc.sampler import Sampler
+
+BLOCK_SIZE = 16
+
+
+def _pool(loaded: LoadedModel, blocks: int) -> KVPool:
+    spec = KVPoolSpec(
+        num_layers=loaded.num_layers,
+        num_kv_heads=loaded.num_kv_heads,
+        head_dim=loaded.head_dim,
+        block_size=BLOCK_SIZE,
+        dtype=loaded.dtype,
+    )
+    return KVPool(spec, blocks)
+
+
+def _backend(loaded: LoadedModel):
+    backend, _ = select_backend("auto", loaded.device, loaded.dtype, BLOCK_SIZE, loaded.head_dim)
+    return backend
+
+
+@torch.inference_mode()
+def text_nll(loaded: LoadedModel, ids: list[int]) -> tuple[float, int]:
+    """(sum of -log p(token | text before it), tokens scored) for one text."""
+    t = len(ids)
+    blocks = -(-t // BLOCK_SIZE)
+    backend = _backend(loaded)
+    layout = BatchLayout((t,), (t,), (tuple(range(blocks)),), BLOCK_SIZE)
+    context = PagedAttentionContext(
+        backend, _pool(loaded, blocks), backend.build_metadata(layout, loaded.device)
+    )
+    tokens = torch.tensor(ids, device=loaded.device)
+    rows = torch.arange(t, device=loaded.device)
+    logits = loaded.model(tokens, rows, context, rows[:-1]).float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    picked = logprobs.gather(1, tokens[1:, None])
+    return float(-picked.sum()), t - 1
+
+
+def perplexity(loaded: LoadedModel, texts: list[list[int]]) -> float:
+    total, count = 0.0, 0
+    for ids in texts:
+        nll, n = text_nll(loaded, ids)
+        total += nll
+        count += n
+    return math.exp(total / count)
+
+
+def greedy_replies(
+    loaded: LoadedModel, prompts: list[list[int]], max_tokens: int
+) -> list[list[int]]:
+    """Each prompt's greedy continuation, all prompts batched as the scheduler would."""
+    per_seq = -(-(max(map(len, prompts)) + max_tokens) // BLOCK_SIZE)
+    runner = ModelRunner(
+        loaded, _pool(loaded, per_seq * len(prompts)), _backend(loaded), Sampler(seed=0)
+    )
+    sampling = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
+    first = pb.StepPlan(step_id=0)
+    for sid, prompt in enumerate(prompts):
+        first.new_sequences.append(
+            pb.NewSequence(
+                seq_id=sid,
+                prompt_token_ids=prompt,
+                num_scheduled_tokens=len(prompt),
+                block_ids=range(sid * per_seq, (sid + 1) * per_seq),
+                sampling=sampling,
+            )
+        )
+    decode = pb.StepPlan(
+        continuing_sequences=[
+            pb.ContinuingSequence(seq_id=sid, num_scheduled_tokens=1) for sid in range(len(prompts))
+        ]
+    )
+    replies: list[list[int]] = [[] for _ in prompts]
+    for step in range(max_tokens):
+        result = runner.execute(first if step == 0 else decode)
+        for index, sid in enumerate(result.seq_ids):
+            replies[sid].append(result.token_ids[index])
+    return replies

@@ -1,0 +1,31 @@
+"""`cbserve bench accuracy` and `python -m bench accuracy` reach bench/accuracy.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench.accuracy import GATE_PPL_RATIO, GATE_REPLIES, REPLY_TOKENS
+from cbserve.cli import main
+
+
+def test_cbserve_bench_accuracy_has_its_own_flags(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "accuracy", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "cbserve bench accuracy" in out and "--texts" in out
+
+
+@pytest.mark.process
+def test_python_m_bench_accuracy():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "accuracy", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "--max-text-tokens" in done.stdout
+
+
+def test_the_gate_is_the_issues():
+    assert (GATE_PPL_RATIO, GATE_REPLIES, REPLY_TOKENS) == (1.01, 12, 12)

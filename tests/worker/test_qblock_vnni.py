@@ -1,0 +1,59 @@
+"""The large-M block kernel on AVX-512 VNNI (16-bit activation blocks, integer dot
+products) against float64 on the dequantized weights, and when QBlockLinear takes it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker_svc.compute import qblock_linear
+from worker_svc.compute.qblock import (
+    Q4_1,
+    Q8_0,
+    dequantize,
+    load_vnni_kernel,
+    quantize,
+    vnni_matmul,
+)
+from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
+
+pytestmark = pytest.mark.skipif(load_vnni_kernel() is None, reason="no AVX-512 VNNI here")
+
+
+@pytest.mark.parametrize("fmt", [Q4_1, Q8_0], ids=lambda f: f.name)
+@pytest.mark.parametrize("m", [1, 8, 13, 64])
+@pytest.mark.parametrize("n", [5, 16, 37])
+def test_matches_float_reference_within_16_bit_rounding(fmt, m, n):
+    """Odd N leaves a partial 16-row panel, odd M a tail of x rows past 8 at a time."""
+    gen = torch.Generator().manual_seed(m * 100 + n)
+    blocks = quantize(torch.randn(n, 128, generator=gen) * 0.05, fmt)
+    x = torch.randn(m, 128, generator=gen)
+    x[:, 7] *= 50  # an outlier channel: its block's scale grows, the others' do not
+    expected = x.double() @ dequantize(blocks, fmt).double().T
+    got = vnni_matmul(x, blocks, fmt, 128).double()
+    assert ((got - expected).norm() / expected.norm()).item() < 1e-4
+
+
+def test_zero_rows_and_blocks():
+    blocks = quantize(torch.randn(16, 64), Q4_1)
+    x = torch.zeros(3, 64)
+    x[1, 40:] = 1.0
+    got = vnni_matmul(x, blocks, Q4_1, 64)
+    assert torch.equal(got[0], torch.zeros(16))
+    torch.testing.assert_close(
+        got[1], dequantize(blocks, Q4_1)[:, 40:].sum(1), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_projection_takes_it_from_vnni_from_m(monkeypatch):
+    layer = QBlockLinear(quantize(torch.randn(32, 64), Q4_1), Q4_1, 64)
+    head = QBlockLinear(quantize(torch.randn(32, 64), Q8_0), Q8_0, 64, dense_from_m=None)
+    assert layer.vnni and head.vnni
+    calls = []
+    monkeypatch.setattr(qblock_linear, "vnni_matmul", lambda *a: calls.append(a) or a[0][:, :32])
+    layer(torch.randn(VNNI_FROM_M - 1, 64))
+    assert not calls
+    layer(torch.randn(VNNI_FROM_M, 64))
+    assert len(calls) == 1
+    monkeypatch.setenv("CBSERVE_QBLOCK_VNNI", "0")
+    assert not QBlockLinear(quantize(torch.randn(32, 64), Q4_1), Q4_1, 64).vnni

