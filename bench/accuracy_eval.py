@@ -74,7 +74,24 @@ def greedy_replies(
     runner = ModelRunner(
         loaded, _pool(loaded, per_seq * len(prompts)), _backend(loaded), Sampler(seed=0)
     )
-    sampling = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
+    first, decode = greedy_batch_plans(prompts, per_seq)
+    replies: list[list[int]] = [[] for _ in prompts]
+    for step in range(max_tokens):
+        result = runner.execute(first if step == 0 else decode)
+        for index, sid in enumerate(result.seq_ids):
+            replies[sid].append(result.token_ids[index])
+    return replies
+
+
+def greedy_batch_plans(
+    prompts: list[list[int]], blocks_per_seq: int, num_logprobs: int = 0
+) -> tuple[pb.StepPlan, pb.StepPlan]:
+    """The two plans that run all prompts greedily in one batch: a prefill step for all
+    (each sequence with its own run of blocks_per_seq blocks), then a decode step for
+    each, sent again for every further token (the runner keeps the state)."""
+    sampling = pb.SequenceSampling(
+        temperature=0.0, top_p=1.0, repetition_penalty=1.0, num_logprobs=num_logprobs
+    )
     first = pb.StepPlan(step_id=0)
     for sid, prompt in enumerate(prompts):
         first.new_sequences.append(
@@ -82,7 +99,7 @@ def greedy_replies(
                 seq_id=sid,
                 prompt_token_ids=prompt,
                 num_scheduled_tokens=len(prompt),
-                block_ids=range(sid * per_seq, (sid + 1) * per_seq),
+                block_ids=range(sid * blocks_per_seq, (sid + 1) * blocks_per_seq),
                 sampling=sampling,
             )
         )
@@ -91,9 +108,4 @@ def greedy_replies(
             pb.ContinuingSequence(seq_id=sid, num_scheduled_tokens=1) for sid in range(len(prompts))
         ]
     )
-    replies: list[list[int]] = [[] for _ in prompts]
-    for step in range(max_tokens):
-        result = runner.execute(first if step == 0 else decode)
-        for index, sid in enumerate(result.seq_ids):
-            replies[sid].append(result.token_ids[index])
-    return replies
+    return first, decode

@@ -146,18 +146,23 @@ class ModelRunner:
         first_step = not result.token_ids
         for row, (seq, token) in enumerate(zip(samplers, sampled.token_ids, strict=True)):
             seq.append_token(token)
-            if first_step:
-                result.seq_ids.append(seq.seq_id)
-            index = len(result.token_ids)
-            result.token_ids.append(token)
-            logprobs = sampled.logprobs[row]
-            if logprobs is not None:
-                result.logprobs.append(
-                    worker_pb2.SampledLogprobs(
-                        index=index,
-                        logprob=logprobs.logprob,
-                        top_token_ids=logprobs.top_token_ids,
-                        top_logprobs=logprobs.top_logprobs,
-                    )
-                )
+            record_sample(result, seq.seq_id, token, sampled.logprobs[row], first_step)
         return samplers
+
+
+def record_sample(result, seq_id: int, token: int, logprobs, first_step: bool) -> None:
+    """Appends one sampled token (and its logprobs, if asked) to a step's result; the
+    sequence ids are listed once, by the first step of a multi-step plan."""
+    if first_step:
+        result.seq_ids.append(seq_id)
+    index = len(result.token_ids)
+    result.token_ids.append(token)
+    if logprobs is not None:
+        result.logprobs.append(
+            worker_pb2.SampledLogprobs(
+                index=index,
+                logprob=logprobs.logprob,
+                top_token_ids=logprobs.top_token_ids,
+                top_logprobs=logprobs.top_logprobs,
+            )
+        )

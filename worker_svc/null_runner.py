@@ -29,7 +29,7 @@ import torch
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec
-from worker_svc.model_runner import ModelRunner
+from worker_svc.model_runner import ModelRunner, record_sample
 from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
 from worker_svc.sequence import SequenceState
 
@@ -115,20 +115,9 @@ class NullRunner(ModelRunner):
             # Not seq.append_token: its penalty counts are tensors, and no torch op
             # runs per step here (penalties do not change which ids are drawn).
             seq.token_ids.append(token)
-            if first_step:
-                result.seq_ids.append(seq.seq_id)
-            index = len(result.token_ids)
-            result.token_ids.append(token)
-            if seq.sampling.logprobs:
-                logprobs = self.sampler.logprobs(token, seq.sampling.logprobs)
-                result.logprobs.append(
-                    worker_pb2.SampledLogprobs(
-                        index=index,
-                        logprob=logprobs.logprob,
-                        top_token_ids=logprobs.top_token_ids,
-                        top_logprobs=logprobs.top_logprobs,
-                    )
-                )
+            wanted = seq.sampling.logprobs
+            logprobs = self.sampler.logprobs(token, wanted) if wanted else None
+            record_sample(result, seq.seq_id, token, logprobs, first_step)
         return samplers
 
 

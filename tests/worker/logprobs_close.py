@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cbserve.worker.v1 import worker_pb2 as pb
+from bench.accuracy_eval import greedy_batch_plans
 from worker_svc.model_runner import ModelRunner
 
 TOP = 5
@@ -24,27 +24,9 @@ class GreedyRun:
 def greedy_runs(runner: ModelRunner, prompts: list[list[int]], max_tokens: int) -> list[GreedyRun]:
     """All prompts in one batch, as the scheduler would run them: one prefill step for
     all, then one decode step each for the rest."""
-    sampling = pb.SequenceSampling(
-        temperature=0.0, top_p=1.0, repetition_penalty=1.0, num_logprobs=TOP
-    )
     per_seq = -(-(max(map(len, prompts)) + max_tokens) // runner.pool.block_size)
     runs = [GreedyRun([], []) for _ in prompts]
-    plan = pb.StepPlan(step_id=0)
-    for sid, prompt in enumerate(prompts):
-        plan.new_sequences.append(
-            pb.NewSequence(
-                seq_id=sid,
-                prompt_token_ids=prompt,
-                num_scheduled_tokens=len(prompt),
-                block_ids=range(sid * per_seq, (sid + 1) * per_seq),
-                sampling=sampling,
-            )
-        )
-    decode = pb.StepPlan(
-        continuing_sequences=[
-            pb.ContinuingSequence(seq_id=sid, num_scheduled_tokens=1) for sid in range(len(prompts))
-        ]
-    )
+    plan, decode = greedy_batch_plans(prompts, per_seq, num_logprobs=TOP)
     for step in range(max_tokens):
         result = runner.execute(plan if step == 0 else decode)
         for entry in result.logprobs:
