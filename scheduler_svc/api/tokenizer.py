@@ -137,6 +137,10 @@ class Tokenizer:
         # The template already contains the special tokens, as in transformers.
         return self.encode(self.render_chat(turns), add_special_tokens=False)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
+        return self._tokenizer.to_str()
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 

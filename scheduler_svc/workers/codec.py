@@ -32,6 +32,9 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
             num_scheduled_tokens=sequence.num_scheduled_tokens,
             new_block_ids=sequence.new_block_ids,
         )
+    if plan.allowed_tokens:
+        message.allowed_tokens.seq_ids.extend(plan.allowed_tokens.seq_ids)
+        message.allowed_tokens.words = plan.allowed_tokens.words
     return message
 
 
