@@ -14,8 +14,10 @@ import numpy as np
 
 
 class RequestMatcher:
-    def __init__(self, matcher: llguidance.LLMatcher, num_words: int) -> None:
-        self._matcher = matcher
+    def __init__(self, template: llguidance.LLMatcher, num_words: int) -> None:
+        # The compiled grammar's start state, shared with other requests: never advanced.
+        self._template = template
+        self._matcher = template.deep_copy()
         self.num_words = num_words
         # Output tokens consumed so far.
         self.num_tokens = 0
@@ -28,10 +30,10 @@ class RequestMatcher:
 
     def sync(self, output_token_ids: list[int]) -> bool:
         """Makes the matcher's state that after output_token_ids; True if it had to be
-        rebuilt. False from consume on a rebuild cannot happen for tokens it allowed."""
+        rebuilt (from a fresh copy: an llguidance matcher never leaves an error state)."""
         if self.num_tokens == len(output_token_ids) and not self._matcher.is_error():
             return False
-        self._matcher.reset()
+        self._matcher = self._template.deep_copy()
         self._matcher.consume_tokens(list(output_token_ids))
         self.num_tokens = len(output_token_ids)
         return True
