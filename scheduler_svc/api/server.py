@@ -40,6 +40,7 @@ from scheduler_svc.api.wire import refuse_undecodable, to_response
 from scheduler_svc.core.request import FinishReason, RequestOutput
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.output.output_processor import merge_outputs
+from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.workers.engine import WorkerEngine
 from scheduler_svc.workers.handle import RequestHandle, StreamItem
 from scheduler_svc.workers.pool import WorkerPool
@@ -61,9 +62,13 @@ class GenerationService(pb_grpc.GenerationServicer):
         max_waiting_requests: int = 1024,
         metrics: SchedulerMetrics | None = None,
         max_concurrent_streams: int = 1024,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self.pool = pool
         self.tokenizer = tokenizer
+        self.grammars = (
+            grammars if grammars is not None else GrammarCompiler.for_tokenizer(tokenizer)
+        )
         self.max_waiting_requests = max_waiting_requests
         self.max_concurrent_streams = max_concurrent_streams
         self.metrics = metrics if metrics is not None else SchedulerMetrics(tokenizer.name)
@@ -83,7 +88,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             kv_capacity_tokens=self.pool.max_worker_capacity_tokens,
         )
 
-    def _place(
+    async def _place(
         self, request: pb.GenerateRequest, deadline: float | None, trace: RequestTrace
     ) -> tuple[ValidatedRequest, RequestHandle]:
         """Validates the request and queues it on a worker; raises ServiceError.
@@ -97,6 +102,11 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
             )
         validated = validate_request(request, self.tokenizer, self._limits())
+        # A structured output's grammar compiles in the compiler's thread (cached by
+        # constraint): this call waits, every other request's steps go on.
+        grammar = None
+        if validated.constraint is not None:
+            grammar = await self.grammars.compile(validated.constraint)
         if validated.request_id in self._in_flight:
             raise ServiceError(
                 f"request_id {validated.request_id!r} is already in flight; use a unique id",
@@ -108,7 +118,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
-        handle = self.pool.submit(validated.to_request(deadline))
+        handle = self.pool.submit(validated.to_request(deadline, grammar))
         trace.placed(handle.address, len(validated.prompt_token_ids))
         return validated, handle
 
@@ -189,7 +199,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         # before validation refuses one that is too long).
         with bound_contextvars(request_id=request.request_id[:MAX_REQUEST_ID_CHARS]):
             try:
-                validated, handle = self._place(request, deadline, trace)
+                validated, handle = await self._place(request, deadline, trace)
             except ServiceError as error:
                 trace.failed(error.code, error.message)
                 raise
