@@ -26,6 +26,10 @@ from scheduler_svc.structured.constraint import Constraint
 from scheduler_svc.structured.matcher import RequestMatcher
 
 DEFAULT_MAX_CACHED = 256
+# JSON on one line, as json.dumps writes it. llguidance's default allows any
+# whitespace between tokens, and small models measured here then run to max_tokens
+# on newlines and indentation (a schema's "x-guidance" field can still ask for it).
+JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class CompiledGrammar:
@@ -94,8 +98,14 @@ class GrammarCompiler:
         cached = self._cached(constraint)
         if cached is not None:
             return cached
+        kind, text = constraint.llguidance_format()
         try:
-            grammar = llguidance.grammar_from(*constraint.llguidance_format())
+            if kind == "json_schema":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    text, defaults=JSON_DEFAULTS
+                )
+            else:
+                grammar = llguidance.grammar_from(kind, text)
         except ValueError as error:
             raise InvalidArgument(constraint.field, str(error)) from None
         template = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
