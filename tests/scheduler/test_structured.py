@@ -11,6 +11,7 @@ import pytest
 
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import InvalidArgument
+from scheduler_svc.api.tokenizer import ChatTurn
 from scheduler_svc.structured.bitmask import TokenBitmask, allowed_ids
 from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.structured.constraint import (
@@ -148,3 +149,13 @@ def test_bitmask_packs_rows_in_order_and_grows(compiler):
     for row in rows:
         assert list(allowed_ids(row)) == expected
     assert len(mask.words) == 20 * 4 * ((load_tokenizer().vocab_size + 31) // 32)
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    turns = [ChatTurn("system", "Be brief."), ChatTurn("user", "Weather?")]
+    text = load_tokenizer().render_chat(turns, tools)
+    system = text.split("<|im_end|>")[0]
+    assert "Be brief." in system and '"name": "get_weather"' in system
+    assert load_tokenizer().render_chat(turns) == load_tokenizer().render_chat(turns, None)
+    assert "get_weather" not in load_tokenizer().render_chat(turns)
