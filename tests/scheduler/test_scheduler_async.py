@@ -124,11 +124,9 @@ def test_a_worker_lost_with_two_plans_in_flight_loses_no_token_on_another():
     source.in_flight.clear()  # the worker and its answers are gone
     assert not source.scheduler.has_unfinished_requests()
     destination = Harness(async_scheduling=True, max_num_batched_tokens=16)
-    for request, processor in taken:
+    for request in taken:
         assert request.num_pending_samples == 0 and request.num_computed_tokens == 0
-        destination.scripts[request.seq_id] = source.scripts[request.seq_id]
-        destination.outputs[request.request_id] = source.outputs.pop(request.request_id, [])
-        destination.scheduler.adopt(request, processor)
+        destination.adopt(request, source)
     destination.run()
     for request in requests:
         outputs = destination.outputs[request.request_id] or source.outputs[request.request_id]

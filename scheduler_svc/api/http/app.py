@@ -21,7 +21,6 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from common.metrics import exposition
 from scheduler_svc.api.api_keys import ApiKeys
 from scheduler_svc.api.http.chat import ChatShaper
 from scheduler_svc.api.http.completions import CompletionShaper
@@ -161,7 +160,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        body, content_type = exposition(service.metrics.registry, request.headers.get("accept", ""))
+        body, content_type = await service.exposition(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
     @app.get("/version")
