@@ -399,8 +399,9 @@ class Scheduler:
         return taken
 
     def adopt(self, request: Request) -> None:
-        """Queues a request taken from another scheduler (take_unfinished); raises ValueError for a request not in the state take_unfinished
-        leaves, or whose tokens this worker could never hold."""
+        """Queues a request taken from another scheduler (take_unfinished); raises
+        ValueError for a request not in the state take_unfinished leaves, or whose
+        tokens this worker could never hold."""
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already scheduled")
         if (

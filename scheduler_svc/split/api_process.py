@@ -23,8 +23,8 @@ from common.defaults import default_model_path
 from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import configure_logging
-from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.server import GenerationService
+from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
 from scheduler_svc.grpc_security import grpc_server_security

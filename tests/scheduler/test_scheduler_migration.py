@@ -2,7 +2,8 @@
 
 The source scheduler is left empty and consistent; the requests resume on the
 destination from prompt + output so far (their text state stays with their
-streams, the harness's TextStreams), and their clients see exactly the tokens and text of a run without the fault.
+streams, the harness's TextStreams), and their clients see exactly the tokens
+and text of a run without the fault.
 """
 
 from __future__ import annotations
