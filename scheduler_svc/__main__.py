@@ -44,9 +44,14 @@ from scheduler_svc.config import (
     SchedulerConfig,
 )
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
-from scheduler_svc.lifecycle import bounded_stage, start_http, stop_event
+from scheduler_svc.lifecycle import (
+    bounded_stage,
+    ready_line,
+    start_discovery,
+    start_http,
+    stop_event,
+)
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
 from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -137,19 +142,19 @@ async def serve(args: argparse.Namespace) -> None:
     except NoWorkerReady as error:
         await server.stop(grace=None)
         raise StartupError(str(error)) from error
-    discovery = None
-    if process.worker_dns:
-        hosts_file = process.worker_hosts_file
-        resolver = hosts_file_resolver(hosts_file) if hosts_file else dns_resolver
-        discovery = WorkerDiscovery(
-            process.worker_dns, pool, process.worker_dns_interval_s, resolver
-        )
-        discovery.start()
+    discovery = start_discovery(process, pool)
     # Set before the ready line, so that whoever waits for it finds the status current;
     # from then on it follows the workers.
     await set_serving(health, [SERVICE_NAME], serving=bool(pool.connected_engines()))
     health_task = asyncio.create_task(follow_workers(pool, health, [SERVICE_NAME]))
-    announce_ready(_ready_line(process, pool, metrics_server, http_front))
+    announce_ready(
+        ready_line(
+            process,
+            pool,
+            metrics_server.port if metrics_server else None,
+            http_front.port if http_front else None,
+        )
+    )
     stop = stop_event()
     await stop.wait()
     # Graceful shutdown: NOT_SERVING first (balancers stop sending), new calls get
@@ -171,29 +176,18 @@ async def serve(args: argparse.Namespace) -> None:
         await bounded_stage(name, stage)
 
 
-def _ready_line(process: ProcessConfig, pool: WorkerPool, metrics_server, http_front) -> str:
-    engines = pool.connected_engines()
-    parts = [f"scheduler ready on {process.host}:{process.port}"]
-    if process.worker:
-        parts.append(f"workers={','.join(process.worker)}")
-    if process.worker_dns:
-        parts.append(f"worker_dns={process.worker_dns}")
-    if engines:
-        parts.append(f"model={engines[0].client.description.model_name}")
-    parts.append(f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}")
-    if metrics_server is not None:
-        parts.append(f"metrics_port={metrics_server.port}")
-    if http_front is not None:
-        parts.append(f"http_port={http_front.port}")
-    return " ".join(parts)
-
-
 def main(argv: list[str] | None = None) -> int:
     parent_watch.die_with_parent()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_logging(args.log_level)
     try:
-        uvloop.run(serve(args))
+        if args.api_processes:
+            from scheduler_svc.split.core_process import serve_core
+
+            uvloop.run(serve_core(args, argv))
+        else:
+            uvloop.run(serve(args))
     except StartupError as error:
         print(f"scheduler_svc: cannot start: {error}", file=sys.stderr)
         return 1

@@ -9,7 +9,9 @@ import structlog
 
 from common.errors import StartupError
 from scheduler_svc.api.http.serve import HttpFront
-from scheduler_svc.config import EdgeConfig
+from scheduler_svc.config import EdgeConfig, ProcessConfig
+from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
+from scheduler_svc.workers.pool import WorkerPool
 
 log = structlog.get_logger("scheduler_svc")
 
@@ -50,3 +52,40 @@ def stop_event() -> asyncio.Event:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     return stop
+
+
+def start_discovery(process: ProcessConfig, pool: WorkerPool) -> WorkerDiscovery | None:
+    """Follows --worker-dns, when given."""
+    if not process.worker_dns:
+        return None
+    hosts_file = process.worker_hosts_file
+    resolver = hosts_file_resolver(hosts_file) if hosts_file else dns_resolver
+    discovery = WorkerDiscovery(process.worker_dns, pool, process.worker_dns_interval_s, resolver)
+    discovery.start()
+    return discovery
+
+
+def ready_line(
+    process: ProcessConfig,
+    pool: WorkerPool,
+    metrics_port: int | None,
+    http_port: int | None,
+    api_processes: int = 0,
+) -> str:
+    """The one stdout line that says the scheduler serves (launchers wait for it)."""
+    engines = pool.connected_engines()
+    parts = [f"scheduler ready on {process.host}:{process.port}"]
+    if process.worker:
+        parts.append(f"workers={','.join(process.worker)}")
+    if process.worker_dns:
+        parts.append(f"worker_dns={process.worker_dns}")
+    if engines:
+        parts.append(f"model={engines[0].client.description.model_name}")
+    parts.append(f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}")
+    if metrics_port:
+        parts.append(f"metrics_port={metrics_port}")
+    if http_port:
+        parts.append(f"http_port={http_port}")
+    if api_processes:
+        parts.append(f"api_processes={api_processes}")
+    return " ".join(parts)

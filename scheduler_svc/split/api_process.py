@@ -52,6 +52,7 @@ async def serve(args, socket_path: str, index: int) -> None:
             f"{process.host}:{process.port}",
             credentials=grpc_credentials,
             interceptors=interceptors,
+            share_port=True,
         )
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
