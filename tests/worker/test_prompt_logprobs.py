@@ -18,7 +18,7 @@ TEXT = (
     "step, so short replies never wait behind long ones."
 )
 NUM_TOP = 3
-TOLERANCE = 1e-4 if TEST_DTYPE == torch.float32 else 5e-2
+TOLERANCE = 1e-4 if TEST_DTYPE is torch.float32 else 5e-2
 
 
 @pytest.fixture(scope="module")
