@@ -13,8 +13,8 @@ The input is exactly one of: `prompt` (a string, tokenized by the server), `toke
 (a list of ints) or `chat` (turns rendered with the model's chat template). Sampling
 settings are keyword arguments named like SamplingParams' fields (temperature, top_p,
 top_k, min_p, seed, max_tokens, min_tokens, stop, stop_token_ids, ignore_eos,
-presence_penalty, frequency_penalty, repetition_penalty, logprobs, prompt_logprobs); what is not given
-takes the server's default (temperature 1, max_tokens 256: see generation.proto).
+presence_penalty, frequency_penalty, repetition_penalty, logprobs, prompt_logprobs); what
+is not given takes the server's default (temperature 1, max_tokens 256: see generation.proto).
 `request_id` and `priority` (lower runs first) are GenerateRequest fields.
 
 Errors are gRPC statuses raised as `grpc.RpcError` (`grpc.aio.AioRpcError` for the
