@@ -71,15 +71,13 @@ def _score(address: str, prompt: list[int], **sampling) -> tuple[Completion, int
 
 
 def test_grpc_prompt_logprobs_equal_transformers_and_skip_the_prefix_cache(stack, scored):
-    for prompt, want in scored:
-        for _ in range(2):  # the second time, the prompt's blocks are in the prefix cache
-            completion, carrying = _score(
-                stack.address, prompt, max_tokens=3, prompt_logprobs=NUM_TOP
-            )
-            assert carrying == 1 and len(completion.token_ids) == 3
-            assert completion.usage.cached_prompt_tokens == 0
-            _check_grpc(completion, prompt, want)
-    long_prompt = scored[1][0]
+    (short, short_want), (long_prompt, long_want) = scored
+    # The long prompt twice: the second time its blocks are in the prefix cache.
+    for prompt, want in ((short, short_want), (long_prompt, long_want), (long_prompt, long_want)):
+        completion, carrying = _score(stack.address, prompt, max_tokens=2, prompt_logprobs=NUM_TOP)
+        assert carrying == 1 and len(completion.token_ids) == 2
+        assert completion.usage.cached_prompt_tokens == 0
+        _check_grpc(completion, prompt, want)
     plain, carrying = _score(stack.address, long_prompt, max_tokens=1)
     assert carrying == 0 and plain.usage.cached_prompt_tokens >= 32
 
