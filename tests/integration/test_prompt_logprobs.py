@@ -140,3 +140,16 @@ def test_streamed_echo_with_one_token_scores_the_prompt_then_the_token(
     assert streamed == whole["logprobs"]["token_logprobs"]
     assert len(streamed) == len(prompt) + 1 and streamed[0] is None
     _close(streamed[1 : len(prompt)], want["logprobs"])
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [({"prompt_logprobs": 21}, "prompt_logprobs"), ({"max_tokens": 0}, "max_tokens")],
+)
+def test_out_of_range_prompt_logprobs_and_max_tokens_zero_without_echo_are_400(
+    http_stack, fields, param
+):
+    url = f"http://127.0.0.1:{http_stack.http_port}/v1/completions"
+    response = httpx.post(url, json={"prompt": "hi", **fields}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
