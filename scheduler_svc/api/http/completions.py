@@ -3,12 +3,13 @@
 `echo` puts the prompt before each choice's text; with `logprobs` the prompt's tokens
 come first in `choices[].logprobs` too, scored by the model (the request asks for
 prompt logprobs), the first token's logprob and alternatives null, as OpenAI's legacy
-API and vLLM give them. `max_tokens: 0` with `echo` scores the prompt only (the
-scheduler samples one token, which is dropped): lm-evaluation-harness's
-loglikelihood requests. vLLM's `prompt_logprobs: k` adds `choices[].prompt_logprobs`
-in vLLM's shape: null, then per prompt token {token id: {logprob, rank, decoded_token}}
-for the token and its k most likely alternatives (rank is given for the
-alternatives, by their order; the prompt token has one where it is among them).
+API and vLLM give them (lm-evaluation-harness's loglikelihood requests ask this with
+`max_tokens: 1`). `max_tokens: 0` with `echo` scores the prompt only: the scheduler
+samples one token, which the response drops. vLLM's `prompt_logprobs: k` adds
+`choices[].prompt_logprobs` in vLLM's shape: null, then per prompt token
+{token id: {logprob, rank, decoded_token}} for the token and its k most likely
+alternatives (rank is given for the alternatives, by their order; the prompt token
+has one where it is among them).
 """
 
 from __future__ import annotations
