@@ -117,3 +117,12 @@ def test_a_slice_that_restarts_overwrites_and_a_gap_is_refused():
     # Sent: the next output carries nothing.
     later = RequestOutput(request.request_id, [2], "y", [], None, 5, 2)
     assert attach_prompt_logprobs(request, later).prompt_logprobs is None
+
+
+def test_a_one_token_prompt_gets_its_one_unscored_entry():
+    harness = Harness()
+    request = harness.add(make_request([7], max_tokens=2, prompt_logprobs=1), tokens=WORDS)
+    harness.run()
+    first, second = harness.outputs[request.request_id]
+    [entry] = first.prompt_logprobs
+    assert entry.token_id == 7 and math.isnan(entry.logprob) and second.prompt_logprobs is None
