@@ -27,6 +27,7 @@ from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionCo
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
 from worker_svc.plan_validation import PlanValidator
+from worker_svc.prompt_logprobs import PromptRows, prompt_rows, score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
 
@@ -89,6 +90,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 sampling=sampling[new.seq_id],
                 vocab_size=self.loaded.vocab_size,
+                prompt_logprobs=new.prompt_logprobs if new.HasField("prompt_logprobs") else None,
             )
             self.sequences[seq.seq_id] = seq
             scheduled.append((seq, new.num_scheduled_tokens))
@@ -111,8 +113,13 @@ class ModelRunner:
         positions: list[int] = []
         keep: list[int] = []  # flat-batch index of each sampling sequence's last token
         samplers: list[SequenceState] = []
+        scoring: list[PromptRows] = []
+        scoring_rows: list[int] = []  # flat-batch index of each prompt position scored
         for seq, n in work:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            if (rows := prompt_rows(seq, start, end)) is not None:
+                scoring.append(rows)
+                scoring_rows.extend(range(len(input_ids), len(input_ids) + rows.num_rows))
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             if end == seq.num_tokens:
@@ -133,11 +140,13 @@ class ModelRunner:
                 torch.tensor(input_ids, device=device),
                 torch.tensor(positions, device=device),
                 context,
-                # With nothing to sample (only middle prefill chunks), one row is
-                # still asked for: the model needs some index, the row is ignored.
-                torch.tensor(keep or [len(input_ids) - 1], device=device),
+                # With nothing to sample or score (only middle prefill chunks), one row
+                # is still asked for: the model needs some index, the row is ignored.
+                torch.tensor(keep + scoring_rows or [len(input_ids) - 1], device=device),
             )
-            sampled = self.sampler.sample(logits, samplers) if samplers else None
+            sampled = self.sampler.sample(logits[: len(keep)], samplers) if samplers else None
+            if scoring:
+                result.prompt_logprobs.extend(score(logits[len(keep) :], scoring))
 
         for seq, n in work:
             seq.num_computed_tokens += n

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cbserve.worker.v1 import worker_pb2
 from common.sampling_codec import sampling_from_worker
-from common.sampling_params import SamplingParams
+from common.sampling_params import MAX_LOGPROBS, SamplingParams
 from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPool
 from worker_svc.sequence import SequenceState
@@ -52,6 +52,10 @@ class PlanValidator:
             self._check_extent(
                 sid, new.num_computed_tokens, new.num_scheduled_tokens, total, len(new.block_ids)
             )
+            if new.HasField("prompt_logprobs") and new.prompt_logprobs > MAX_LOGPROBS:
+                raise PlanError(
+                    f"sequence {sid}: prompt_logprobs {new.prompt_logprobs} is over {MAX_LOGPROBS}"
+                )
             try:
                 sampling[sid] = sampling_from_worker(new.sampling)
             except ValueError as exc:

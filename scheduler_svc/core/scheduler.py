@@ -55,6 +55,11 @@ from scheduler_svc.core.plan import (
     StepPlan,
     match_output,
 )
+from scheduler_svc.core.prompt_logprobs import (
+    attach_prompt_logprobs,
+    prompt_logprobs_to_ask,
+    take_prompt_logprobs,
+)
 from scheduler_svc.core.request import (
     FinishReason,
     Request,
@@ -264,6 +269,7 @@ class Scheduler:
                 min_tokens_banned_ids=list(
                     request.sampling.banned_until_min_tokens(self._eos_token_ids)
                 ),
+                prompt_logprobs=prompt_logprobs_to_ask(request),
             )
         )
         request.seen_by_worker = True
@@ -310,6 +316,7 @@ class Scheduler:
             ):
                 continue  # finished, aborted or preempted since: its tokens are dropped
             self.block_manager.cache_computed_blocks(request)
+            take_prompt_logprobs(request, result)
             if indices is not None:
                 outputs.append(self._take_tokens(request, indices, result))
         return outputs
@@ -344,7 +351,7 @@ class Scheduler:
                 # already in flight) were computed past its end: never streamed.
                 self._finish(request, outputs[-1].finish_reason)
                 break
-        return merge_outputs(outputs)
+        return attach_prompt_logprobs(request, merge_outputs(outputs))
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error

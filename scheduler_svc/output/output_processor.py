@@ -27,6 +27,9 @@ def merge_outputs(outputs: Sequence[RequestOutput]) -> RequestOutput:
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         cached_prompt_tokens=last.cached_prompt_tokens,
+        prompt_logprobs=next(
+            (output.prompt_logprobs for output in outputs if output.prompt_logprobs), None
+        ),
     )
 
 

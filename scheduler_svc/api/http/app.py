@@ -32,6 +32,7 @@ from scheduler_svc.api.http.translate import (
     chat_requests,
     chat_top_logprobs,
     completion_requests,
+    scores_prompt_only,
 )
 from scheduler_svc.api.server import GenerationService
 
@@ -133,6 +134,10 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
             tokenizer.id_to_token_text,
             body.logprobs,
             body.include_usage,
+            echo=body.echo,
+            prompt_only=scores_prompt_only(body),
+            prompt_logprobs=body.prompt_logprobs,
+            decode=tokenizer.decode,
         )
         return await respond(request, body.stream, FanOut(service, choices), shaper)
 
