@@ -68,7 +68,7 @@ from scheduler_svc.core.request import (
     RequestStatus,
 )
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.output.output_processor import merge_outputs, token_logprob
+from scheduler_svc.output.output_processor import token_logprob
 from scheduler_svc.output.stop_checker import StopChecker
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
@@ -325,33 +325,44 @@ class Scheduler:
         self, request: Request, indices: list[int], result: StepOutput
     ) -> RequestOutput:
         """Takes a request's tokens of a step (one per step of its plan, at these indices
-        of result.token_ids) in order, up to the one that finishes it."""
+        of result.token_ids) in order, up to the one that finishes it, as one output.
+
+        Runs once per request per step at every batch size: plain locals, no
+        per-token objects but the token's logprob when asked."""
         stop_checker = self._stop_checkers[request.request_id]
-        outputs: list[RequestOutput] = []
+        output_ids = request.output_token_ids
+        num_prompt = len(request.prompt_token_ids)
+        new_token_ids: list[int] = []
+        logprobs: list = []
+        wants_logprobs = request.sampling.logprobs > 0
+        reason = None
         for index in indices:
             token_id = result.token_ids[index]
-            request.output_token_ids.append(token_id)
+            output_ids.append(token_id)
+            new_token_ids.append(token_id)
             request.num_pending_samples -= 1
-            request.sampled_since_admission = True
-            logprob = token_logprob(request, token_id, result.logprobs.get(index))
-            outputs.append(
-                RequestOutput(
-                    request_id=request.request_id,
-                    new_token_ids=[token_id],
-                    new_text="",
-                    logprobs=[logprob] if logprob is not None else [],
-                    finish_reason=stop_checker.check_token(request),
-                    prompt_tokens=request.num_prompt_tokens,
-                    completion_tokens=request.num_output_tokens,
-                    cached_prompt_tokens=request.cached_prompt_tokens,
-                )
-            )
-            if outputs[-1].finish_reason is not None:
+            if wants_logprobs:
+                logprob = token_logprob(request, token_id, result.logprobs.get(index))
+                if logprob is not None:
+                    logprobs.append(logprob)
+            reason = stop_checker.check(token_id, len(output_ids), num_prompt)
+            if reason is not None:
                 # The tokens after it (later steps of a multi-step plan, or the next plan
                 # already in flight) were computed past its end: never streamed.
-                self._finish(request, outputs[-1].finish_reason)
+                self._finish(request, reason)
                 break
-        return attach_prompt_logprobs(request, merge_outputs(outputs))
+        request.sampled_since_admission = True
+        output = RequestOutput(
+            request.request_id,
+            new_token_ids,
+            "",
+            logprobs,
+            reason,
+            num_prompt,
+            len(output_ids),
+            request.cached_prompt_tokens,
+        )
+        return attach_prompt_logprobs(request, output)
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error

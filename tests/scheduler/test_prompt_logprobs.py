@@ -65,11 +65,8 @@ def test_a_request_that_did_not_ask_gets_none_and_asks_nothing():
 
 
 def _move(source: Harness, destination: Harness) -> None:
-    for request, processor in source.scheduler.take_unfinished():
-        destination.scripts[request.seq_id] = source.scripts[request.seq_id]
-        destination.requests[request.request_id] = request
-        destination.outputs[request.request_id] = source.outputs.pop(request.request_id, [])
-        destination.scheduler.adopt(request, processor)
+    for request in source.scheduler.take_unfinished():
+        destination.adopt(request, source)
 
 
 @pytest.mark.parametrize("steps_before", [1, 2, 4, 6])
