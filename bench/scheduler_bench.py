@@ -92,19 +92,6 @@ def worker_counters(url: str) -> tuple[float, int]:
     return busy, int(steps)
 
 
-def api_process_pids(core_pid: int) -> list[int]:
-    """The API processes of a split scheduler (--api-processes), in start order."""
-    pids = []
-    for task in Path(f"/proc/{core_pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        pids += [int(pid) for pid in children]
-    return sorted(
-        pid
-        for pid in pids
-        if b"scheduler_svc.split.api_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    )
-
-
 def run_load(config: SchedulerBenchConfig, front: str, address: str, streams: int,
              watch: dict[str, int], seed: int) -> dict:  # fmt: skip
     """One run of the load generator; its LoadResult as a dict."""
@@ -162,9 +149,6 @@ def measure_stack(config: SchedulerBenchConfig, loads: list[Load]) -> list[Measu
     try:
         urls = [stack.worker_metrics_url(index) for index in range(len(stack.workers))]
         watch = {SCHEDULER: stack.scheduler.process.pid}
-        # --api-processes N: each API process apart, summed into the scheduler's CPU.
-        for index, pid in enumerate(api_process_pids(stack.scheduler.process.pid)):
-            watch[f"{SCHEDULER}/api{index}"] = pid
         watch |= {f"worker{i}": w.process.pid for i, w in enumerate(stack.workers)}
         # For a profiler to attach to (py-spy record --pid PID, see the README).
         _say("  pids: " + " ".join(f"{label}={pid}" for label, pid in watch.items()))
