@@ -22,6 +22,7 @@ import time
 import torch
 
 from cbserve.worker.v1 import worker_pb2
+from common.plan_sequences import continuing_sequences
 from common.sampling_params import SamplingParams
 from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
@@ -94,10 +95,10 @@ class ModelRunner:
             )
             self.sequences[seq.seq_id] = seq
             scheduled.append((seq, new.num_scheduled_tokens))
-        for cont in plan.continuing_sequences:
-            seq = self.sequences[cont.seq_id]
-            seq.block_ids.extend(cont.new_block_ids)
-            scheduled.append((seq, cont.num_scheduled_tokens))
+        for seq_id, num_scheduled, new_block_ids in continuing_sequences(plan):
+            seq = self.sequences[seq_id]
+            seq.block_ids.extend(new_block_ids)
+            scheduled.append((seq, num_scheduled))
         return scheduled
 
     def _run(

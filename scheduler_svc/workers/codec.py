@@ -27,12 +27,17 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
             sampling=sampling_to_worker(sequence.sampling, sequence.min_tokens_banned_ids),
             prompt_logprobs=sequence.prompt_logprobs,
         )
+    decodes = []
     for sequence in plan.continuing_sequences:
-        message.continuing_sequences.add(
-            seq_id=sequence.seq_id,
-            num_scheduled_tokens=sequence.num_scheduled_tokens,
-            new_block_ids=sequence.new_block_ids,
-        )
+        if sequence.num_scheduled_tokens == 1 and not sequence.new_block_ids:
+            decodes.append(sequence.seq_id)  # packed: common/plan_sequences.py
+        else:
+            message.continuing_sequences.add(
+                seq_id=sequence.seq_id,
+                num_scheduled_tokens=sequence.num_scheduled_tokens,
+                new_block_ids=sequence.new_block_ids,
+            )
+    message.decode_seq_ids.extend(decodes)
     return message
 
 

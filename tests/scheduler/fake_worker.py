@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cbserve.worker.v1 import worker_pb2 as wpb
+from common.plan_sequences import continuing_sequences
 from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
 
@@ -122,11 +123,11 @@ class FakeWorker:
                 prompt_logprobs=new.prompt_logprobs if new.HasField("prompt_logprobs") else None,
             )
             scheduled.append((new.seq_id, new.num_scheduled_tokens))
-        for cont in plan.continuing_sequences:
-            self._check(cont.seq_id in self.sequences, f"unknown sequence {cont.seq_id}")
-            self._check_blocks(cont.new_block_ids)
-            self.sequences[cont.seq_id].block_ids.extend(cont.new_block_ids)
-            scheduled.append((cont.seq_id, cont.num_scheduled_tokens))
+        for seq_id, num_scheduled, new_block_ids in continuing_sequences(plan):
+            self._check(seq_id in self.sequences, f"unknown sequence {seq_id}")
+            self._check_blocks(new_block_ids)
+            self.sequences[seq_id].block_ids.extend(new_block_ids)
+            scheduled.append((seq_id, num_scheduled))
         seq_ids = [seq_id for seq_id, _ in scheduled]
         self._check(len(set(seq_ids)) == len(seq_ids), f"a sequence twice in step {plan.step_id}")
         holders = self._holders()
