@@ -110,10 +110,13 @@ def match_output(
             f"step {output.step_id}: {num_sampling} sequence ids and {plan.num_steps} "
             f"steps but {len(output.token_ids)} token ids"
         )
-    sampled = {
-        seq_id: list(range(index, len(output.token_ids), num_sampling))
-        for index, seq_id in enumerate(output.seq_ids)
-    }
+    if plan.num_steps == 1:  # the common case, once per sequence per step: no range()
+        sampled = {seq_id: [index] for index, seq_id in enumerate(output.seq_ids)}
+    else:
+        sampled = {
+            seq_id: list(range(index, len(output.token_ids), num_sampling))
+            for index, seq_id in enumerate(output.seq_ids)
+        }
     if len(sampled) != num_sampling:
         raise RuntimeError(f"step {output.step_id}: a sequence id listed twice")
     scheduled = [(s.seq_id, s.num_scheduled_tokens) for s in plan.new_sequences]
