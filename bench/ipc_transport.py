@@ -67,7 +67,9 @@ def traffic_shapes(pace_s: float, prompt_tokens: int) -> tuple[Traffic, ...]:
 class Row:
     candidate: str
     traffic: Traffic
-    send_us_per_entry: float
+    send_us_per_entry: float  # the sending process's CPU, all threads
+    send_net_us_per_entry: float  # less the paced loop's own timer wake-ups
+    send_calls_us_per_entry: float  # in the send calls only (not ZeroMQ's I/O thread)
     recv_us_per_entry: float
     entries_per_s: float
     latency_p50_us: float  # meaningful when paced: back-to-back, it is queueing
@@ -102,6 +104,26 @@ async def _receive(candidate: str, traffic: Traffic, path: str, ready, done, res
     await receiver.close()
 
 
+async def _paced(send, pace_s: float, duration_s: float) -> tuple[int, float]:
+    """Calls send() every pace_s (or back-to-back) for duration_s: (calls, CPU in them)."""
+    next_at = time.monotonic()
+    end_at, calls, in_calls_s = next_at + duration_s, 0, 0.0
+    while (now := time.monotonic()) < end_at:
+        if pace_s:
+            if next_at > now:
+                await asyncio.sleep(next_at - now)
+            next_at += pace_s
+        call_start = time.process_time()
+        await send()
+        in_calls_s += time.process_time() - call_start
+        calls += 1
+    return calls, in_calls_s
+
+
+async def _nothing() -> None:
+    pass
+
+
 async def _send(candidate: str, traffic: Traffic, path: str, duration_s: float, done, results):
     transport, codec_name = candidate.split("+")
     codec = CODECS[codec_name]
@@ -110,24 +132,29 @@ async def _send(candidate: str, traffic: Traffic, path: str, duration_s: float, 
     else:
         message = codec.build_outputs(traffic.entries, 1, 0)
     _require_uvloop()
+    # What the paced loop costs with nothing to send (its timer wake-ups): the core's
+    # loop is awake at every step anyway, so that much is no transport's.
+    wake_s = 0.0
+    if traffic.pace_s:
+        idle_start = time.process_time()
+        wakes, _ = await _paced(_nothing, traffic.pace_s, min(duration_s, 1.0))
+        wake_s = (time.process_time() - idle_start) / wakes
     sender = TRANSPORTS[transport][0]()
     await sender.open(path)
+
+    async def send_one() -> None:
+        await sender.send(codec.encode(codec.stamp(message, time.monotonic_ns())))
+
     for _ in range(WARMUP_MESSAGES):
-        await sender.send(codec.encode(codec.stamp(message, time.monotonic_ns())))
-    cpu_start, wall_start = time.process_time(), time.monotonic()
-    next_at, end_at, sent = wall_start, wall_start + duration_s, 0
-    while (now := time.monotonic()) < end_at:
-        if traffic.pace_s:
-            if next_at > now:
-                await asyncio.sleep(next_at - now)
-            next_at += traffic.pace_s
-        await sender.send(codec.encode(codec.stamp(message, time.monotonic_ns())))
-        sent += 1
+        await send_one()
+    cpu_start = time.process_time()
+    sent, in_calls_s = await _paced(send_one, traffic.pace_s, duration_s)
     await sender.send(b"")
     # Wait for the receiver before reading the clock: ZeroMQ's I/O thread (and grpc's)
     # may still be moving the last messages, and their CPU is the sender's.
     await asyncio.get_running_loop().run_in_executor(None, done.wait, RESULT_TIMEOUT_S)
-    results.put(("sender", time.process_time() - cpu_start, sent))
+    cpu_s = time.process_time() - cpu_start
+    results.put(("sender", cpu_s, cpu_s - sent * wake_s, in_calls_s, sent))
     await sender.close()
 
 
@@ -161,7 +188,7 @@ def measure(candidate: str, traffic: Traffic, duration_s: float) -> Row:
         )
         for process in (sender, receiver):
             process.join(RESULT_TIMEOUT_S)
-    send_cpu_s, sent = reports["sender"]
+    send_cpu_s, send_net_s, send_calls_s, sent = reports["sender"]
     recv_cpu_s, recv_wall_s, latencies_ns = reports["receiver"]
     if len(latencies_ns) != sent:
         raise RuntimeError(f"{candidate}: {sent} messages sent, {len(latencies_ns)} received")
@@ -171,6 +198,8 @@ def measure(candidate: str, traffic: Traffic, duration_s: float) -> Row:
         candidate=candidate,
         traffic=traffic,
         send_us_per_entry=send_cpu_s * 1e6 / entries,
+        send_net_us_per_entry=send_net_s * 1e6 / entries,
+        send_calls_us_per_entry=send_calls_s * 1e6 / entries,
         recv_us_per_entry=recv_cpu_s * 1e6 / entries,
         entries_per_s=entries / recv_wall_s,
         latency_p50_us=statistics.median(latencies_us),
@@ -184,6 +213,8 @@ def best_of(rows: list[Row]) -> Row:
         candidate=rows[0].candidate,
         traffic=rows[0].traffic,
         send_us_per_entry=min(row.send_us_per_entry for row in rows),
+        send_net_us_per_entry=min(row.send_net_us_per_entry for row in rows),
+        send_calls_us_per_entry=min(row.send_calls_us_per_entry for row in rows),
         recv_us_per_entry=min(row.recv_us_per_entry for row in rows),
         entries_per_s=max(row.entries_per_s for row in rows),
         latency_p50_us=min(row.latency_p50_us for row in rows),
@@ -193,13 +224,14 @@ def best_of(rows: list[Row]) -> Row:
 
 def format_table(rows: list[Row]) -> str:
     lines = [
-        "| candidate | traffic | send us/entry | recv us/entry | entries/s at receiver "
-        "| latency p50 us | latency p99 us |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| candidate | traffic | send us/entry | send net of wake-ups | in send calls "
+        "| recv us/entry | entries/s at receiver | latency p50 us | latency p99 us |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         lines.append(
             f"| {row.candidate} | {row.traffic.label} | {row.send_us_per_entry:.3f} "
+            f"| {row.send_net_us_per_entry:.3f} | {row.send_calls_us_per_entry:.3f} "
             f"| {row.recv_us_per_entry:.3f} | {row.entries_per_s:,.0f} "
             + (
                 f"| {row.latency_p50_us:,.0f} | {row.latency_p99_us:,.0f} |"
