@@ -30,7 +30,7 @@ from pathlib import Path
 
 import uvloop
 
-from bench.ipc_messages import CODECS
+from bench.ipc_messages import CODECS, codec_costs
 from bench.ipc_transports import TRANSPORTS
 
 CANDIDATES = ("stream+pickle", "stream+msgspec", "zmq+msgspec", "zmq+pickle", "grpc+msgspec")
@@ -242,6 +242,23 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def format_codec_table(entries: int, prompt_tokens: int, rounds: int) -> str:
+    """The codecs alone, in this process: the floor under every transport's row."""
+    lines = [
+        f"| codec (in process) | encode us/entry x{entries} | decode us/entry x{entries} "
+        f"| encode us/submit {prompt_tokens} ids | decode us/submit {prompt_tokens} ids |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, codec in CODECS.items():
+        costs = [codec_costs(codec, entries, prompt_tokens, rounds) for _ in range(3)]
+        best = {key: min(run[key] for run in costs) for key in costs[0]}
+        lines.append(
+            f"| {name} | {best['encode outputs']:.3f} | {best['decode outputs']:.3f} "
+            f"| {best['encode submit']:.2f} | {best['decode submit']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def run(candidates, shapes, duration_s: float, repeat: int) -> list[Row]:
     return [
         best_of([measure(candidate, traffic, duration_s) for _ in range(repeat)])
@@ -270,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     shapes = traffic_shapes(args.pace_ms / 1e3, args.prompt_tokens)
     print(format_table(run(candidates, shapes, args.duration, args.repeat)))
+    print()
+    rounds = max(1, int(args.duration * 500))
+    print(format_codec_table(512, args.prompt_tokens, rounds))
     return 0
 
 

@@ -116,7 +116,7 @@ class GrpcReceiver:
         return await self._queue.get()
 
     async def close(self) -> None:
-        await self._server.stop(grace=None)
+        await self._server.stop(grace=1.0)  # lets the sender end its call
 
 
 class GrpcSender:

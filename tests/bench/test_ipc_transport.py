@@ -43,7 +43,8 @@ def test_codecs_round_trip_both_directions(codec):
 @pytest.mark.process
 def test_a_tiny_run_prints_a_row_for_every_candidate_and_traffic(capsys):
     assert main(["--duration", "0.05", "--pace-ms", "5", "--prompt-tokens", "64"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    tables = capsys.readouterr().out.split("\n\n")
+    rows = [line for line in tables[0].splitlines() if line.startswith("| ")][1:]
     labels = {(row.split(" | ")[0][2:], row.split(" | ")[1]) for row in rows}
     traffic = {
         "outputs x64, back-to-back",
@@ -56,3 +57,5 @@ def test_a_tiny_run_prints_a_row_for_every_candidate_and_traffic(capsys):
     for row in rows:
         costs = row.split(" | ")[2:7]
         assert all(re.fullmatch(r"-?[\d,]+\.\d{3}|[\d,]+", cost) for cost in costs), row
+    codec_rows = [line for line in tables[1].splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0][2:] for row in codec_rows] == list(CODECS)
