@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     except StartupError as error:
         print(f"scheduler_svc: cannot start: {error}", file=sys.stderr)
         return 1
+    except RuntimeError as error:  # split.core_process.ApiProcessExited
+        print(f"scheduler_svc: stopped: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

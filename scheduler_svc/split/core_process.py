@@ -40,6 +40,10 @@ from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
 log = structlog.get_logger("scheduler.core")
 
+class ApiProcessExited(RuntimeError):
+    """An API process died while the scheduler served: the scheduler stops (exit 1)."""
+
+
 # How long the API processes get to load the tokenizer and listen.
 API_READY_TIMEOUT_S = 120.0
 
@@ -134,7 +138,7 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
     exited = asyncio.create_task(children.first_exit())
     done, _ = await asyncio.wait({stopped, exited}, return_when=asyncio.FIRST_COMPLETED)
     failure = None
-    if exited in done:
+    if exited in done and not stop.is_set():  # Ctrl-C reaches the children too: no failure
         index, code = exited.result()
         failure = f"API process {index} exited with code {code}; stopping the scheduler"
         log.error("API process exited", api_process=index, exit_code=code)
@@ -151,7 +155,7 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
         await bounded_stage(name, stage)
     hub_server.close()
     if failure is not None:
-        raise StartupError(failure)
+        raise ApiProcessExited(failure)
 
 
 async def _wait_for_api_processes(hub: EdgeHub, children: ApiProcesses) -> None:
