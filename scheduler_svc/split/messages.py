@@ -63,11 +63,12 @@ def encode_output(output: RequestOutput) -> tuple:
         output.completion_tokens,
         output.cached_prompt_tokens,
         output.logprobs or None,
+        output.prompt_logprobs,
     )
 
 
 def decode_output(fields: tuple) -> RequestOutput:
-    request_id, token_ids, reason, prompt, completion, cached, logprobs = fields
+    request_id, token_ids, reason, prompt, completion, cached, logprobs, prompt_logprobs = fields
     return RequestOutput(
         request_id=request_id,
         new_token_ids=token_ids,
@@ -77,6 +78,7 @@ def decode_output(fields: tuple) -> RequestOutput:
         prompt_tokens=prompt,
         completion_tokens=completion,
         cached_prompt_tokens=cached,
+        prompt_logprobs=prompt_logprobs,
     )
 
 
