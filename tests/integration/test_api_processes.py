@@ -298,3 +298,22 @@ def test_a_client_gone_mid_stream_frees_its_request_in_the_core(locked, test_cer
     assert idle["cbserve_kv_blocks_used"] == 0
     assert idle[FINISHED_ABORT] == before[FINISHED_ABORT] + 1
     assert idle[FINISHED_LENGTH] == before[FINISHED_LENGTH]
+
+
+def test_logprobs_and_prompt_logprobs_cross_from_the_core(locked, test_certificates):
+    async def run():
+        connection = _connection(locked, test_certificates.ca)
+        try:
+            call = connection.generate(
+                "one two three four", max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1
+            )
+            return [response async for response in call]
+        finally:
+            await connection.close()
+
+    responses = asyncio.run(run())
+    prompt_tokens = responses[-1].usage.prompt_tokens
+    assert len(responses[0].prompt_logprobs) == prompt_tokens > 1
+    assert all(len(entry.top_logprobs) == 1 for entry in responses[0].prompt_logprobs[1:])
+    logprobs = [entry for response in responses for entry in response.logprobs]
+    assert len(logprobs) == 4 and all(len(entry.top_logprobs) == 2 for entry in logprobs)
