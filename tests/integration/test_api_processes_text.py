@@ -31,7 +31,10 @@ GREEDY = {"temperature": 0.0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def split_real(tmp_path_factory):
     stack = split_stack(
-        tmp_path_factory.mktemp("split-text"), worker_args=["--dtype", "float32"], http_port=0
+        tmp_path_factory.mktemp("split-text"),
+        # One thread: beside the session stack's worker, two cores are not oversubscribed.
+        worker_args=["--dtype", "float32", "--threads", "1"],
+        http_port=0,
     )
     yield stack
     stop_stack(stack)
