@@ -31,6 +31,7 @@ from worker_svc.plan_validation import PlanValidator
 from worker_svc.prompt_logprobs import PromptRows, prompt_rows, score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
+from worker_svc.token_bitmask import read_allowed_tokens
 
 
 class ModelRunner:
@@ -47,6 +48,8 @@ class ModelRunner:
         self.sampler = sampler or Sampler(loaded.device)
         self.sequences: dict[int, SequenceState] = {}
         self.validator = PlanValidator(loaded.vocab_size, loaded.max_model_len, pool)
+        # This step's allowed-token masks by seq_id (structured outputs; one-step plans).
+        self.allowed_tokens: dict = {}
 
     def reset(self) -> None:
         """Forget every sequence (a new Step stream starts empty)."""
@@ -55,6 +58,7 @@ class ModelRunner:
     def execute(self, plan: worker_pb2.StepPlan) -> worker_pb2.StepResult:
         started = time.perf_counter()
         sampling = self.validator.validate(plan, self.sequences)
+        self.allowed_tokens = read_allowed_tokens(plan)
         scheduled = self._apply(plan, sampling)
         result = worker_pb2.StepResult(step_id=plan.step_id)
         # Decodes first, longest context first: the attention backends then see
@@ -145,7 +149,12 @@ class ModelRunner:
                 # is still asked for: the model needs some index, the row is ignored.
                 torch.tensor(keep + scoring_rows or [len(input_ids) - 1], device=device),
             )
-            sampled = self.sampler.sample(logits[: len(keep)], samplers) if samplers else None
+            allowed = None
+            if self.allowed_tokens:
+                allowed = [self.allowed_tokens.get(seq.seq_id) for seq in samplers]
+            sampled = (
+                self.sampler.sample(logits[: len(keep)], samplers, allowed) if samplers else None
+            )
             if scoring:
                 result.prompt_logprobs.extend(score(logits[len(keep) :], scoring))
 

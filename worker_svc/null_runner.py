@@ -37,6 +37,7 @@ from worker_svc.model_runner import ModelRunner, record_sample
 from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
 from worker_svc.prompt_logprobs import prompt_rows
 from worker_svc.sequence import SequenceState
+from worker_svc.token_bitmask import allowed_ids
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,10 @@ class NullRunner(ModelRunner):
         if not samplers:
             return []
         first_step = not result.token_ids
-        for seq, token in zip(samplers, self.sampler.sample(samplers), strict=True):
+        tokens = self.sampler.sample(samplers)
+        if self.allowed_tokens:
+            tokens = self._within_masks(samplers, tokens)
+        for seq, token in zip(samplers, tokens, strict=True):
             # Not seq.append_token: its penalty counts are tensors, and no torch op
             # runs per step here (penalties do not change which ids are drawn).
             seq.token_ids.append(token)
@@ -139,6 +143,19 @@ class NullRunner(ModelRunner):
             result.top_token_ids.extend(made_up.top_token_ids[:num_top])
             result.top_logprobs.extend(made_up.top_logprobs[:num_top])
         return result
+
+    def _within_masks(self, samplers: list[SequenceState], tokens: list[int]) -> list[int]:
+        """A constrained row's token is one its mask allows (EOS, when the grammar is
+        complete, is all it allows), so constrained runs end as real ones do."""
+        chosen = list(tokens)
+        for row, seq in enumerate(samplers):
+            mask = self.allowed_tokens.get(seq.seq_id)
+            if mask is None:
+                continue
+            ids = allowed_ids(mask)
+            if len(ids) and chosen[row] not in ids:
+                chosen[row] = int(ids[self.sampler.index_below(len(ids))])
+        return chosen
 
 
 def read_null_model(config: WorkerConfig) -> tuple[NullModel, NullVocabulary]:

@@ -82,6 +82,10 @@ class NullSampler:
             return vocabulary.eos_token_id
         return rng.choice(vocabulary.token_ids)
 
+    def index_below(self, n: int) -> int:
+        """A uniform index in [0, n), from the sampler's own generator."""
+        return self._rng.randrange(n)
+
     def logprobs(self, token_id: int, num_logprobs: int) -> TokenLogprobs:
         """The sampled token as the most likely one, then others of halving probability."""
         top_ids = [token_id]

@@ -1,6 +1,7 @@
 """Token sampling for a whole batch of rows at once.
 
-Order per row (as in vLLM): logprobs are taken from the raw logits; then
+Order per row (as in vLLM): logprobs are taken from the raw logits; then the
+allowed-token mask of a constrained row (structured outputs, token_bitmask.py);
 repetition, frequency and presence penalties; the min_tokens ban; greedy rows
 take the argmax; the others divide by temperature, apply min_p, top_k, top_p
 and draw with the exponential race: argmax(probs / E) with E ~ Exp(1) per
@@ -18,9 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from common.sampling_params import SamplingParams
+from worker_svc.token_bitmask import apply_allowed_tokens
 
 _MASK64 = (1 << 64) - 1
 
@@ -167,12 +170,20 @@ class Sampler:
             self._batch_generator.manual_seed(seed)
         self._row_generator = torch.Generator()
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
-        """logits `[len(rows), vocab]`; the caller's tensor is not modified."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        allowed: list[np.ndarray | None] | None = None,
+    ) -> SamplerOutput:
+        """logits `[len(rows), vocab]`; the caller's tensor is not modified. allowed: per
+        row, the plan's mask words of a constrained row, or None."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
         raw = logits.float().to(self.device)
         processed = raw.clone()
+        if allowed is not None:
+            apply_allowed_tokens(processed, allowed)
         apply_penalties(processed, rows)
         apply_min_tokens(processed, rows)
         tokens = processed.argmax(-1)

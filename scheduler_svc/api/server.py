@@ -42,6 +42,7 @@ from scheduler_svc.core.request import FinishReason, RequestOutput
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.output.output_processor import merge_outputs
 from scheduler_svc.output.text_stream import TextStream
+from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.workers.engine import WorkerEngine
 from scheduler_svc.workers.handle import RequestHandle, StreamItem
 from scheduler_svc.workers.pool import WorkerPool
@@ -64,12 +65,16 @@ class GenerationService(pb_grpc.GenerationServicer):
         metrics: SchedulerMetrics | None = None,
         max_concurrent_streams: int = 1024,
         remote_exposition: Callable[[str], Awaitable[tuple[bytes, str]]] | None = None,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         """remote_exposition: where /metrics comes from in an API process (the core's
         whole registry, split/remote_pool.py); None: this process's registry."""
         self.pool = pool
         self._remote_exposition = remote_exposition
         self.tokenizer = tokenizer
+        self.grammars = (
+            grammars if grammars is not None else GrammarCompiler.for_tokenizer(tokenizer)
+        )
         self.max_waiting_requests = max_waiting_requests
         self.max_concurrent_streams = max_concurrent_streams
         self.metrics = metrics if metrics is not None else SchedulerMetrics(tokenizer.name)
@@ -89,7 +94,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             kv_capacity_tokens=self.pool.max_worker_capacity_tokens,
         )
 
-    def _place(
+    async def _place(
         self, request: pb.GenerateRequest, deadline: float | None, trace: RequestTrace
     ) -> tuple[ValidatedRequest, RequestHandle]:
         """Validates the request and queues it on a worker; raises ServiceError.
@@ -103,6 +108,11 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
             )
         validated = validate_request(request, self.tokenizer, self._limits())
+        # A structured output's grammar compiles in the compiler's thread (cached by
+        # constraint): this call waits, every other request's steps go on.
+        grammar = None
+        if validated.constraint is not None:
+            grammar = await self.grammars.compile(validated.constraint)
         if validated.request_id in self._in_flight:
             raise ServiceError(
                 f"request_id {validated.request_id!r} is already in flight; use a unique id",
@@ -114,7 +124,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
-        handle = self.pool.submit(validated.to_request(deadline))
+        handle = self.pool.submit(validated.to_request(deadline, grammar))
         trace.placed(handle.address, len(validated.prompt_token_ids))
         return validated, handle
 
@@ -201,7 +211,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         # before validation refuses one that is too long).
         with bound_contextvars(request_id=request.request_id[:MAX_REQUEST_ID_CHARS]):
             try:
-                validated, handle = self._place(request, deadline, trace)
+                validated, handle = await self._place(request, deadline, trace)
             except ServiceError as error:
                 trace.failed(error.code, error.message)
                 raise

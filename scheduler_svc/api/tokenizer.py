@@ -32,6 +32,22 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def with_tool_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The messages with the tools described at the end of the system message (one is
+    added first if there is none): for templates that do not render tools."""
+    listed = "\n".join(json.dumps(tool.get("function", tool)) for tool in tools)
+    prompt = (
+        "You can call these functions:\n"
+        f"{listed}\n"
+        'To call one, reply with only a JSON object: {"name": <function name>, '
+        '"arguments": <its arguments as an object>}.'
+    )
+    if messages and messages[0]["role"] == "system":
+        first = {"role": "system", "content": f"{messages[0]['content']}\n\n{prompt}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
 @dataclass(frozen=True)
 class ChatTurn:
     role: str
@@ -72,6 +88,9 @@ class Tokenizer:
             template_file.read_text() if template_file.exists() else config.get("chat_template")
         )
         self._chat_template = self._compile(template) if template else None
+        # Templates that render tools themselves read the `tools` variable; for the
+        # others, the tools are described in a system message (tool_prompt).
+        self._template_reads_tools = bool(template) and "tools" in template
 
     @staticmethod
     def _read_json(path: Path) -> dict:
@@ -109,7 +128,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def render_chat(self, turns: list[ChatTurn]) -> str:
+    def render_chat(self, turns: list[ChatTurn], tools: list[dict] | None = None) -> str:
+        """The prompt text of a chat; tools are OpenAI `tools` entries ({"type":
+        "function", "function": {...}}), given to the template."""
         if self._chat_template is None:
             raise InvalidArgument("chat", f"model {self.name} has no chat template; send a prompt")
         if not turns:
@@ -121,9 +142,12 @@ class Tokenizer:
                     f"must be one of {', '.join(CHAT_ROLES)}, got {turn.role!r}",
                 )
         messages = [{"role": turn.role, "content": turn.content} for turn in turns]
+        if tools and not self._template_reads_tools:
+            messages = with_tool_prompt(messages, tools)
         try:
             return self._chat_template.render(
                 messages=messages,
+                tools=tools or None,
                 add_generation_prompt=True,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -133,9 +157,13 @@ class Tokenizer:
                 "chat.messages", f"rejected by the chat template: {error}"
             ) from error
 
-    def encode_chat(self, turns: list[ChatTurn]) -> list[int]:
+    def encode_chat(self, turns: list[ChatTurn], tools: list[dict] | None = None) -> list[int]:
         # The template already contains the special tokens, as in transformers.
-        return self.encode(self.render_chat(turns), add_special_tokens=False)
+        return self.encode(self.render_chat(turns, tools), add_special_tokens=False)
+
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (what llguidance builds its own from)."""
+        return self._tokenizer.to_str()
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

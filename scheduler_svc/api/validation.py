@@ -8,6 +8,7 @@ allowed range. What passes is guaranteed to fit the model and the KV pool.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from common.sampling_codec import sampling_from_request
 from common.sampling_params import SamplingParams
 from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 from scheduler_svc.core.request import Request
+from scheduler_svc.structured.compiler import CompiledGrammar
+from scheduler_svc.structured.constraint import Constraint, constraint_from_proto
 
 MAX_REQUEST_ID_CHARS = 256
 
@@ -41,10 +44,15 @@ class ValidatedRequest:
     sampling: SamplingParams
     # Lower runs first; any int32 is allowed.
     priority: int = 0
+    # Structured outputs: compiled (GrammarCompiler, off the event loop) before the
+    # request is queued, so that a bad one is refused before anything is scheduled.
+    constraint: Constraint | None = None
 
-    def to_request(self, deadline: float | None) -> Request:
+    def to_request(self, deadline: float | None, grammar: CompiledGrammar | None = None) -> Request:
         """The scheduler's Request for it, arriving now; deadline is a time.monotonic()
-        value (the call's gRPC deadline)."""
+        value (the call's gRPC deadline); grammar is the constraint's, compiled."""
+        if (grammar is None) != (self.constraint is None):
+            raise ValueError("a constrained request needs its compiled grammar, and only it")
         return Request(
             request_id=self.request_id,
             prompt_token_ids=list(self.prompt_token_ids),
@@ -52,6 +60,7 @@ class ValidatedRequest:
             arrival_time=time.monotonic(),
             priority=self.priority,
             deadline=deadline,
+            structured=grammar.new_matcher() if grammar is not None else None,
         )
 
 
@@ -113,10 +122,30 @@ def _prompt_token_ids(
         chars = sum(len(m.content) + len(m.role) for m in messages)
         _check_text_fits("chat.messages", chars, tokenizer, limits.max_model_len)
         turns = [ChatTurn(m.role, m.content) for m in messages]
-        ids = tokenizer.encode_chat(turns)
+        ids = tokenizer.encode_chat(turns, _tools(request.chat))
     if not ids:
         raise InvalidArgument(kind, "must not be empty")
     return ids
+
+
+def _tools(chat: pb.Chat) -> list[dict] | None:
+    """The chat's tools as OpenAI `tools` entries, for the chat template."""
+    tools = []
+    for index, tool in enumerate(chat.tools):
+        if not tool.name:
+            raise InvalidArgument(f"chat.tools[{index}].name", "must not be empty")
+        function: dict = {"name": tool.name}
+        if tool.description:
+            function["description"] = tool.description
+        if tool.parameters_json:
+            try:
+                function["parameters"] = json.loads(tool.parameters_json)
+            except json.JSONDecodeError as error:
+                raise InvalidArgument(
+                    f"chat.tools[{index}].parameters_json", f"is not valid JSON: {error}"
+                ) from None
+        tools.append({"type": "function", "function": function})
+    return tools or None
 
 
 def _fit_max_tokens(
@@ -166,4 +195,5 @@ def validate_request(
             )
     prompt_ids = _prompt_token_ids(request, tokenizer, limits)
     sampling = _fit_max_tokens(sampling, len(prompt_ids), limits)
-    return ValidatedRequest(request_id, tuple(prompt_ids), sampling, request.priority)
+    constraint = constraint_from_proto(request.structured_output)
+    return ValidatedRequest(request_id, tuple(prompt_ids), sampling, request.priority, constraint)

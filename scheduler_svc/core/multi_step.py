@@ -19,6 +19,9 @@ lookahead never preempts anyone (the preemption rules of admission.py stay
 as they are, applied one token at a time by the next plans). When the free
 blocks do not cover n steps, fewer are planned, down to one.
 
+A plan with a constrained request (structured outputs) stays one step: its mask
+for a token needs the token before, which only the scheduler's matcher can say.
+
 A free function over the plan, the running requests and the block manager:
 the scheduler calls it on a one-step plan it has just built (so each decode
 already counts its first computed token and one pending sample) and takes the
@@ -57,6 +60,8 @@ def plan_decode_steps(
             return
         if request.num_pending_samples != 1 or request.num_computed_tokens != request.num_tokens:
             return
+        if request.structured is not None:
+            return  # its next mask needs this step's token: one step per plan
         requests.append(request)
     # This plan's own sample is pending already: n may be one more than the room left.
     num_steps = min(max_steps, *(room_to_sample(r, max_model_len) + 1 for r in requests))

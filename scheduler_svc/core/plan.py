@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.sampling_params import SamplingParams
+from scheduler_svc.structured.bitmask import TokenBitmask
 
 
 @dataclass
@@ -48,6 +49,9 @@ class StepPlan:
     # Decode steps the plan covers (multi-step decoding, see multi_step.py): above 1,
     # only decodes, each sampling num_steps tokens; blocks are given for all of them.
     num_steps: int = 1
+    # Allowed tokens of the constrained sequences that sample in this step
+    # (structured outputs); None when there are none.
+    allowed_tokens: TokenBitmask | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:

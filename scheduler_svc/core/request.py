@@ -10,6 +10,7 @@ import grpc
 
 from cbserve.v1 import generation_pb2 as pb
 from common.sampling_params import SamplingParams
+from scheduler_svc.structured.matcher import RequestMatcher
 
 # Worker-facing sequence ids are unique in the process, so that ids from a
 # dropped worker stream or another worker's scheduler can never be confused.
@@ -53,6 +54,9 @@ class Request:
     # Time on the scheduler's clock (time.monotonic unless one is injected)
     # from which the request is dropped with DEADLINE_EXCEEDED (its gRPC deadline).
     deadline: float | None = None
+    # Structured outputs: the request's grammar state, advanced with each token it
+    # accepts; None for free text.
+    structured: RequestMatcher | None = None
     seq_id: int = field(default_factory=lambda: next(_next_seq_id), init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
     # Leading tokens (prompt, then output) whose KV the worker has written, or writes in

@@ -34,6 +34,14 @@ preempted, aborted or finished since its plan went out are dropped.
 
 num_scheduler_steps > 1: multi_step.py. `take_unfinished` and `adopt` move
 requests between schedulers when a worker is lost.
+
+Structured outputs (scheduler_svc/structured): a constrained request's mask for
+its next token depends on the token before, so it is never planned ahead of a
+pending sample (as if its max_in_flight were 1) and never in a multi-step plan;
+the other rows of the same steps are planned as usual. The row that samples gets
+its mask in the plan; its matcher takes each token the request accepts and
+nothing else, and is rebuilt from the output tokens if it ever disagrees (a
+recompute after a preemption or on another worker checks that).
 """
 
 from __future__ import annotations
@@ -70,6 +78,7 @@ from scheduler_svc.core.request import (
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.output.output_processor import token_logprob
 from scheduler_svc.output.stop_checker import StopChecker
+from scheduler_svc.structured.scheduling import add_allowed_tokens, off_grammar_error
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale) and whether it samples.
@@ -193,6 +202,8 @@ class Scheduler:
                 break
             if request.num_pending_samples and room_to_sample(request, self.max_model_len) <= 0:
                 continue  # its last token is being sampled: it ends when that comes
+            if request.structured is not None and request.num_pending_samples:
+                continue  # its next mask needs the token in flight (see the module doc)
             num_scheduled = min(request.num_planned_tokens - request.num_computed_tokens, budget)
             if num_scheduled == 0:
                 continue
@@ -251,6 +262,8 @@ class Scheduler:
         samples = end == request.num_planned_tokens
         if samples:
             request.num_pending_samples += 1
+            if request.structured is not None:
+                add_allowed_tokens(plan, request)
         planned.append((request, request.num_preemptions, samples))
         if request.seen_by_worker:
             plan.continuing_sequences.append(
@@ -318,14 +331,17 @@ class Scheduler:
             self.block_manager.cache_computed_blocks(request)
             take_prompt_logprobs(request, result)
             if indices is not None:
-                outputs.append(self._take_tokens(request, indices, result))
+                output = self._take_tokens(request, indices, result)
+                if output is not None:
+                    outputs.append(output)
         return outputs
 
     def _take_tokens(
         self, request: Request, indices: list[int], result: StepOutput
-    ) -> RequestOutput:
+    ) -> RequestOutput | None:
         """Takes a request's tokens of a step (one per step of its plan, at these indices
-        of result.token_ids) in order, up to the one that finishes it, as one output.
+        of result.token_ids) in order, up to the one that finishes it, as one output; None
+        if its first token broke its grammar (the request failed).
 
         Runs once per request per step at every batch size: plain locals, no
         per-token objects but the token's logprob when asked."""
@@ -338,6 +354,10 @@ class Scheduler:
         reason = None
         for index in indices:
             token_id = result.token_ids[index]
+            if request.structured is not None and not request.structured.advance(token_id):
+                # Only a worker that ignored the mask sends such a token: never stream it.
+                self._fail(request, off_grammar_error(request, token_id))
+                break
             output_ids.append(token_id)
             new_token_ids.append(token_id)
             request.num_pending_samples -= 1
@@ -351,6 +371,8 @@ class Scheduler:
                 # already in flight) were computed past its end: never streamed.
                 self._finish(request, reason)
                 break
+        if not new_token_ids:
+            return None
         request.sampled_since_admission = True
         output = RequestOutput(
             request.request_id,

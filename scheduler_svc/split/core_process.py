@@ -40,6 +40,7 @@ from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
 log = structlog.get_logger("scheduler.core")
 
+
 class ApiProcessExited(RuntimeError):
     """An API process died while the scheduler served: the scheduler stops (exit 1)."""
 

@@ -38,6 +38,9 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
                 new_block_ids=sequence.new_block_ids,
             )
     message.decode_seq_ids.extend(decodes)
+    if plan.allowed_tokens:
+        message.allowed_tokens.seq_ids.extend(plan.allowed_tokens.seq_ids)
+        message.allowed_tokens.words = plan.allowed_tokens.words
     return message
 
 

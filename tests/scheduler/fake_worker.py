@@ -31,9 +31,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.plan_sequences import continuing_sequences
 from scheduler_svc.core.plan import StepOutput, StepPlan
+from scheduler_svc.structured.bitmask import allowed_ids
 from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
 
 # (seq_id, index of the output token to sample) -> token id
@@ -144,12 +147,13 @@ class FakeWorker:
                 len(sampling) == len(scheduled) and all(n == 1 for _, n in scheduled),
                 f"step {plan.step_id}: a multi-step plan with a sequence that is not a decode",
             )
+        allowed = self._allowed_tokens(plan, sampling)
         for step in range(num_steps):
             if step:  # each step computes the token the one before sampled
                 for seq_id in sampling:
                     self._check(self._compute(seq_id, 1, holders), "a decode that did not sample")
             for seq_id in sampling:
-                self._sample(seq_id, result)
+                self._sample(seq_id, result, allowed.get(seq_id))
         result.num_tokens = sum(n for _, n in scheduled) + (num_steps - 1) * len(sampling)
         return result
 
@@ -216,9 +220,32 @@ class FakeWorker:
                 entry.top_token_ids.append(seq.token_ids[position] + rank)
                 entry.top_logprobs.append(-float(rank))
 
-    def _sample(self, seq_id: int, result: wpb.StepResult) -> None:
+    def _allowed_tokens(self, plan: wpb.StepPlan, sampling: list[int]) -> dict[int, np.ndarray]:
+        """The allowed ids of each masked row; a mask must be for sampling rows of a
+        one-step plan, as the worker protocol says."""
+        mask = plan.allowed_tokens
+        if not mask.seq_ids:
+            return {}
+        self._check(
+            max(plan.num_steps, 1) == 1, f"step {plan.step_id}: a mask in a multi-step plan"
+        )
+        rows = np.frombuffer(mask.words, dtype="<i4").reshape(len(mask.seq_ids), -1)
+        allowed = {}
+        for seq_id, row in zip(mask.seq_ids, rows, strict=True):
+            self._check(
+                seq_id in sampling,
+                f"step {plan.step_id}: a mask for {seq_id}, which does not sample",
+            )
+            allowed[seq_id] = allowed_ids(row)
+        return allowed
+
+    def _sample(self, seq_id: int, result: wpb.StepResult, allowed: np.ndarray | None) -> None:
         seq = self.sequences[seq_id]
         token_id = self.script(seq_id, len(seq.sampled))
+        if allowed is not None and token_id not in allowed:
+            # As the real sampler: the script's token is masked out, take an allowed one.
+            self._check(len(allowed) > 0, f"sequence {seq_id}: a mask that allows nothing")
+            token_id = int(allowed[0])
         seq.sampled.append(token_id)
         seq.token_ids.append(token_id)
         index = len(result.token_ids)  # step-major: all of step s, then all of step s + 1

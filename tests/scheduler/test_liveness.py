@@ -252,15 +252,15 @@ def test_requests_waiting_for_a_worker_count_against_max_waiting_requests():
         service = GenerationService(pool, tokenizer, max_waiting_requests=1)
         deadline = time.monotonic() + 30.0
 
-        def place(prompt: str):
+        async def place(prompt: str):
             request = pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingParams(max_tokens=4))
-            return service._place(request, deadline, RequestTrace(service.metrics))
+            return await service._place(request, deadline, RequestTrace(service.metrics))
 
-        _, handle = place("wait for a worker")
+        _, handle = await place("wait for a worker")
         queue = handle.queue
         assert handle.holder is pool.orphans and pool.num_waiting == 1 and queue.empty()
         with pytest.raises(ServiceError) as refused:
-            place("one too many")
+            await place("one too many")
         assert refused.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
         await pool.stop()
         assert isinstance(queue.get_nowait(), ServiceError)

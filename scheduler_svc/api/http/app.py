@@ -28,6 +28,7 @@ from scheduler_svc.api.http.errors import OpenAIError, install_handlers
 from scheduler_svc.api.http.fan_out import FanOut
 from scheduler_svc.api.http.protocol import ChatCompletionRequest, CompletionRequest
 from scheduler_svc.api.http.shaping import Shaper
+from scheduler_svc.api.http.tools import tool_plan
 from scheduler_svc.api.http.translate import (
     chat_requests,
     chat_top_logprobs,
@@ -120,6 +121,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
             tokenizer.id_to_token_text,
             chat_top_logprobs(body),
             body.include_usage,
+            tools=tool_plan(body),
         )
         return await respond(request, body.stream, FanOut(service, choices), shaper)
 

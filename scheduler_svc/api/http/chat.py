@@ -1,9 +1,19 @@
-"""/v1/chat/completions responses: `chat.completion` and `chat.completion.chunk`."""
+"""/v1/chat/completions responses: `chat.completion` and `chat.completion.chunk`.
+
+With tools (tools.py), a reply that is a call is answered as `tool_calls` with
+finish_reason "tool_calls". A stream holds a choice's text back while it may still
+become a call (always, for a forced call) and sends the call whole, arguments
+included, in the choice's last chunk; text found not to be a call is sent as
+content from then on. Held text carries no logprobs.
+"""
 
 from __future__ import annotations
 
 from cbserve.v1 import generation_pb2 as pb
 from scheduler_svc.api.http.shaping import Shaper, finish_reason
+from scheduler_svc.api.http.tools import ToolPlan
+
+TOOL_CALLS = "tool_calls"
 
 
 def _entry(token: str, logprob: float) -> dict:
@@ -14,6 +24,15 @@ class ChatShaper(Shaper):
     id_prefix = "chatcmpl-"
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
+
+    def __init__(self, *args, tools: ToolPlan | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tools = tools
+        # Per choice: the text held back while it may be a call; the choices whose
+        # text is not a call (streamed as it comes); those whose role was sent.
+        self._held: dict[int, str] = {}
+        self._passing: set[int] = set()
+        self._role_sent: set[int] = set()
 
     def logprobs(self, responses: list[pb.GenerateResponse]) -> dict | None:
         if self.top_logprobs is None:
@@ -35,24 +54,60 @@ class ChatShaper(Shaper):
                 content.append(item)
         return {"content": content}
 
+    def _calls(self, text: str, reason: str | None) -> list[dict] | None:
+        # A call cut short (length, abort) is not a call: its text is returned as is.
+        if self.tools is None or reason != "stop":
+            return None
+        return self.tools.calls(text)
+
     def full_choice(self, index: int, responses: list[pb.GenerateResponse]) -> dict:
+        text = "".join(r.text for r in responses)
+        reason = finish_reason(responses[-1]) if responses else None
+        message: dict = {"role": "assistant", "content": text}
+        calls = self._calls(text, reason)
+        if calls:
+            message = {"role": "assistant", "content": None, "tool_calls": calls}
+            reason = TOOL_CALLS
         return {
             "index": index,
-            "message": {"role": "assistant", "content": "".join(r.text for r in responses)},
+            "message": message,
             "logprobs": self.logprobs(responses),
-            "finish_reason": finish_reason(responses[-1]) if responses else None,
+            "finish_reason": reason,
         }
 
     def chunk_choices(self, index: int, response: pb.GenerateResponse, first: bool) -> list[dict]:
-        delta: dict = {"content": response.text}
+        if self.tools is not None and index not in self._passing:
+            return self._tool_chunk(index, response)
+        return [self._chunk_choice(index, {"content": response.text}, response, first)]
+
+    def _chunk_choice(
+        self, index: int, delta: dict, response: pb.GenerateResponse, first: bool
+    ) -> dict:
         if first:
             # OpenAI's first delta of a choice names the role.
             delta = {"role": "assistant", **delta}
-        return [
-            {
-                "index": index,
-                "delta": delta,
-                "logprobs": self.logprobs([response]),
-                "finish_reason": finish_reason(response),
-            }
-        ]
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": self.logprobs([response]),
+            "finish_reason": finish_reason(response),
+        }
+
+    def _tool_chunk(self, index: int, response: pb.GenerateResponse) -> list[dict]:
+        """A chunk of a choice that may be a call: none while held, the call at its end."""
+        text = self._held.pop(index, "") + response.text
+        reason = finish_reason(response)
+        first = index not in self._role_sent
+        if reason is None and self.tools.may_become_call(text):
+            self._held[index] = text
+            return []
+        self._role_sent.add(index)
+        calls = self._calls(text, reason)
+        if calls:
+            delta = {"role": "assistant", "content": None}
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+            return [{"index": index, "delta": delta, "logprobs": None, "finish_reason": TOOL_CALLS}]
+        self._passing.add(index)
+        choice = self._chunk_choice(index, {"content": text}, response, first)
+        choice["logprobs"] = None if text != response.text else choice["logprobs"]
+        return [choice]

@@ -10,7 +10,7 @@ priority, stop_token_ids). Unknown fields are ignored, as vLLM and OpenAI do.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -28,6 +28,38 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: StrictBool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """response_format's json_schema: OpenAI's {"name", "schema", "strict"}."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    # "schema" would shadow a BaseModel attribute.
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    # Always enforced: the constraint is exact whatever strict says.
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs` extra field: exactly one of these."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    json_value: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: StrictBool | None = None
 
 
 class SamplingFields(BaseModel):
@@ -56,6 +88,9 @@ class SamplingFields(BaseModel):
     ignore_eos: StrictBool = False
     priority: Int32 = 0
     stop_token_ids: list[TokenId] | None = None
+    # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -69,6 +104,22 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    # A JSON text, as OpenAI sends it.
+    arguments: str = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -76,13 +127,51 @@ class ChatMessage(BaseModel):
     # A string, or text parts (joined); None for an assistant turn without text.
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # An assistant turn's calls, and a tool turn's answer to one.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+            text = ""
+        elif isinstance(self.content, str):
+            text = self.content
+        else:
+            text = "".join(part.text for part in self.content)
+        # Earlier calls are shown to the model as it was asked to write them.
+        calls = [
+            f'{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}'
+            for call in self.tool_calls or ()
+        ]
+        return "\n".join([text, *calls]) if text and calls else text or "\n".join(calls)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -90,6 +179,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int32 | None = None
     logprobs: StrictBool = False
     top_logprobs: Int32 | None = None
+    tools: list[Tool] | None = None
+    # Default: "auto" when tools are given, else "none".
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
 
 # A string, several strings, one list of token ids, or several.

@@ -126,7 +126,9 @@ class Shaper:
                 started.add(index)
                 if response.finish_reason:
                     finals[index] = response
-                yield sse(self._chunk(self.chunk_choices(index, response, first)))
+                choices = self.chunk_choices(index, response, first)
+                if choices:  # none while a choice holds its text back (chat.py, tools)
+                    yield sse(self._chunk(choices))
             if self.include_usage:
                 last = self._envelope(self.chunk_object_name, [])
                 last["usage"] = self.usage(finals)

@@ -8,6 +8,7 @@ only HTTP's (n, the logprobs switches, echo) is checked and worked out here.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from cbserve.v1 import generation_pb2 as pb
@@ -18,6 +19,7 @@ from scheduler_svc.api.http.protocol import (
     CompletionRequest,
     SamplingFields,
 )
+from scheduler_svc.api.http.tools import template_tools, tool_plan
 
 SEED_MODULUS = 2**64
 # Prompts times n: every choice is a request in the scheduler, so one call is bounded.
@@ -68,6 +70,48 @@ def _choices(
     return choices
 
 
+def structured_output(body: SamplingFields) -> pb.StructuredOutput | None:
+    """response_format (OpenAI) or structured_outputs (vLLM) as the proto's constraint;
+    its content (schema, regex, grammar) is checked on the one request path."""
+    outputs: list[pb.StructuredOutput] = []
+    form = body.response_format
+    if form is not None and form.type == "json_object":
+        outputs.append(pb.StructuredOutput(json_object=True))
+    elif form is not None and form.type == "json_schema":
+        if form.json_schema is None or form.json_schema.json_schema is None:
+            raise InvalidArgument("response_format.json_schema.schema", "is required")
+        outputs.append(pb.StructuredOutput(json_schema=json.dumps(form.json_schema.json_schema)))
+    vllm = body.structured_outputs
+    if vllm is not None:
+        given = {
+            name: value
+            for name, value in (
+                ("json", vllm.json_value),
+                ("regex", vllm.regex),
+                ("choice", vllm.choice),
+                ("grammar", vllm.grammar),
+                ("json_object", vllm.json_object or None),
+            )
+            if value is not None
+        }
+        if len(given) != 1:
+            raise InvalidArgument(
+                "structured_outputs",
+                "set exactly one of json, regex, choice, grammar, json_object",
+            )
+        [(name, value)] = given.items()
+        if name == "json":
+            text = value if isinstance(value, str) else json.dumps(value)
+            outputs.append(pb.StructuredOutput(json_schema=text))
+        elif name == "choice":
+            outputs.append(pb.StructuredOutput(choice=pb.ChoiceList(choices=value)))
+        else:
+            outputs.append(pb.StructuredOutput(**{name: value}))
+    if len(outputs) > 1:
+        raise InvalidArgument("structured_outputs", "give response_format or it, not both")
+    return outputs[0] if outputs else None
+
+
 def chat_top_logprobs(body: ChatCompletionRequest) -> int | None:
     """How many alternatives each token's logprobs list, or None for no logprobs."""
     if not body.logprobs:
@@ -93,6 +137,18 @@ def chat_requests(body: ChatCompletionRequest, request_id: str) -> list[Choice]:
     request.chat.SetInParent()
     for message in body.messages:
         request.chat.messages.add(role=message.role, content=message.text())
+    constraint = structured_output(body)
+    tools = tool_plan(body)
+    if tools is not None:
+        request.chat.tools.extend(template_tools(body))
+        if tools.forced:
+            if constraint is not None:
+                raise InvalidArgument(
+                    "tool_choice", "a required or named tool call cannot have a response_format"
+                )
+            constraint = tools.constraint()
+    if constraint is not None:
+        request.structured_output.CopyFrom(constraint)
     return _choices(body, [request], request_id)
 
 
@@ -128,8 +184,11 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[Choice
     if not prompts:
         raise InvalidArgument("prompt", "must not be empty")
     requests = []
+    constraint = structured_output(body)
     for prompt in prompts:
-        request = pb.GenerateRequest(sampling=sampling, priority=body.priority)
+        request = pb.GenerateRequest(
+            sampling=sampling, priority=body.priority, structured_output=constraint
+        )
         if isinstance(prompt, str):
             request.prompt = prompt
         else:

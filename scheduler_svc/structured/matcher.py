@@ -1,0 +1,58 @@
+"""One request's position in its grammar, kept in step with its accepted tokens.
+
+The matcher has consumed exactly the request's output tokens: the scheduler
+advances it with each token it appends (Scheduler._take_tokens) and never with a
+token it drops (a result for a preempted or finished request). `sync` checks that
+and rebuilds from the output tokens if not, so a request recomputed on any worker
+(after a preemption, or moved after a worker loss) masks from the right state.
+"""
+
+from __future__ import annotations
+
+import llguidance
+import numpy as np
+
+
+class RequestMatcher:
+    def __init__(self, template: llguidance.LLMatcher, num_words: int) -> None:
+        # The compiled grammar's start state, shared with other requests: never advanced.
+        self._template = template
+        self._matcher = template.deep_copy()
+        self.num_words = num_words
+        # Output tokens consumed so far.
+        self.num_tokens = 0
+
+    def advance(self, token_id: int) -> bool:
+        """Consumes one accepted token; False if the grammar does not allow it (the
+        matcher is then in an error state for good)."""
+        self.num_tokens += 1
+        return self._matcher.consume_token(token_id)
+
+    def sync(self, output_token_ids: list[int]) -> bool:
+        """Makes the matcher's state that after output_token_ids; True if it had to be
+        rebuilt (from a fresh copy: an llguidance matcher never leaves an error state)."""
+        if self.num_tokens == len(output_token_ids) and not self._matcher.is_error():
+            return False
+        self._matcher = self._template.deep_copy()
+        self._matcher.consume_tokens(list(output_token_ids))
+        self.num_tokens = len(output_token_ids)
+        return True
+
+    @property
+    def is_accepting(self) -> bool:
+        """The text so far is complete under the grammar."""
+        return self._matcher.is_accepting()
+
+    @property
+    def is_error(self) -> bool:
+        return self._matcher.is_error()
+
+    @property
+    def error(self) -> str:
+        return self._matcher.get_error()
+
+    def fill_mask(self, row: np.ndarray) -> None:
+        """Writes the allowed next tokens into row (num_words int32, C-contiguous)."""
+        if row.dtype != np.int32 or row.shape != (self.num_words,) or not row.flags.c_contiguous:
+            raise ValueError(f"a mask row is {self.num_words} contiguous int32 words")
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)

@@ -1,0 +1,92 @@
+"""The allowed-token mask on the worker: read from the plan, applied by the sampler
+before everything else, honoured by the null runner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cbserve.worker.v1 import worker_pb2 as pb
+from common.sampling_params import SamplingParams
+from worker_svc.errors import PlanError
+from worker_svc.sampler import PenaltyCounts, Sampler
+from worker_svc.token_bitmask import allowed_ids, apply_allowed_tokens, read_allowed_tokens
+
+from .test_null_runner import make_runner, new_seq
+
+VOCAB = 100
+
+
+def mask_row(ids, vocab=VOCAB) -> np.ndarray:
+    bits = np.zeros(((vocab + 31) // 32) * 32, dtype=np.uint8)
+    bits[list(ids)] = 1
+    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+
+
+class Row:
+    def __init__(self, **sampling) -> None:
+        self.sampling = SamplingParams(**sampling)
+        self.num_output_tokens = 0
+        self.penalties = PenaltyCounts(VOCAB, [7], [7, 7]) if self.sampling.uses_penalties else None
+
+
+def test_rows_round_trip_and_ids_past_the_mask_are_banned():
+    row = mask_row([0, 31, 32, 63, 99])
+    assert list(allowed_ids(row)) == [0, 31, 32, 63, 99]
+    logits = torch.zeros(2, VOCAB + 20)  # a model vocabulary padded past the tokenizer's
+    apply_allowed_tokens(logits, [None, row])
+    assert torch.isfinite(logits[0]).all()
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [0, 31, 32, 63, 99]
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 0.0},
+        {"temperature": 1.0, "seed": 3},
+        {"temperature": 0.7, "top_k": 5, "top_p": 0.9},
+        {"temperature": 0.0, "repetition_penalty": 1.5, "frequency_penalty": -2.0},
+    ],
+)
+def test_the_sampler_picks_only_allowed_tokens_whatever_else_is_set(sampling):
+    torch.manual_seed(0)
+    logits = torch.randn(3, VOCAB) * 5
+    logits[:, 7] = 100.0  # the favourite of every row, banned by the mask of row 1
+    allowed = [None, mask_row([3, 50, 60]), None]
+    rows = [Row(**sampling) for _ in range(3)]
+    sampler = Sampler(seed=0)
+    for _ in range(20):
+        out = sampler.sample(logits, rows, allowed)
+        assert out.token_ids[1] in (3, 50, 60)
+        if sampling.get("temperature") == 0.0 and "repetition_penalty" not in sampling:
+            assert out.token_ids[0] == out.token_ids[2] == 7  # free rows are untouched
+
+
+def plan_with_mask(seq_ids, rows, num_steps=1, sequences=(1,)) -> pb.StepPlan:
+    words = b"".join(r.astype("<i4").tobytes() for r in rows)
+    return pb.StepPlan(
+        step_id=1,
+        new_sequences=[new_seq(s, 3, [s]) for s in sequences],
+        num_steps=num_steps,
+        allowed_tokens=pb.TokenBitmask(seq_ids=seq_ids, words=words),
+    )
+
+
+def test_malformed_masks_refuse_the_plan():
+    row = mask_row([1])
+    with pytest.raises(PlanError, match="not in the plan"):
+        read_allowed_tokens(plan_with_mask([9], [row]))
+    with pytest.raises(PlanError, match="rows of words"):
+        read_allowed_tokens(plan_with_mask([1, 2], [row[:-1], row], sequences=(1, 2)))
+    with pytest.raises(PlanError, match="one step only"):
+        read_allowed_tokens(plan_with_mask([1], [row], num_steps=2))
+    assert set(read_allowed_tokens(plan_with_mask([1], [row]))) == {1}
+
+
+def test_the_null_runner_samples_within_the_mask():
+    runner = make_runner()  # its vocabulary is ids 100..139; the mask allows 5 and 7 only
+    rows = [mask_row([5, 7], vocab=200), mask_row(range(150, 160), vocab=200)]
+    result = runner.execute(plan_with_mask([1, 2], rows, sequences=(1, 2, 3)))
+    tokens = dict(zip(result.seq_ids, result.token_ids, strict=True))
+    assert tokens[1] in (5, 7) and 150 <= tokens[2] < 160 and 100 <= tokens[3] < 140
