@@ -43,7 +43,10 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         name="Intel Xeon, AVX-512 with VNNI, no bf16 (Ice Lake class)",
         flags=_AVX512_VNNI,
         # 1 thread, the best of several runs (a shared machine: 2-thread runs swung 10x).
-        # bfloat16 is emulated here (no avx512_bf16): the path refuses to run.
+        # bfloat16 is emulated here (no avx512_bf16): the path refuses to run. float32's
+        # oneDNN GEMM leads at M = 64 (q4_1's VNNI kernel: 79), q4_1 at M = 1; the whole
+        # decode step agrees (bench.step_compare: q4_1 1.9-2.1x float32 at batch 1, equal
+        # at batch 64), so q4_1 ranks first by the geometric mean, int8 aside (not auto).
         gflops={
             "float32": (11.0, 111.6),
             "int8": (21.4, 286.1),
