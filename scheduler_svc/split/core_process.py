@@ -36,6 +36,7 @@ from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.split import channel
 from scheduler_svc.split.core_side import EdgeHub
 from scheduler_svc.split.supervisor import ApiProcesses
+from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
 log = structlog.get_logger("scheduler.core")
@@ -94,6 +95,7 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
     hub = EdgeHub(
         pool,
         metrics.registry,
+        GrammarCompiler.for_tokenizer(tokenizer),
         num_edges=process.api_processes,
         max_waiting_requests=config.max_waiting_requests,
         max_concurrent_streams=faults.max_concurrent_streams,

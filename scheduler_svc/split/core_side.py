@@ -28,6 +28,7 @@ from common.metrics import exposition
 from scheduler_svc.core.request import Request, RequestOutput
 from scheduler_svc.split import messages as m
 from scheduler_svc.split.channel import Channel, ChannelClosed
+from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.workers.handle import RequestHandle
 from scheduler_svc.workers.pool import WorkerPool
 
@@ -93,6 +94,7 @@ class EdgeHub:
         self,
         pool: WorkerPool,
         registry,
+        grammars: GrammarCompiler,
         *,
         num_edges: int,
         max_waiting_requests: int,
@@ -101,6 +103,9 @@ class EdgeHub:
     ) -> None:
         self._pool = pool
         self._registry = registry
+        self._grammars = grammars
+        # Constrained requests whose grammar compiles, by id (an abort cancels one).
+        self._compiling: dict[str, asyncio.Task] = {}
         self._num_edges = num_edges
         self._max_waiting = max_waiting_requests
         self._max_streams = max_concurrent_streams
@@ -146,6 +151,9 @@ class EdgeHub:
         if kind == m.SUBMIT:
             self._submit(edge, *message[1:])
         elif kind == m.ABORT:
+            compiling = self._compiling.pop(message[1], None)
+            if compiling is not None:
+                compiling.cancel()
             entry = self._live.pop(message[1], None)
             if entry is not None:
                 entry[0].request_ids.discard(message[1])
@@ -157,18 +165,45 @@ class EdgeHub:
         else:
             log.error("unknown message from an API process", kind=kind, api_process=edge.index)
 
-    def _submit(self, edge: _Edge, request_id, prompt_token_ids, sampling, priority, deadline):
+    def _submit(self, edge: _Edge, *fields) -> None:
+        constraint = fields[-1]
+        if constraint is None:
+            self._place_for(edge, fields[:-1], None)
+            return
+        # A structured output: its grammar compiles in the compiler's thread (cached; the
+        # API process compiled it once already, so it is valid), then the request is
+        # placed; an abort that comes meanwhile cancels it (self._compiling).
+        request_id = fields[0]
+        task = asyncio.create_task(self._compile_then_place(edge, fields[:-1], constraint))
+        self._compiling[request_id] = task
+        task.add_done_callback(lambda _: self._compiling.pop(request_id, None))
+
+    async def _compile_then_place(self, edge: _Edge, fields: tuple, constraint) -> None:
         try:
-            handle = self._place(request_id, prompt_token_ids, sampling, priority, deadline)
+            grammar = await self._grammars.compile(constraint)
         except ServiceError as error:
-            edge.endings.append((request_id, None, "", m.encode_error(error)))
-            edge.schedule_flush()
+            self._refuse(edge, fields[0], error)
+            return
+        self._place_for(edge, fields, grammar)
+
+    def _place_for(self, edge: _Edge, fields: tuple, grammar) -> None:
+        request_id = fields[0]
+        try:
+            handle = self._place(*fields, grammar)
+        except ServiceError as error:
+            self._refuse(edge, request_id, error)
             return
         handle.queue = _Outbound(edge, handle, self)
         self._live[request_id] = (edge, handle)
         edge.request_ids.add(request_id)
 
-    def _place(self, request_id, prompt_token_ids, sampling, priority, deadline) -> RequestHandle:
+    def _refuse(self, edge: _Edge, request_id: str, error: ServiceError) -> None:
+        edge.endings.append((request_id, None, "", m.encode_error(error)))
+        edge.schedule_flush()
+
+    def _place(
+        self, request_id, prompt_token_ids, sampling, priority, deadline, grammar
+    ) -> RequestHandle:
         """The checks GenerationService._place makes, against the whole deployment."""
         pool = self._pool
         if not pool.connected_engines() and not pool.accepts_without_worker():
@@ -201,6 +236,7 @@ class EdgeHub:
             arrival_time=time.monotonic(),
             priority=priority,
             deadline=deadline,
+            structured=grammar.new_matcher() if grammar is not None else None,
         )
         return pool.submit(request)
 

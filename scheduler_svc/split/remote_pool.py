@@ -113,6 +113,9 @@ class RemotePool:
                 request.sampling,
                 request.priority,
                 request.deadline,
+                # The constraint, not the matcher: llguidance objects do not cross
+                # processes; the core compiles it again (cached there too).
+                request.structured.constraint if request.structured is not None else None,
             )
         )
         return handle

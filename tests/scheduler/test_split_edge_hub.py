@@ -17,8 +17,10 @@ from common.metrics import new_registry
 from scheduler_svc.core.request import FinishReason
 from scheduler_svc.split import messages as m
 from scheduler_svc.split.core_side import EdgeHub
+from scheduler_svc.structured.compiler import GrammarCompiler
+from scheduler_svc.structured.constraint import Constraint
 
-from .harness import make_request
+from .harness import load_tokenizer, make_request
 from .split_fakes import WORKER, FakeChannel, FakePool, make_output
 
 
@@ -31,6 +33,7 @@ class Hub:
         self.hub = EdgeHub(
             pool,
             new_registry(),
+            GrammarCompiler.for_tokenizer(load_tokenizer()),
             num_edges=num_edges,
             max_waiting_requests=limits.get("max_waiting_requests", 100),
             max_concurrent_streams=limits.get("max_concurrent_streams", 100),
@@ -56,9 +59,11 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
-def _submit(request_id: str, prompt=(1, 2, 3), priority: int = 0, deadline=None) -> tuple:
+def _submit(
+    request_id: str, prompt=(1, 2, 3), priority: int = 0, deadline=None, constraint=None
+) -> tuple:
     sampling = make_request(list(prompt), request_id, max_tokens=5).sampling
-    return (m.SUBMIT, request_id, list(prompt), sampling, priority, deadline)
+    return (m.SUBMIT, request_id, list(prompt), sampling, priority, deadline, constraint)
 
 
 def _endings(channel: FakeChannel) -> list[tuple]:
@@ -104,6 +109,26 @@ def test_a_submit_becomes_a_request_of_the_core():
     assert (request.request_id, request.prompt_token_ids) == ("a", [4, 5])
     assert (request.priority, request.deadline, request.sampling.max_tokens) == (2, 123.0, 5)
     assert request.arrival_time > 0
+    assert request.structured is None
+
+
+def test_a_constrained_submit_is_compiled_in_the_core_and_placed_with_a_matcher():
+    choice = Constraint(kind="choice", text='["yes", "no"]')
+
+    async def scenario():
+        hub = Hub(FakePool())
+        channel = await hub.connect(0)
+        channel.feed(_submit("c", constraint=choice))
+        for _ in range(200):  # the grammar compiles in a thread
+            await asyncio.sleep(0.01)
+            if hub.pool.submitted:
+                break
+        await hub.stop()
+        return hub.pool.submitted
+
+    (request,) = asyncio.run(scenario())
+    assert request.structured is not None and request.structured.constraint == choice
+    assert not request.structured.is_accepting  # nothing chosen yet
 
 
 @pytest.mark.parametrize(

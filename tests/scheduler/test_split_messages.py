@@ -131,6 +131,7 @@ def test_a_snapshot_sets_the_limits_and_the_workers():
         hub = EdgeHub(
             FakePool(),
             new_registry(),
+            grammars=None,  # only its snapshot is read here
             num_edges=1,
             max_waiting_requests=1,
             max_concurrent_streams=1,
