@@ -124,8 +124,9 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
+        submitted = trace.clock()
         handle = self.pool.submit(validated.to_request(deadline, grammar))
-        trace.placed(handle.address, len(validated.prompt_token_ids))
+        trace.placed(handle.address, len(validated.prompt_token_ids), submitted)
         return validated, handle
 
     async def exposition(self, accept: str) -> tuple[bytes, str]:
