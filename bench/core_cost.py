@@ -1,14 +1,13 @@
 """CPU per token of the scheduler's core loop alone, in process, with no gRPC.
 
 `python -m bench.core_cost [--requests 256] [--tokens 64] [--sync]`: one Scheduler
-(the real one: admission, block tables, plans, the output processors with their
-detokenizers and stop checks) drives N requests of 64-token prompts to T output
+(the real one: admission, block tables, plans, the token stop checks; text is the
+edge's, output/text_stream.py) drives N requests of 64-token prompts to T output
 tokens each, EOS ignored, answered by a stand-in that samples one token for every
 sequence whose scheduled tokens reach its end, exactly as a worker would. Two plans
 are in flight as with async scheduling unless --sync. Printed: process CPU seconds
-per token of schedule() and update_from_output() together, and of the output
-processing inside them (detokenize, stop checks), which the edge processes of a split
-deployment would take over. The stand-in's own time is not counted.
+per token of schedule() and update_from_output(), apart and together. The stand-in's
+own time is not counted.
 """
 
 from __future__ import annotations
@@ -67,7 +66,6 @@ def run(num_requests: int, num_tokens: int, in_flight: int, profile: bool) -> No
         num_blocks=num_requests * 12,
         block_size=16,
         max_model_len=2048,
-        tokenizer=tokenizer,
         eos_token_ids=tokenizer.eos_token_ids,
         max_in_flight=config.max_steps_in_flight,
     )
@@ -101,7 +99,7 @@ def run(num_requests: int, num_tokens: int, in_flight: int, profile: bool) -> No
         f"{num_requests} requests x {num_tokens} tokens, {scheduler.max_in_flight} plan(s) in "
         f"flight: scheduler core {(schedule_s + update_s) / total * 1e6:.1f} us of CPU per "
         f"token (schedule {schedule_s / total * 1e6:.1f}, update_from_output "
-        f"{update_s / total * 1e6:.1f}, which holds the output processing)"
+        f"{update_s / total * 1e6:.1f})"
     )
     if profiler:
         pstats.Stats(profiler).sort_stats("cumtime").print_stats(12)

@@ -13,8 +13,8 @@ The input is exactly one of: `prompt` (a string, tokenized by the server), `toke
 (a list of ints) or `chat` (turns rendered with the model's chat template). Sampling
 settings are keyword arguments named like SamplingParams' fields (temperature, top_p,
 top_k, min_p, seed, max_tokens, min_tokens, stop, stop_token_ids, ignore_eos,
-presence_penalty, frequency_penalty, repetition_penalty, logprobs); what is not given
-takes the server's default (temperature 1, max_tokens 256: see generation.proto).
+presence_penalty, frequency_penalty, repetition_penalty, logprobs, prompt_logprobs); what
+is not given takes the server's default (temperature 1, max_tokens 256: see generation.proto).
 `request_id` and `priority` (lower runs first) are GenerateRequest fields.
 
 Errors are gRPC statuses raised as `grpc.RpcError` (`grpc.aio.AioRpcError` for the
@@ -91,7 +91,8 @@ class Completion:
     """A whole reply, assembled from the stream.
 
     `text` and `token_ids` are the concatenated deltas, `logprobs` has one entry per
-    token when asked for, `finish_reason` is "STOP", "LENGTH" or "ABORT", and `usage`
+    token when asked for, `prompt_logprobs` one per prompt token when asked for (the
+    first one's logprob NaN), `finish_reason` is "STOP", "LENGTH" or "ABORT", and `usage`
     (prompt_tokens, completion_tokens, cached_prompt_tokens) comes with the last message.
     """
 
@@ -99,6 +100,7 @@ class Completion:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[pb.TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[pb.TokenLogprob] = field(default_factory=list)
     finish_reason: str = ""
     usage: pb.Usage | None = None
 
@@ -108,6 +110,7 @@ class Completion:
         self.text += response.text
         self.token_ids.extend(response.token_ids)
         self.logprobs.extend(response.logprobs)
+        self.prompt_logprobs.extend(response.prompt_logprobs)
         if response.finish_reason:
             self.finish_reason = pb.FinishReason.Name(response.finish_reason)
             self.usage = response.usage

@@ -7,6 +7,7 @@ their own process group and always stopped: SIGTERM, then SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,21 +36,32 @@ def free_port() -> int:
 
 
 class ChildProcess:
-    """A child whose stdout is watched for its ready line; stderr passes through."""
+    """A child whose stdout is watched for its ready line; stderr passes through (or goes
+    to a file, stderr_path)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        stderr_path: str | os.PathLike | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.lines: list[str] = []
         self._ready = threading.Event()
-        self.process = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            text=True,
-            # The child arms its own death signal (common.parent_watch).
-            env={**os.environ, **(env or {}), parent_watch.ENV_VAR: str(os.getpid())},
-            start_new_session=True,
-        )
+        with contextlib.ExitStack() as opened:
+            # The child gets its own descriptor: ours is closed once it is started.
+            stderr = None if stderr_path is None else opened.enter_context(open(stderr_path, "a"))
+            self.process = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                # The child arms its own death signal (common.parent_watch).
+                env={**os.environ, **(env or {}), parent_watch.ENV_VAR: str(os.getpid())},
+                start_new_session=True,
+            )
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
         self._reader.start()
 
@@ -105,6 +117,9 @@ class LocalStack:
     # Variables for the scheduler only: API keys go this way, not on its command line,
     # where any user of the host could read them (ps, /proc/PID/cmdline).
     scheduler_env: dict[str, str] = field(default_factory=dict)
+    # A file for the scheduler's stderr (its JSON log lines), for tests that read them;
+    # None: this process's stderr.
+    scheduler_log: str | os.PathLike | None = None
     host: str = "127.0.0.1"
     # --grace-period of every child, unless its args set one.
     grace_period_s: float = DEFAULT_GRACE_PERIOD_S
@@ -160,7 +175,10 @@ class LocalStack:
                 for worker in self.workers:
                     worker.wait_ready()
             self.scheduler = ChildProcess(
-                "scheduler", self.scheduler_argv(), env=self.scheduler_env
+                "scheduler",
+                self.scheduler_argv(),
+                env=self.scheduler_env,
+                stderr_path=self.scheduler_log,
             )
             self.scheduler.wait_ready()
             for worker in self.workers:

@@ -20,6 +20,7 @@ def create_server(
     *,
     credentials: grpc.ServerCredentials | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    share_port: bool = False,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """A server bound to `address` with the health service, and the port it bound
     (the real one when `address` asks for port 0). Binding happens here, before
@@ -27,8 +28,13 @@ def create_server(
 
     credentials: serve TLS (common.tls.server_credentials) instead of plaintext; a
     plaintext client is then refused at the handshake. interceptors: see every call
-    first (the scheduler's API key check)."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    first (the scheduler's API key check). share_port: SO_REUSEPORT, for the API
+    processes of one scheduler, which listen on one port (a port held by another
+    program that did not ask to share still fails the start)."""
+    options = SERVER_OPTIONS
+    if share_port:
+        options = [(key, 1 if key == "grpc.so_reuseport" else value) for key, value in options]
+    server = grpc.aio.server(options=options, interceptors=list(interceptors))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:

@@ -42,7 +42,10 @@ def configure_logging(level: str = "info", json_lines: bool | None = None) -> No
             _renderer(json_lines),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per line (print() makes two: the text, then the newline), so that
+        # processes sharing one stderr (a split scheduler's API processes) never
+        # interleave halves of their lines.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)

@@ -50,6 +50,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int = 0
+    # Score the prompt: None, no; k, each prompt token's logprob and its k most likely
+    # alternatives (vLLM's prompt_logprobs). The plan asks the worker per new sequence
+    # (NewSequence.prompt_logprobs), not through the worker's sampling settings.
+    prompt_logprobs: int | None = None
     # Filled in by the scheduler for the worker (banned_until_min_tokens): the
     # ids the worker must not sample while fewer than min_tokens are out.
     min_tokens_banned_ids: tuple[int, ...] = ()
@@ -97,6 +101,11 @@ class SamplingParams:
         if not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidArgument(
                 "sampling.logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise InvalidArgument(
+                "sampling.prompt_logprobs",
+                f"must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
             )
 
     @property

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 import structlog
@@ -33,7 +32,6 @@ from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
-from scheduler_svc.api.http.serve import HttpFront
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
@@ -46,13 +44,17 @@ from scheduler_svc.config import (
     SchedulerConfig,
 )
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
+from scheduler_svc.lifecycle import (
+    bounded_stage,
+    ready_line,
+    start_discovery,
+    start_http,
+    stop_event,
+)
 from scheduler_svc.metrics import SchedulerMetrics
-from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
 from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
-# Each shutdown stage after the drain gets this long (see _bounded_stage).
-SHUTDOWN_STAGE_TIMEOUT_S = 10.0
 
 log = structlog.get_logger("scheduler_svc")
 
@@ -134,29 +136,26 @@ async def serve(args: argparse.Namespace) -> None:
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
     # Before the workers, so that a port taken fails at once, without touching them.
-    http_front = await _start_http(service, edge, process.host, server)
+    http_front = await start_http(service, edge, process.host, server)
     try:
         await pool.start(process.worker, connect_timeout_s)
     except NoWorkerReady as error:
         await server.stop(grace=None)
         raise StartupError(str(error)) from error
-    discovery = None
-    if process.worker_dns:
-        hosts_file = process.worker_hosts_file
-        resolver = hosts_file_resolver(hosts_file) if hosts_file else dns_resolver
-        discovery = WorkerDiscovery(
-            process.worker_dns, pool, process.worker_dns_interval_s, resolver
-        )
-        discovery.start()
+    discovery = start_discovery(process, pool)
     # Set before the ready line, so that whoever waits for it finds the status current;
     # from then on it follows the workers.
     await set_serving(health, [SERVICE_NAME], serving=bool(pool.connected_engines()))
     health_task = asyncio.create_task(follow_workers(pool, health, [SERVICE_NAME]))
-    announce_ready(_ready_line(process, pool, metrics_server, http_front))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    announce_ready(
+        ready_line(
+            process,
+            pool,
+            metrics_server.port if metrics_server else None,
+            http_front.port if http_front else None,
+        )
+    )
+    stop = stop_event()
     await stop.wait()
     # Graceful shutdown: NOT_SERVING first (balancers stop sending), new calls get
     # UNAVAILABLE, calls in flight get --grace-period to finish; then stop.
@@ -174,58 +173,26 @@ async def serve(args: argparse.Namespace) -> None:
     if http_front is not None:
         stages.insert(0, ("http server", http_front.stop()))
     for name, stage in stages:
-        await _bounded_stage(name, stage)
-
-
-async def _bounded_stage(name: str, stage) -> None:
-    """One step of the shutdown after the drain, bounded: a SIGTERMed scheduler
-    must exit even if a peer never answers a close (a hung worker's channel, an
-    idle scrape connection); the stage that ran over is logged."""
-    try:
-        await asyncio.wait_for(stage, SHUTDOWN_STAGE_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        log.warning("shutdown stage timed out", stage=name, timeout_s=SHUTDOWN_STAGE_TIMEOUT_S)
-
-
-async def _start_http(service, edge: EdgeConfig, host: str, grpc_server) -> HttpFront | None:
-    """The OpenAI-compatible HTTP front, when --http-port is set (scheduler_svc/api/http)."""
-    if not edge.http_port:
-        return None
-    front = HttpFront(service, edge, host)
-    try:
-        await front.start()
-    except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
-        await grpc_server.stop(grace=None)
-        reason = getattr(error, "strerror", None) or str(error)
-        raise StartupError(f"http port {edge.http_port}: {reason}") from error
-    return front
-
-
-def _ready_line(process: ProcessConfig, pool: WorkerPool, metrics_server, http_front) -> str:
-    engines = pool.connected_engines()
-    parts = [f"scheduler ready on {process.host}:{process.port}"]
-    if process.worker:
-        parts.append(f"workers={','.join(process.worker)}")
-    if process.worker_dns:
-        parts.append(f"worker_dns={process.worker_dns}")
-    if engines:
-        parts.append(f"model={engines[0].client.description.model_name}")
-    parts.append(f"kv_capacity_tokens={sum(engine.capacity_tokens for engine in engines)}")
-    if metrics_server is not None:
-        parts.append(f"metrics_port={metrics_server.port}")
-    if http_front is not None:
-        parts.append(f"http_port={http_front.port}")
-    return " ".join(parts)
+        await bounded_stage(name, stage)
 
 
 def main(argv: list[str] | None = None) -> int:
     parent_watch.die_with_parent()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     configure_logging(args.log_level)
     try:
-        uvloop.run(serve(args))
+        if args.api_processes:
+            from scheduler_svc.split.core_process import serve_core
+
+            uvloop.run(serve_core(args, argv))
+        else:
+            uvloop.run(serve(args))
     except StartupError as error:
         print(f"scheduler_svc: cannot start: {error}", file=sys.stderr)
+        return 1
+    except RuntimeError as error:  # split.core_process.ApiProcessExited
+        print(f"scheduler_svc: stopped: {error}", file=sys.stderr)
         return 1
     return 0
 

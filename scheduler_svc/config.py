@@ -15,6 +15,8 @@ from common.defaults import DEFAULT_METRICS_PORT, DEFAULT_SCHEDULER_PORT
 from common.flag_fields import BENCH, SERVE, flag
 
 ENV_PREFIX = "CBSERVE_SCHEDULER_"
+# More API processes than cores only costs memory; 64 is far past any one host's need.
+MAX_API_PROCESSES = 64
 BATCHING_MODES = ("continuous", "static")
 # Keepalive pings every half of it must stay at or above 1 s (common.grpc_options).
 MIN_WORKER_TIMEOUT_S = 2.0
@@ -228,8 +230,21 @@ class ProcessConfig:
         "--worker-dns are retried for as long as they are listed",
     )
     log_level: str = flag("info", help="debug, info, warning, error")
+    api_processes: int = flag(
+        0,
+        metavar="N",
+        forwarded_by=(SERVE, BENCH),
+        help="run the API edge (gRPC and HTTP servers, validation, tokenizing, "
+        "detokenizing, stop strings, streaming) in N processes beside this one, which "
+        "then only schedules and drives the workers (vLLM's --api-server-count); they "
+        "share the gRPC and HTTP ports. 0: everything in this one process",
+    )
 
     def __post_init__(self) -> None:
+        if not 0 <= self.api_processes <= MAX_API_PROCESSES:
+            raise ValueError(
+                f"api_processes must be in [0, {MAX_API_PROCESSES}], got {self.api_processes}"
+            )
         if not self.worker and not self.worker_dns:
             raise ValueError("give at least one --worker HOST:PORT or a --worker-dns NAME:PORT")
         if self.worker_dns is not None:

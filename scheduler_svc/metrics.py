@@ -6,6 +6,11 @@ for step durations). Queue lengths, block counts and per-worker gauges are
 read from the pool's engines at scrape time (scheduler_svc.pool_metrics), so
 they cost nothing per step.
 
+With --api-processes N the request metrics (RequestTrace's) live in the API
+processes, in prometheus-client's multiprocess mode, and the core keeps the engine
+and pool ones; the core's registry reads the API processes' files too, so every
+/metrics shows the one whole view (split/supervisor.py).
+
 Every cbserve_* series carries `model_name`, as vLLM's do: the name of the
 model directory the scheduler's tokenizer is read from. The registry also
 holds the process's own metrics (process_resident_memory_bytes and the like).
@@ -28,7 +33,9 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 
 class SchedulerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, *, requests: bool = True, engine: bool = True) -> None:
+        """requests: the per-request series (the edge's); engine: the step, worker and
+        pool series (the core's). One process that is both has both."""
         self.model_name = model_name
         self.registry = registry = new_registry()
 
@@ -40,6 +47,13 @@ class SchedulerMetrics:
             # Bound to the model now, so that the series shows 0 before the first request.
             return histogram(name, help_text, buckets).labels(model_name)
 
+        if requests:
+            self._add_request_metrics(histogram, request_histogram)
+        if engine:
+            self._add_engine_metrics(histogram)
+
+    def _add_request_metrics(self, histogram, request_histogram) -> None:
+        model_name, registry = self.model_name, self.registry
         self.time_to_first_token = request_histogram(
             "cbserve_time_to_first_token_seconds",
             "From the Generate call to its first token sent to the client.",
@@ -65,6 +79,26 @@ class SchedulerMetrics:
             "Generated tokens of finished requests.",
             TOKEN_BUCKETS,
         )
+
+        self.requests_finished = Counter(
+            "cbserve_requests_finished_total",
+            "Requests that ended normally: stop (EOS, stop token or string), length "
+            "(max_tokens, model length), abort (cancelled or disconnected client).",
+            (MODEL_NAME_LABEL, "reason"),
+            registry=registry,
+        )
+        self.requests_failed = Counter(
+            "cbserve_requests_failed_total",
+            "Generate calls that ended with an error status, by gRPC status code.",
+            (MODEL_NAME_LABEL, "code"),
+            registry=registry,
+        )
+        # Known label values start at 0, so that rate() sees the first one.
+        for reason in FINISH_REASONS:
+            self.requests_finished.labels(model_name, reason)
+
+    def _add_engine_metrics(self, histogram) -> None:
+        model_name, registry = self.model_name, self.registry
         self.step_duration = histogram(
             "cbserve_step_duration_seconds",
             "One model step as the scheduler sees it: plan sent to result received.",
@@ -84,19 +118,6 @@ class SchedulerMetrics:
             "protobuf, network, detokenizing and streaming to clients.",
             labels=("worker",),
         )
-        self.requests_finished = Counter(
-            "cbserve_requests_finished_total",
-            "Requests that ended normally: stop (EOS, stop token or string), length "
-            "(max_tokens, model length), abort (cancelled or disconnected client).",
-            (MODEL_NAME_LABEL, "reason"),
-            registry=registry,
-        )
-        self.requests_failed = Counter(
-            "cbserve_requests_failed_total",
-            "Generate calls that ended with an error status, by gRPC status code.",
-            (MODEL_NAME_LABEL, "code"),
-            registry=registry,
-        )
         self.workers_lost = Counter(
             "cbserve_worker_lost_total",
             "Workers declared lost, by cause: disconnected (stream or connection ended), "
@@ -112,8 +133,6 @@ class SchedulerMetrics:
             registry=registry,
         ).labels(model_name)
         # Known label values start at 0, so that rate() sees the first one.
-        for reason in FINISH_REASONS:
-            self.requests_finished.labels(model_name, reason)
         for cause in LossCause:
             self.workers_lost.labels(model_name, cause.value)
 

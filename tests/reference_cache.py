@@ -183,6 +183,13 @@ def main() -> int:
         took = "cached" if hit else f"computed in {time.monotonic() - started:.1f} s"
         print(f"test-refs: {reference.name}: {len(reference.prompts)} prompts, {took}")
         print(f"  {reference.path()}")
+    # The prompt logprobs' (tests/prompt_reference.py): imported here, it imports this.
+    from tests.integration.test_prompt_logprobs import prompt_reference
+    from tests.prompt_reference import prompt_scores
+
+    reference = prompt_reference()
+    prompt_scores(reference)
+    print(f"test-refs: {reference.name}: {len(reference.prompts)} prompts\n  {reference.path()}")
     return 0
 
 

@@ -22,8 +22,15 @@ from common.sampling_params import SamplingParams
 # Dataclass fields that no client sends: the scheduler works them out.
 SCHEDULER_ONLY = {"min_tokens_banned_ids", "max_tokens_explicit"}
 # What the worker never needs: stops are checked by the scheduler, ignore_eos is folded
-# into min_tokens_banned_ids.
-NOT_FOR_THE_WORKER = {"stop", "stop_token_ids", "ignore_eos", "max_tokens_explicit"}
+# into min_tokens_banned_ids; prompt_logprobs is asked per new sequence (NewSequence),
+# since a recompute after the client got them must not ask again.
+NOT_FOR_THE_WORKER = {
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "max_tokens_explicit",
+    "prompt_logprobs",
+}
 
 FULL = SamplingParams(
     temperature=0.5,
@@ -40,6 +47,7 @@ FULL = SamplingParams(
     frequency_penalty=-0.5,
     repetition_penalty=1.25,
     logprobs=4,
+    prompt_logprobs=3,
 )
 
 
@@ -83,13 +91,31 @@ def test_a_bad_request_value_names_its_field():
         sampling_from_request(pb.SamplingParams(top_p=0.0))
 
 
+@pytest.mark.parametrize("value", [-1, 21])
+def test_prompt_logprobs_out_of_range_is_refused(value):
+    with pytest.raises(InvalidArgument, match=r"sampling.prompt_logprobs.*\[0, 20\]"):
+        sampling_from_request(pb.SamplingParams(prompt_logprobs=value))
+
+
+def test_prompt_logprobs_zero_differs_from_unset():
+    assert sampling_from_request(pb.SamplingParams()).prompt_logprobs is None
+    assert sampling_from_request(pb.SamplingParams(prompt_logprobs=0)).prompt_logprobs == 0
+    assert sampling_request_from({"prompt_logprobs": 0}).HasField("prompt_logprobs")
+    assert not sampling_request_from({"prompt_logprobs": None}).HasField("prompt_logprobs")
+
+
 def test_the_worker_gets_what_the_sampler_needs():
     message = sampling_to_worker(FULL, [2, 9, 100])
     assert message.num_logprobs == 4 and message.seed == FULL.seed
     assert list(message.min_tokens_banned_ids) == [2, 9, 100]
     back = sampling_from_worker(message)
     assert back == dataclasses.replace(
-        FULL, stop=(), stop_token_ids=(), ignore_eos=False, min_tokens_banned_ids=(2, 9, 100)
+        FULL,
+        stop=(),
+        stop_token_ids=(),
+        ignore_eos=False,
+        prompt_logprobs=None,
+        min_tokens_banned_ids=(2, 9, 100),
     )
 
 

@@ -42,8 +42,9 @@ PROCESS_EVENTS = frozenset(
     }
 )
 # Commands that run for milliseconds and are no part of what is tested: the test CA's
-# certificates (tests/tls_certs.py) and the stdlib's platform.processor() (`uname -p`).
-CHEAP_COMMANDS = frozenset({"openssl", "uname"})
+# certificates (tests/tls_certs.py), the stdlib's platform.processor() (`uname -p`), and
+# matplotlib's font lookup the first time it runs in a fresh home (`fc-list`).
+CHEAP_COMMANDS = frozenset({"openssl", "uname", "fc-list"})
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 
 

@@ -22,11 +22,13 @@ import time
 import torch
 
 from cbserve.worker.v1 import worker_pb2
+from common.plan_sequences import continuing_sequences
 from common.sampling_params import SamplingParams
 from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
 from worker_svc.plan_validation import PlanValidator
+from worker_svc.prompt_logprobs import PromptRows, prompt_rows, score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
 from worker_svc.token_bitmask import read_allowed_tokens
@@ -93,13 +95,14 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 sampling=sampling[new.seq_id],
                 vocab_size=self.loaded.vocab_size,
+                prompt_logprobs=new.prompt_logprobs if new.HasField("prompt_logprobs") else None,
             )
             self.sequences[seq.seq_id] = seq
             scheduled.append((seq, new.num_scheduled_tokens))
-        for cont in plan.continuing_sequences:
-            seq = self.sequences[cont.seq_id]
-            seq.block_ids.extend(cont.new_block_ids)
-            scheduled.append((seq, cont.num_scheduled_tokens))
+        for seq_id, num_scheduled, new_block_ids in continuing_sequences(plan):
+            seq = self.sequences[seq_id]
+            seq.block_ids.extend(new_block_ids)
+            scheduled.append((seq, num_scheduled))
         return scheduled
 
     def _run(
@@ -115,8 +118,13 @@ class ModelRunner:
         positions: list[int] = []
         keep: list[int] = []  # flat-batch index of each sampling sequence's last token
         samplers: list[SequenceState] = []
+        scoring: list[PromptRows] = []
+        scoring_rows: list[int] = []  # flat-batch index of each prompt position scored
         for seq, n in work:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            if (rows := prompt_rows(seq, start, end)) is not None:
+                scoring.append(rows)
+                scoring_rows.extend(range(len(input_ids), len(input_ids) + rows.num_rows))
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             if end == seq.num_tokens:
@@ -137,14 +145,18 @@ class ModelRunner:
                 torch.tensor(input_ids, device=device),
                 torch.tensor(positions, device=device),
                 context,
-                # With nothing to sample (only middle prefill chunks), one row is
-                # still asked for: the model needs some index, the row is ignored.
-                torch.tensor(keep or [len(input_ids) - 1], device=device),
+                # With nothing to sample or score (only middle prefill chunks), one row
+                # is still asked for: the model needs some index, the row is ignored.
+                torch.tensor(keep + scoring_rows or [len(input_ids) - 1], device=device),
             )
             allowed = None
             if self.allowed_tokens:
                 allowed = [self.allowed_tokens.get(seq.seq_id) for seq in samplers]
-            sampled = self.sampler.sample(logits, samplers, allowed) if samplers else None
+            sampled = (
+                self.sampler.sample(logits[: len(keep)], samplers, allowed) if samplers else None
+            )
+            if scoring:
+                result.prompt_logprobs.extend(score(logits[len(keep) :], scoring))
 
         for seq, n in work:
             seq.num_computed_tokens += n

@@ -15,6 +15,10 @@ worker's input preparation runs inside its step, so the step time is what the fl
 say unless the Python alone takes longer. StepResult.forward_seconds (and the worker's
 cbserve_worker_forward_seconds) is the whole time spent in the runner: its sum over
 a run, divided by the wall time, is how busy the worker was.
+
+Prompt logprobs are answered in the protocol's shape with made-up values (each
+prompt token as the most likely one, as NullSampler.logprobs makes them): the
+scheduler's side of them runs as it does on a real worker, no number means anything.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 from worker_svc.model_runner import ModelRunner, record_sample
 from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
+from worker_svc.prompt_logprobs import prompt_rows
 from worker_svc.sequence import SequenceState
 from worker_svc.token_bitmask import allowed_ids
 
@@ -105,6 +110,9 @@ class NullRunner(ModelRunner):
         num_tokens = 0
         for seq, n in work:
             num_tokens += n
+            rows = prompt_rows(seq, seq.num_computed_tokens, seq.num_computed_tokens + n)
+            if rows is not None:
+                result.prompt_logprobs.append(self._made_up_prompt_logprobs(rows))
             seq.num_computed_tokens += n
             if seq.num_computed_tokens == seq.num_tokens:
                 samplers.append(seq)
@@ -123,6 +131,18 @@ class NullRunner(ModelRunner):
             logprobs = self.sampler.logprobs(token, wanted) if wanted else None
             record_sample(result, seq.seq_id, token, logprobs, first_step)
         return samplers
+
+    def _made_up_prompt_logprobs(self, rows) -> worker_pb2.PromptLogprobs:
+        first, num_top = rows.first_position, rows.seq.prompt_logprobs
+        result = worker_pb2.PromptLogprobs(
+            seq_id=rows.seq.seq_id, first_position=first, num_top=num_top
+        )
+        for token in rows.seq.token_ids[first : first + rows.num_rows]:
+            made_up = self.sampler.logprobs(token, max(num_top, 1))
+            result.logprobs.append(made_up.logprob)
+            result.top_token_ids.extend(made_up.top_token_ids[:num_top])
+            result.top_logprobs.extend(made_up.top_logprobs[:num_top])
+        return result
 
     def _within_masks(self, samplers: list[SequenceState], tokens: list[int]) -> list[int]:
         """A constrained row's token is one its mask allows (EOS, when the grammar is

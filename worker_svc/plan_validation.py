@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from cbserve.worker.v1 import worker_pb2
+from common.plan_sequences import continuing_sequences
 from common.sampling_codec import sampling_from_worker
-from common.sampling_params import SamplingParams
+from common.sampling_params import MAX_LOGPROBS, SamplingParams
 from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPool
 from worker_svc.sequence import SequenceState
@@ -52,20 +53,23 @@ class PlanValidator:
             self._check_extent(
                 sid, new.num_computed_tokens, new.num_scheduled_tokens, total, len(new.block_ids)
             )
+            if new.HasField("prompt_logprobs") and new.prompt_logprobs > MAX_LOGPROBS:
+                raise PlanError(
+                    f"sequence {sid}: prompt_logprobs {new.prompt_logprobs} is over {MAX_LOGPROBS}"
+                )
             try:
                 sampling[sid] = sampling_from_worker(new.sampling)
             except ValueError as exc:
                 raise PlanError(f"sequence {sid}: {exc}") from None
-        for cont in plan.continuing_sequences:
-            sid = cont.seq_id
+        for sid, num_scheduled, new_block_ids in continuing_sequences(plan):
             if sid in listed:
                 raise PlanError(f"sequence {sid} is listed twice")
             listed.add(sid)
             if sid not in live:
                 raise PlanError(f"unknown sequence {sid}: not held by this worker on this stream")
             seq = sequences[sid]
-            self._check_block_ids(sid, cont.new_block_ids)
-            is_decode = cont.num_scheduled_tokens == 1
+            self._check_block_ids(sid, new_block_ids)
+            is_decode = num_scheduled == 1
             if num_steps > 1 and not (is_decode and seq.num_computed_tokens + 1 == seq.num_tokens):
                 raise PlanError(
                     f"sequence {sid}: a plan of {num_steps} steps must only hold decodes"
@@ -73,9 +77,9 @@ class PlanValidator:
             self._check_extent(
                 sid,
                 seq.num_computed_tokens,
-                cont.num_scheduled_tokens,
+                num_scheduled,
                 seq.num_tokens,
-                len(seq.block_ids) + len(cont.new_block_ids),
+                len(seq.block_ids) + len(new_block_ids),
                 # Each step after the first computes the token the one before sampled.
                 lookahead=num_steps - 1,
             )

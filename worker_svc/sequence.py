@@ -23,6 +23,9 @@ class SequenceState:
     block_ids: list[int]
     sampling: SamplingParams
     penalties: PenaltyCounts | None = field(default=None, repr=False)
+    # Score the prompt positions this sequence computes, with this many alternatives
+    # (NewSequence.prompt_logprobs); None: no.
+    prompt_logprobs: int | None = None
 
     @classmethod
     def create(
@@ -34,6 +37,7 @@ class SequenceState:
         block_ids: list[int],
         sampling: SamplingParams,
         vocab_size: int,
+        prompt_logprobs: int | None = None,
     ) -> SequenceState:
         penalties = None
         if sampling.uses_penalties:
@@ -46,6 +50,7 @@ class SequenceState:
             block_ids=block_ids,
             sampling=sampling,
             penalties=penalties,
+            prompt_logprobs=prompt_logprobs,
         )
 
     @property

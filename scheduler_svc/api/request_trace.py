@@ -48,10 +48,12 @@ class RequestTrace:
         # (code, message) once the call has failed; the handler aborts with it.
         self.failure: tuple[grpc.StatusCode, str] | None = None
 
-    def placed(self, worker: str, prompt_tokens: int) -> None:
+    def placed(self, worker: str, prompt_tokens: int, submitted: float | None = None) -> None:
+        """submitted: when it was handed to the pool, if not now (an API process's core
+        may schedule it before this line runs)."""
         self.worker = worker
         self.prompt_tokens = prompt_tokens
-        self.submitted = self.clock()
+        self.submitted = self.clock() if submitted is None else submitted
 
     def token_sent(self, output: RequestOutput) -> None:
         if not output.new_token_ids:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from structlog.contextvars import bound_contextvars
@@ -28,6 +28,7 @@ from structlog.contextvars import bound_contextvars
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.errors import ServiceError
+from common.metrics import exposition
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.validation import (
@@ -40,6 +41,7 @@ from scheduler_svc.api.wire import refuse_undecodable, to_response
 from scheduler_svc.core.request import FinishReason, RequestOutput
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.output.output_processor import merge_outputs
+from scheduler_svc.output.text_stream import TextStream
 from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.workers.engine import WorkerEngine
 from scheduler_svc.workers.handle import RequestHandle, StreamItem
@@ -62,9 +64,13 @@ class GenerationService(pb_grpc.GenerationServicer):
         max_waiting_requests: int = 1024,
         metrics: SchedulerMetrics | None = None,
         max_concurrent_streams: int = 1024,
+        remote_exposition: Callable[[str], Awaitable[tuple[bytes, str]]] | None = None,
         grammars: GrammarCompiler | None = None,
     ) -> None:
+        """remote_exposition: where /metrics comes from in an API process (the core's
+        whole registry, split/remote_pool.py); None: this process's registry."""
         self.pool = pool
+        self._remote_exposition = remote_exposition
         self.tokenizer = tokenizer
         self.grammars = (
             grammars if grammars is not None else GrammarCompiler.for_tokenizer(tokenizer)
@@ -118,9 +124,16 @@ class GenerationService(pb_grpc.GenerationServicer):
                 "--max-waiting-requests); retry later with backoff",
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
             )
+        submitted = trace.clock()
         handle = self.pool.submit(validated.to_request(deadline, grammar))
-        trace.placed(handle.address, len(validated.prompt_token_ids))
+        trace.placed(handle.address, len(validated.prompt_token_ids), submitted)
         return validated, handle
+
+    async def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The metrics body and Content-Type for a scrape that sent `accept`."""
+        if self._remote_exposition is not None:
+            return await self._remote_exposition(accept)
+        return exposition(self.metrics.registry, accept)
 
     @property
     def draining(self) -> bool:
@@ -203,14 +216,16 @@ class GenerationService(pb_grpc.GenerationServicer):
             except ServiceError as error:
                 trace.failed(error.code, error.message)
                 raise
-            async for response in self._stream(handle, trace):
+            text = TextStream(self.tokenizer, validated.prompt_token_ids, validated.sampling)
+            async for response in self._stream(handle, text, trace):
                 yield response
             if trace.failure is not None:
                 code, message = trace.failure
                 raise ServiceError(message, code)
 
-    async def _stream(self, handle: RequestHandle, trace: RequestTrace):
-        """Yields the request's responses; records how it ended in trace."""
+    async def _stream(self, handle: RequestHandle, text: TextStream, trace: RequestTrace):
+        """Yields the request's responses, their text made here (not in the core);
+        records how it ended in trace."""
         request_id = handle.request_id
         self._in_flight.add(request_id)
         self._placed[request_id] = handle
@@ -226,6 +241,11 @@ class GenerationService(pb_grpc.GenerationServicer):
                     outcome = item
                     break
                 item, held = _coalesce(item, handle.queue)
+                item, stopped = text.process(item)
+                if stopped:
+                    # A stop string: the core learns it here and drops the request.
+                    handle.abort()
+                    held = None
                 trace.token_sent(item)
                 outcome = item.finish_reason
                 yield to_response(item, self.tokenizer)
@@ -233,6 +253,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             self._in_flight.discard(request_id)
             self._placed.pop(request_id, None)
             trace.first_scheduled = handle.first_scheduled
+            trace.worker = handle.address or trace.worker
             if outcome is None:
                 # Cancelled, disconnected or past its deadline: free its blocks.
                 handle.abort()

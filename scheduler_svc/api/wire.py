@@ -8,28 +8,30 @@ from google.protobuf.message import DecodeError
 
 from cbserve.v1 import generation_pb2 as pb
 from scheduler_svc.api.tokenizer import Tokenizer
-from scheduler_svc.core.request import RequestOutput
+from scheduler_svc.core.request import RequestOutput, TokenLogprob
+
+
+def _token_logprob(entry: TokenLogprob, tokenizer: Tokenizer) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token_id=entry.token_id,
+        logprob=entry.logprob,
+        top_logprobs=[
+            pb.TopLogprob(
+                token_id=token_id, logprob=logprob, token=tokenizer.id_to_token_text(token_id)
+            )
+            for token_id, logprob in entry.top
+        ],
+    )
 
 
 def to_response(output: RequestOutput, tokenizer: Tokenizer) -> pb.GenerateResponse:
     response = pb.GenerateResponse(
         request_id=output.request_id, text=output.new_text, token_ids=output.new_token_ids
     )
-    for entry in output.logprobs or ():
-        response.logprobs.append(
-            pb.TokenLogprob(
-                token_id=entry.token_id,
-                logprob=entry.logprob,
-                top_logprobs=[
-                    pb.TopLogprob(
-                        token_id=token_id,
-                        logprob=logprob,
-                        token=tokenizer.id_to_token_text(token_id),
-                    )
-                    for token_id, logprob in entry.top
-                ],
-            )
-        )
+    response.logprobs.extend(_token_logprob(entry, tokenizer) for entry in output.logprobs or ())
+    response.prompt_logprobs.extend(
+        _token_logprob(entry, tokenizer) for entry in output.prompt_logprobs or ()
+    )
     if output.finish_reason is not None:
         response.finish_reason = output.finish_reason.to_proto()
         response.usage.CopyFrom(

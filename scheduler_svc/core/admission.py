@@ -43,6 +43,7 @@ import grpc
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.prompt_logprobs import wants_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestError, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
 
@@ -232,7 +233,8 @@ class AdmissionQueue:
                 return
 
     def _cached_prefix(self, request: Request) -> list[int]:
-        if not self.blocks.enable_prefix_caching:
+        # A cached block has no logits: a prompt still to be scored is computed whole.
+        if not self.blocks.enable_prefix_caching or wants_prompt_logprobs(request):
             return []
         token_ids = request.all_token_ids
         extend_block_hashes(request.block_hashes, token_ids, self.blocks.block_size)

@@ -28,6 +28,8 @@ class NewSequence:
     sampling: SamplingParams
     # Token ids the worker must not sample while fewer than min_tokens are out.
     min_tokens_banned_ids: list[int] = field(default_factory=list)
+    # Score the prompt positions it computes, with this many alternatives; None: no.
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -69,6 +71,16 @@ class SampledLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
+@dataclass(frozen=True)
+class PromptLogprobsSlice:
+    """A run of one sequence's scored prompt tokens: logprobs[i] is prompt position
+    first_position + i's, top[i] its most likely tokens, (token_id, logprob)."""
+
+    first_position: int
+    logprobs: list[float]
+    top: list[tuple[tuple[int, float], ...]]
+
+
 @dataclass
 class StepOutput:
     """A step's sampled tokens: token_ids[i] for seq_ids[i] (sequences that finished
@@ -81,6 +93,9 @@ class StepOutput:
     token_ids: list[int] = field(default_factory=list)
     # By index into token_ids, for sequences that asked for logprobs.
     logprobs: dict[int, SampledLogprobs] = field(default_factory=dict)
+    # By seq_id, for sequences that asked for prompt logprobs and computed prompt
+    # positions in the step.
+    prompt_logprobs: dict[int, PromptLogprobsSlice] = field(default_factory=dict)
     # Time inside the worker's model runner (validate, forward, sample).
     forward_seconds: float = 0.0
     # Tokens the worker computed in the step, as it counted them.
@@ -99,10 +114,13 @@ def match_output(
             f"step {output.step_id}: {num_sampling} sequence ids and {plan.num_steps} "
             f"steps but {len(output.token_ids)} token ids"
         )
-    sampled = {
-        seq_id: list(range(index, len(output.token_ids), num_sampling))
-        for index, seq_id in enumerate(output.seq_ids)
-    }
+    if plan.num_steps == 1:  # the common case, once per sequence per step: no range()
+        sampled = {seq_id: [index] for index, seq_id in enumerate(output.seq_ids)}
+    else:
+        sampled = {
+            seq_id: list(range(index, len(output.token_ids), num_sampling))
+            for index, seq_id in enumerate(output.seq_ids)
+        }
     if len(sampled) != num_sampling:
         raise RuntimeError(f"step {output.step_id}: a sequence id listed twice")
     scheduled = [(s.seq_id, s.num_scheduled_tokens) for s in plan.new_sequences]

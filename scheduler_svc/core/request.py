@@ -84,6 +84,10 @@ class Request:
     num_bypassed: int = field(default=0, init=False)
     # The scheduler ended the request with an error (deadline, does not fit).
     error: RequestError | None = field(default=None, init=False)
+    # Its prompt's logprobs so far, from position 1 on, until the first output carries
+    # them (core/prompt_logprobs.py); then sent, and never asked of a worker again.
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
+    prompt_logprobs_sent: bool = field(default=False, init=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -160,3 +164,6 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_prompt_tokens: int = 0
+    # On the request's first output, when it asked for prompt logprobs: one entry per
+    # prompt token, the first one's logprob NaN (nothing predicts it); else None.
+    prompt_logprobs: list[TokenLogprob] | None = None

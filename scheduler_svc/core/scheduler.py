@@ -15,8 +15,10 @@ One Scheduler per worker. Each step, `schedule()` fills a token budget
 The plan is a diff (vLLM's SchedulerOutput idea): a sequence the worker has
 not seen carries its tokens, sampling settings and block table; one it holds
 carries only how many tokens to compute and its new blocks.
-`update_from_output()` appends the sampled tokens, detokenizes, checks stops,
-registers newly full blocks in the prefix cache and frees what finished.
+`update_from_output()` appends the sampled tokens, checks the stops that tokens
+alone decide (EOS, stop token ids, max_tokens, model length), registers newly full
+blocks in the prefix cache and frees what finished. Text (detokenizing, stop
+strings) is the edge's (output/text_stream.py): nothing here costs per character.
 
 Async scheduling: up to `max_in_flight` plans may be out at once (see
 workers/step_loop.py). What a plan computes counts as computed when planned,
@@ -61,6 +63,11 @@ from scheduler_svc.core.plan import (
     StepPlan,
     match_output,
 )
+from scheduler_svc.core.prompt_logprobs import (
+    attach_prompt_logprobs,
+    prompt_logprobs_to_ask,
+    take_prompt_logprobs,
+)
 from scheduler_svc.core.request import (
     FinishReason,
     Request,
@@ -69,12 +76,8 @@ from scheduler_svc.core.request import (
     RequestStatus,
 )
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.output.detokenizer import Decoder
-from scheduler_svc.output.output_processor import (
-    RequestOutputProcessor,
-    merge_outputs,
-    token_logprob,
-)
+from scheduler_svc.output.output_processor import token_logprob
+from scheduler_svc.output.stop_checker import StopChecker
 from scheduler_svc.structured.scheduling import add_allowed_tokens, off_grammar_error
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
@@ -89,7 +92,6 @@ class Scheduler:
         num_blocks: int,
         block_size: int,
         max_model_len: int,
-        tokenizer: Decoder,
         eos_token_ids: Sequence[int],
         stats: SchedulerStats | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -104,14 +106,13 @@ class Scheduler:
         self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
         self.stats = stats if stats is not None else SchedulerStats()
         self._clock = clock
-        self._tokenizer = tokenizer
         self._eos_token_ids = tuple(eos_token_ids)
         self.queue = AdmissionQueue(config, self.block_manager, self.stats)
-        # Unfinished requests, for abort by id, with their output processors.
+        # Unfinished requests, for abort by id, with their token stop rules.
         self._requests: dict[str, Request] = {}
         # (deadline, seq_id, request) of the requests with a deadline, soonest first.
         self._deadlines: list[tuple[float, int, Request]] = []
-        self._processors: dict[str, RequestOutputProcessor] = {}
+        self._stop_checkers: dict[str, StopChecker] = {}
         # Sequences the worker must drop, sent with the next plan.
         self._finished_seq_ids: list[int] = []
         # Requests the scheduler ended with an error, until the engine takes them.
@@ -158,24 +159,25 @@ class Scheduler:
                 f"the pool has {self.block_manager.num_blocks}"
             )
         self._track(request)
-        self._processors[request.request_id] = RequestOutputProcessor(
-            request, self._tokenizer, self._eos_token_ids, self.max_model_len
-        )
         self.queue.add_waiting(request)
 
     def _track(self, request: Request) -> None:
         self._requests[request.request_id] = request
+        self._stop_checkers[request.request_id] = StopChecker(
+            request.sampling, self._eos_token_ids, self.max_model_len
+        )
         if request.deadline is not None:
             heapq.heappush(self._deadlines, (request.deadline, request.seq_id, request))
 
-    def abort_request(self, request_id: str) -> None:
-        """Drops a request wherever it is; a no-op for unknown or finished ids.
+    def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        """Drops a request wherever it is; a no-op for unknown or finished ids. `reason`
+        is STOP when the edge found a stop string in its text.
 
         If its step is in flight, the token that step samples for it is ignored.
         """
         request = self._requests.get(request_id)
         if request is not None:
-            self._finish(request, FinishReason.ABORT)
+            self._finish(request, reason)
 
     def take_failed(self) -> list[Request]:
         """Requests the scheduler ended with an error (request.error) since the last call."""
@@ -280,6 +282,7 @@ class Scheduler:
                 min_tokens_banned_ids=list(
                     request.sampling.banned_until_min_tokens(self._eos_token_ids)
                 ),
+                prompt_logprobs=prompt_logprobs_to_ask(request),
             )
         )
         request.seen_by_worker = True
@@ -326,6 +329,7 @@ class Scheduler:
             ):
                 continue  # finished, aborted or preempted since: its tokens are dropped
             self.block_manager.cache_computed_blocks(request)
+            take_prompt_logprobs(request, result)
             if indices is not None:
                 output = self._take_tokens(request, indices, result)
                 if output is not None:
@@ -336,30 +340,51 @@ class Scheduler:
         self, request: Request, indices: list[int], result: StepOutput
     ) -> RequestOutput | None:
         """Takes a request's tokens of a step (one per step of its plan, at these indices
-        of result.token_ids) in order, up to the one that finishes it; None if its first
-        token broke its grammar (the request failed)."""
-        processor = self._processors[request.request_id]
-        outputs: list[RequestOutput] = []
+        of result.token_ids) in order, up to the one that finishes it, as one output; None
+        if its first token broke its grammar (the request failed).
+
+        Runs once per request per step at every batch size: plain locals, no
+        per-token objects but the token's logprob when asked."""
+        stop_checker = self._stop_checkers[request.request_id]
+        output_ids = request.output_token_ids
+        num_prompt = len(request.prompt_token_ids)
+        new_token_ids: list[int] = []
+        logprobs: list = []
+        wants_logprobs = request.sampling.logprobs > 0
+        reason = None
         for index in indices:
             token_id = result.token_ids[index]
             if request.structured is not None and not request.structured.advance(token_id):
                 # Only a worker that ignored the mask sends such a token: never stream it.
                 self._fail(request, off_grammar_error(request, token_id))
                 break
-            request.output_token_ids.append(token_id)
+            output_ids.append(token_id)
+            new_token_ids.append(token_id)
             request.num_pending_samples -= 1
-            request.sampled_since_admission = True
-            outputs.append(
-                processor.process_token(
-                    request, token_logprob(request, token_id, result.logprobs.get(index))
-                )
-            )
-            if outputs[-1].finish_reason is not None:
+            if wants_logprobs:
+                logprob = token_logprob(request, token_id, result.logprobs.get(index))
+                if logprob is not None:
+                    logprobs.append(logprob)
+            reason = stop_checker.check(token_id, len(output_ids), num_prompt)
+            if reason is not None:
                 # The tokens after it (later steps of a multi-step plan, or the next plan
                 # already in flight) were computed past its end: never streamed.
-                self._finish(request, outputs[-1].finish_reason)
+                self._finish(request, reason)
                 break
-        return merge_outputs(outputs) if outputs else None
+        if not new_token_ids:
+            return None
+        request.sampled_since_admission = True
+        output = RequestOutput(
+            request.request_id,
+            new_token_ids,
+            "",
+            logprobs,
+            reason,
+            num_prompt,
+            len(output_ids),
+            request.cached_prompt_tokens,
+        )
+        return attach_prompt_logprobs(request, output)
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error
@@ -378,17 +403,17 @@ class Scheduler:
         if request.seen_by_worker:
             self._finished_seq_ids.append(request.seq_id)
         del self._requests[request.request_id]
-        del self._processors[request.request_id]
+        del self._stop_checkers[request.request_id]
 
     # -- handing requests to another scheduler when the worker is lost ------------------
 
-    def take_unfinished(self) -> list[tuple[Request, RequestOutputProcessor]]:
+    def take_unfinished(self) -> list[Request]:
         """Empties the scheduler of its unfinished requests, for another worker to resume.
 
         Called when the worker is lost: whatever it held (KV, steps in flight) is gone.
         Each request comes back WAITING with nothing computed or pending, unseen by any
-        worker, with its output so far and the processor that holds its detokenizer and
-        stop state; `adopt` on another scheduler prefills it over prompt + output and it
+        worker, with its output so far (its text state is the edge's, which never
+        learns of the move); `adopt` on another scheduler prefills it over prompt + output and it
         goes on where it stopped. In arrival order (priority first), as they were queued.
         """
         requests = sorted(
@@ -406,16 +431,17 @@ class Scheduler:
             request.sampled_since_admission = False
             request.num_bypassed = 0
             del self._requests[request.request_id]
-            taken.append((request, self._processors.pop(request.request_id)))
+            del self._stop_checkers[request.request_id]
+            taken.append(request)
         # The worker is gone: nothing to tell it, and its steps will never answer.
         self._finished_seq_ids.clear()
         self._in_flight.clear()
         return taken
 
-    def adopt(self, request: Request, processor: RequestOutputProcessor) -> None:
-        """Queues a request taken from another scheduler (take_unfinished) with its
-        processor; raises ValueError for a request not in the state take_unfinished
-        leaves, or whose tokens this worker could never hold."""
+    def adopt(self, request: Request) -> None:
+        """Queues a request taken from another scheduler (take_unfinished); raises
+        ValueError for a request not in the state take_unfinished leaves, or whose
+        tokens this worker could never hold."""
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already scheduled")
         if (
@@ -430,5 +456,4 @@ class Scheduler:
                 f"worker's max_model_len is {self.max_model_len}"
             )
         self._track(request)
-        self._processors[request.request_id] = processor
         self.queue.add_waiting(request)

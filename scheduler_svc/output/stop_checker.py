@@ -40,14 +40,19 @@ class StopChecker:
 
     def check_token(self, request: Request) -> FinishReason | None:
         """The finish reason the request's last output token brings, if any."""
-        if (
-            self.stops_active(request.num_output_tokens)
-            and request.output_token_ids[-1] in self._stop_ids
-        ):
+        return self.check(
+            request.output_token_ids[-1], request.num_output_tokens, request.num_prompt_tokens
+        )
+
+    def check(
+        self, token_id: int, num_output_tokens: int, num_prompt_tokens: int
+    ) -> FinishReason | None:
+        """check_token on plain numbers: the num_output_tokens-th output token is token_id."""
+        if num_output_tokens > self._min_tokens and token_id in self._stop_ids:
             return FinishReason.STOP
         if (
-            request.num_output_tokens >= self._max_tokens
-            or request.num_tokens >= self._max_model_len
+            num_output_tokens >= self._max_tokens
+            or num_prompt_tokens + num_output_tokens >= self._max_model_len
         ):
             return FinishReason.LENGTH
         return None

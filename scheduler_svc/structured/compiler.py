@@ -41,7 +41,7 @@ class CompiledGrammar:
         self.num_words = num_words
 
     def new_matcher(self) -> RequestMatcher:
-        return RequestMatcher(self._template, self.num_words)
+        return RequestMatcher(self._template, self.num_words, self.constraint)
 
 
 class GrammarCompiler:

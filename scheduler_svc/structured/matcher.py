@@ -14,7 +14,12 @@ import numpy as np
 
 
 class RequestMatcher:
-    def __init__(self, template: llguidance.LLMatcher, num_words: int) -> None:
+    def __init__(
+        self, template: llguidance.LLMatcher, num_words: int, constraint: object = None
+    ) -> None:
+        # What it was compiled from (a Constraint): what an API process sends its core,
+        # which compiles it again in its own cache (split/core_side.py).
+        self.constraint = constraint
         # The compiled grammar's start state, shared with other requests: never advanced.
         self._template = template
         self._matcher = template.deep_copy()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.sampling_codec import sampling_to_worker
-from scheduler_svc.core.plan import SampledLogprobs, StepOutput, StepPlan
+from scheduler_svc.core.plan import PromptLogprobsSlice, SampledLogprobs, StepOutput, StepPlan
 
 
 def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
@@ -25,13 +25,19 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
             num_scheduled_tokens=sequence.num_scheduled_tokens,
             block_ids=sequence.block_ids,
             sampling=sampling_to_worker(sequence.sampling, sequence.min_tokens_banned_ids),
+            prompt_logprobs=sequence.prompt_logprobs,
         )
+    decodes = []
     for sequence in plan.continuing_sequences:
-        message.continuing_sequences.add(
-            seq_id=sequence.seq_id,
-            num_scheduled_tokens=sequence.num_scheduled_tokens,
-            new_block_ids=sequence.new_block_ids,
-        )
+        if sequence.num_scheduled_tokens == 1 and not sequence.new_block_ids:
+            decodes.append(sequence.seq_id)  # packed: common/plan_sequences.py
+        else:
+            message.continuing_sequences.add(
+                seq_id=sequence.seq_id,
+                num_scheduled_tokens=sequence.num_scheduled_tokens,
+                new_block_ids=sequence.new_block_ids,
+            )
+    message.decode_seq_ids.extend(decodes)
     if plan.allowed_tokens:
         message.allowed_tokens.seq_ids.extend(plan.allowed_tokens.seq_ids)
         message.allowed_tokens.words = plan.allowed_tokens.words
@@ -50,6 +56,27 @@ def output_from_proto(result: wpb.StepResult) -> StepOutput:
             )
             for entry in result.logprobs
         },
+        prompt_logprobs={entry.seq_id: _prompt_slice(entry) for entry in result.prompt_logprobs},
         forward_seconds=result.forward_seconds,
         num_tokens=result.num_tokens,
+    )
+
+
+def _prompt_slice(entry: wpb.PromptLogprobs) -> PromptLogprobsSlice:
+    """The flat top lists cut into one tuple per position; raises RuntimeError for a
+    slice out of protocol."""
+    k = entry.num_top
+    if len(entry.top_token_ids) != k * len(entry.logprobs) or len(entry.top_logprobs) != len(
+        entry.top_token_ids
+    ):
+        raise RuntimeError(
+            f"prompt logprobs of sequence {entry.seq_id}: {len(entry.logprobs)} positions "
+            f"with {k} alternatives each, but {len(entry.top_token_ids)} ids and "
+            f"{len(entry.top_logprobs)} values"
+        )
+    pairs = list(zip(entry.top_token_ids, entry.top_logprobs, strict=True))
+    return PromptLogprobsSlice(
+        first_position=entry.first_position,
+        logprobs=list(entry.logprobs),
+        top=[tuple(pairs[i * k : (i + 1) * k]) for i in range(len(entry.logprobs))],
     )

@@ -15,7 +15,7 @@ A lost worker (see liveness: its stream broke, a keepalive ping or a step
 went unanswered; idle or not) loses nothing: it is marked disconnected the
 moment it is found, so that nothing new is placed on it; its unfinished
 requests are taken out of its Scheduler as Migrants (request with its output
-so far, output processor, the client's handle) and handed to on_requests_lost
+so far, the client's handle) and handed to on_requests_lost
 (the pool's orphanage), which queues them on another worker's engine (adopt)
 where they are prefilled over prompt + output and go on where they stopped:
 the client sees no token twice and none lost. Then the engine reconnects with
@@ -165,7 +165,7 @@ class WorkerEngine:
                 f"worker {self.address} is not connected", grpc.StatusCode.UNAVAILABLE
             )
         try:
-            self.scheduler.adopt(request, migrant.processor)
+            self.scheduler.adopt(request)
         except ValueError as error:
             raise ServiceError(str(error), grpc.StatusCode.UNAVAILABLE) from error
         migrant.handle.holder = self
@@ -191,7 +191,6 @@ class WorkerEngine:
             num_blocks=description.num_kv_blocks,
             block_size=description.block_size,
             max_model_len=description.max_model_len,
-            tokenizer=self.tokenizer,
             eos_token_ids=self.tokenizer.eos_token_ids,
             stats=self.stats,
             max_in_flight=self.config.max_steps_in_flight,
@@ -286,11 +285,11 @@ class WorkerEngine:
         self._handles.deliver_failures(self.scheduler.take_failed())
         now = time.monotonic()
         migrants = []
-        for request, processor in self.scheduler.take_unfinished():
+        for request in self.scheduler.take_unfinished():
             handle = self._handles.pop(request.request_id)
             if handle is None:
                 continue  # its client is gone
-            migrants.append(Migrant(request, processor, handle, now))
+            migrants.append(Migrant(request, handle, now))
         # Any queue left has no request behind it any more (cannot happen; never hang one).
         self._fail_all(f"worker {self.address} was lost")
         return migrants

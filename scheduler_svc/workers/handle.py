@@ -15,7 +15,6 @@ from typing import Protocol
 
 from common.errors import ServiceError
 from scheduler_svc.core.request import Request, RequestOutput
-from scheduler_svc.output.output_processor import RequestOutputProcessor
 
 # What a Generate handler reads from its queue: outputs, or the error that ended it.
 StreamItem = RequestOutput | ServiceError
@@ -52,10 +51,9 @@ class RequestHandle:
 @dataclass
 class Migrant:
     """An unfinished request off a lost worker (or a new one with no worker yet),
-    on its way to a worker: its output so far lives in request and processor."""
+    on its way to a worker: its output so far lives in request."""
 
     request: Request
-    processor: RequestOutputProcessor
     handle: RequestHandle
     # Since when it waits for a worker (time.monotonic()).
     lost_at: float

@@ -33,7 +33,6 @@ from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import FaultConfig, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.output.output_processor import RequestOutputProcessor
 from scheduler_svc.workers.engine import WorkerEngine
 from scheduler_svc.workers.handle import Migrant, RequestHandle
 from scheduler_svc.workers.liveness import keep_trying
@@ -138,10 +137,8 @@ class WorkerPool:
 
     def park(self, request: Request) -> RequestHandle:
         """Queues a new request until a worker connects (as a lost worker's requests wait)."""
-        eos = self.tokenizer.eos_token_ids
-        processor = RequestOutputProcessor(request, self.tokenizer, eos, self.max_model_len)
         handle = RequestHandle(request.request_id, self.orphans)
-        self.orphans.take_in([Migrant(request, processor, handle, lost_at=time.monotonic())])
+        self.orphans.take_in([Migrant(request, handle, lost_at=time.monotonic())])
         return handle
 
     def pick(self, prompt_token_ids: Sequence[int], num_tokens: int) -> WorkerEngine:

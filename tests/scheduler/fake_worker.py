@@ -19,6 +19,10 @@ writes them into its blocks; before that, the sequence's positions
 it wrote them or they came from the prefix cache (a sequence that arrives
 with num_computed_tokens > 0). A block held by several live sequences is
 shared KV: writing into it would corrupt the others, so that is a violation.
+
+A sequence that asks for prompt logprobs gets, for each prompt token its step's
+positions score, fake_prompt_logprob(position) and alternatives of its token id +
+rank, as a real worker's slices come.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cbserve.worker.v1 import worker_pb2 as wpb
+from common.plan_sequences import continuing_sequences
 from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.structured.bitmask import allowed_ids
 from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
@@ -61,6 +66,12 @@ class FakeSequence:
     num_logprobs: int
     num_computed_tokens: int = 0
     sampled: list[int] = field(default_factory=list)
+    prompt_logprobs: int | None = None
+
+
+def fake_prompt_logprob(position: int) -> float:
+    """The logprob the fake worker gives the prompt token at `position` (exact in float32)."""
+    return -position / 8
 
 
 def scripted(
@@ -112,17 +123,20 @@ class FakeWorker:
                 num_logprobs=new.sampling.num_logprobs,
                 num_computed_tokens=new.num_computed_tokens,
                 sampled=list(new.output_token_ids),
+                prompt_logprobs=new.prompt_logprobs if new.HasField("prompt_logprobs") else None,
             )
             scheduled.append((new.seq_id, new.num_scheduled_tokens))
-        for cont in plan.continuing_sequences:
-            self._check(cont.seq_id in self.sequences, f"unknown sequence {cont.seq_id}")
-            self._check_blocks(cont.new_block_ids)
-            self.sequences[cont.seq_id].block_ids.extend(cont.new_block_ids)
-            scheduled.append((cont.seq_id, cont.num_scheduled_tokens))
+        for seq_id, num_scheduled, new_block_ids in continuing_sequences(plan):
+            self._check(seq_id in self.sequences, f"unknown sequence {seq_id}")
+            self._check_blocks(new_block_ids)
+            self.sequences[seq_id].block_ids.extend(new_block_ids)
+            scheduled.append((seq_id, num_scheduled))
         seq_ids = [seq_id for seq_id, _ in scheduled]
         self._check(len(set(seq_ids)) == len(seq_ids), f"a sequence twice in step {plan.step_id}")
         holders = self._holders()
         result = wpb.StepResult(step_id=plan.step_id)
+        for seq_id, n in scheduled:
+            self._score_prompt(seq_id, n, result)
         sampling = [seq_id for seq_id, n in scheduled if self._compute(seq_id, n, holders)]
         result.seq_ids.extend(sampling)
         num_steps = max(plan.num_steps, 1)
@@ -190,6 +204,21 @@ class FakeWorker:
             self.num_slots_written += 1
         seq.num_computed_tokens = end
         return end == len(seq.token_ids)
+
+    def _score_prompt(self, seq_id: int, num_scheduled: int, result: wpb.StepResult) -> None:
+        seq = self.sequences[seq_id]
+        start = seq.num_computed_tokens
+        scored_end = min(start + num_scheduled, seq.num_prompt_tokens - 1)
+        if seq.prompt_logprobs is None or scored_end <= start:
+            return
+        entry = result.prompt_logprobs.add(
+            seq_id=seq_id, first_position=start + 1, num_top=seq.prompt_logprobs
+        )
+        for position in range(start + 1, scored_end + 1):
+            entry.logprobs.append(fake_prompt_logprob(position))
+            for rank in range(seq.prompt_logprobs):
+                entry.top_token_ids.append(seq.token_ids[position] + rank)
+                entry.top_logprobs.append(-float(rank))
 
     def _allowed_tokens(self, plan: wpb.StepPlan, sampling: list[int]) -> dict[int, np.ndarray]:
         """The allowed ids of each masked row; a mask must be for sampling rows of a

@@ -1,5 +1,9 @@
 """Drives the real Scheduler against the FakeWorker, one engine step at a time.
 
+Outputs go through each request's TextStream, as the edge's Generate handler
+runs them: text is made there, and a stop string ends the request by aborting it
+in the scheduler, as the handler does.
+
 Like the engine, it takes the requests the scheduler failed (take_failed)
 after every schedule() and keeps their errors; a request gets either one
 final output or one error, never both, never two.
@@ -17,8 +21,9 @@ from common.sampling_params import SamplingParams
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.plan import StepOutput, StepPlan
-from scheduler_svc.core.request import Request, RequestError, RequestOutput
+from scheduler_svc.core.request import FinishReason, Request, RequestError, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.output.text_stream import TextStream
 
 from .fake_worker import FakeWorker, scripted
 
@@ -108,7 +113,6 @@ class Harness:
             num_blocks=num_blocks,
             block_size=block_size,
             max_model_len=max_model_len,
-            tokenizer=load_tokenizer(),
             eos_token_ids=(EOS,),
             clock=self.clock,
         )
@@ -117,6 +121,9 @@ class Harness:
         self.worker = FakeWorker(num_blocks, block_size, scripted(self.scripts, lambda *_: THE))
         self.outputs: dict[str, list[RequestOutput]] = defaultdict(list)
         self.requests: dict[str, Request] = {}
+        # The edge's text state per request: it stays with the client's stream when a
+        # request moves to another scheduler (tests move it with the outputs).
+        self.streams: dict[str, TextStream] = {}
         # Errors of the requests the scheduler ended itself (take_failed).
         self.errors: dict[str, RequestError] = {}
         # Plans sent, oldest first, with the results the worker computed at once: it
@@ -131,8 +138,20 @@ class Harness:
     def add(self, request: Request, tokens: Sequence[int] = ()) -> Request:
         self.scripts[request.seq_id] = list(tokens)
         self.requests[request.request_id] = request
+        self.streams[request.request_id] = TextStream(
+            load_tokenizer(), request.prompt_token_ids, request.sampling
+        )
         self.scheduler.add_request(request)
         return request
+
+    def adopt(self, request: Request, source: Harness) -> None:
+        """Queues a request taken from source's scheduler, with its script, outputs so far
+        and text state, as the pool moves a lost worker's request and its stream."""
+        self.scripts[request.seq_id] = source.scripts[request.seq_id]
+        self.outputs[request.request_id] = source.outputs.pop(request.request_id, [])
+        self.streams[request.request_id] = source.streams.pop(request.request_id)
+        self.requests[request.request_id] = request
+        self.scheduler.adopt(request)
 
     def step(self) -> StepPlan | None:
         """One engine iteration, as WorkerEngine runs it: plans sent while there is room
@@ -177,6 +196,9 @@ class Harness:
         for output in outputs:
             assert not self.finished(output.request_id), "output after the final one"
             assert output.request_id not in self.errors, "output after an error"
+            output, stopped = self.streams[output.request_id].process(output)
+            if stopped:
+                self.scheduler.abort_request(output.request_id, FinishReason.STOP)
             self.outputs[output.request_id].append(output)
 
     def run(self, max_steps: int = 1000) -> int:

@@ -67,6 +67,7 @@ def test_lost_requests_wait_for_a_worker_then_resume_there_and_stay_reachable():
         b._set_connected(True)  # a worker connects: the waiting request goes there
         assert b.holds(kept.request_id) and pool.num_waiting == b.num_waiting == 1
         harness_b.scripts[kept.seq_id] = harness_a.scripts[kept.seq_id]
+        harness_b.streams[kept.request_id] = harness_a.streams[kept.request_id]
         harness_b.run()
         assert [o.new_token_ids[0] for o in harness_b.outputs[kept.request_id]] == WORDS[1:10]
         assert kept_handle.queue.empty()  # the harness took the outputs, not the engine

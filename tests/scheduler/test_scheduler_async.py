@@ -9,6 +9,7 @@ a stop, an abort, a preemption, a lost worker.
 
 from __future__ import annotations
 
+from common.plan_sequences import continuing_sequences
 from scheduler_svc.core.request import FinishReason
 
 from .books import check_books
@@ -72,8 +73,10 @@ def test_a_stop_costs_one_dropped_token_and_max_tokens_costs_none():
     assert harness.token_ids(limited.request_id) == WORDS[:3]
     planned = {stopped.seq_id: 0, limited.seq_id: 0}
     for plan in harness.worker.plans:
-        for sequence in [*plan.new_sequences, *plan.continuing_sequences]:
-            planned[sequence.seq_id] += 1
+        for seq_id in [s.seq_id for s in plan.new_sequences]:
+            planned[seq_id] += 1
+        for seq_id, _, _ in continuing_sequences(plan):
+            planned[seq_id] += 1
     # One plan per token, plus one past the EOS (computed, sampled, dropped) for the
     # stopped one; none past max_tokens for the other.
     assert planned == {stopped.seq_id: 3 + 1, limited.seq_id: 3}
@@ -124,11 +127,9 @@ def test_a_worker_lost_with_two_plans_in_flight_loses_no_token_on_another():
     source.in_flight.clear()  # the worker and its answers are gone
     assert not source.scheduler.has_unfinished_requests()
     destination = Harness(async_scheduling=True, max_num_batched_tokens=16)
-    for request, processor in taken:
+    for request in taken:
         assert request.num_pending_samples == 0 and request.num_computed_tokens == 0
-        destination.scripts[request.seq_id] = source.scripts[request.seq_id]
-        destination.outputs[request.request_id] = source.outputs.pop(request.request_id, [])
-        destination.scheduler.adopt(request, processor)
+        destination.adopt(request, source)
     destination.run()
     for request in requests:
         outputs = destination.outputs[request.request_id] or source.outputs[request.request_id]

@@ -38,7 +38,9 @@ def test_a_waiting_request_past_its_deadline_never_reaches_the_worker():
 
 
 def _seq_ids(plan) -> set[int]:
-    return {s.seq_id for s in [*plan.new_sequences, *plan.continuing_sequences]}
+    """The plan's sequences, whether a core plan or the worker's message."""
+    ids = {s.seq_id for s in [*plan.new_sequences, *plan.continuing_sequences]}
+    return ids | set(getattr(plan, "decode_seq_ids", ()))
 
 
 def test_a_running_request_past_its_deadline_is_dropped_and_its_blocks_freed():

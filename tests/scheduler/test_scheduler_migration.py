@@ -1,8 +1,9 @@
 """Moving a lost worker's requests to another scheduler: take_unfinished, then adopt.
 
 The source scheduler is left empty and consistent; the requests resume on the
-destination from prompt + output so far, with their own output processors,
-and their clients see exactly the tokens and text of a run without the fault.
+destination from prompt + output so far (their text state stays with their
+streams, the harness's TextStreams), and their clients see exactly the tokens
+and text of a run without the fault.
 """
 
 from __future__ import annotations
@@ -46,11 +47,8 @@ def _migrate(source: Harness, destination: Harness) -> list:
     check_books(source.scheduler)
     assert not source.scheduler.has_unfinished_requests()
     assert source.block_manager.num_used_blocks == 0
-    for request, processor in taken:
-        destination.scripts[request.seq_id] = source.scripts[request.seq_id]
-        destination.requests[request.request_id] = request
-        destination.outputs[request.request_id] = source.outputs.pop(request.request_id, [])
-        destination.scheduler.adopt(request, processor)
+    for request in taken:
+        destination.adopt(request, source)
         check_books(destination.scheduler)
     return taken
 
@@ -69,8 +67,8 @@ def test_moved_requests_stream_exactly_what_a_run_without_fault_streams(steps_be
     finished_before = {r.request_id for r in requests if source.finished(r.request_id)}
     destination = Harness(max_num_batched_tokens=16)
     taken = _migrate(source, destination)
-    assert {r.request_id for r, _ in taken} == {r.request_id for r in requests} - finished_before
-    for request, _ in taken:
+    assert {r.request_id for r in taken} == {r.request_id for r in requests} - finished_before
+    for request in taken:
         assert request.status is RequestStatus.WAITING
         assert (request.num_computed_tokens, request.seen_by_worker) == (0, False)
     destination.run()
@@ -139,18 +137,18 @@ def test_adopt_refuses_a_request_in_another_state_or_too_long_or_a_duplicate():
     source = Harness()
     (request,) = _add_all(source, [unique_prompt(7)])
     source.step()
-    ((taken, processor),) = source.scheduler.take_unfinished()
+    (taken,) = source.scheduler.take_unfinished()
     small = Harness(max_model_len=8)
     with pytest.raises(ValueError, match="max_model_len"):
-        small.scheduler.adopt(taken, processor)
+        small.scheduler.adopt(taken)
     destination = Harness()
-    destination.scheduler.adopt(taken, processor)
+    destination.adopt(taken, source)
     with pytest.raises(ValueError, match="already scheduled"):
-        destination.scheduler.adopt(taken, processor)
+        destination.scheduler.adopt(taken)
     destination.step()
     other = Harness()
     with pytest.raises(ValueError, match="not a waiting request"):
-        other.scheduler.adopt(taken, processor)
+        other.scheduler.adopt(taken)
     check_books(destination.scheduler)
 
 

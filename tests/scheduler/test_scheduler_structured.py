@@ -157,11 +157,8 @@ def test_after_a_worker_loss_the_matcher_is_rebuilt_from_the_output(compiler, in
     kept = list(request.output_token_ids)
     assert 0 < len(kept) < len(encode(ANSWER))
     destination = Harness(async_scheduling=in_flight)
-    for moved, processor in source.scheduler.take_unfinished():
-        destination.scripts[moved.seq_id] = source.scripts[moved.seq_id]
-        destination.requests[moved.request_id] = moved
-        destination.outputs[moved.request_id] = source.outputs.pop(moved.request_id, [])
-        destination.scheduler.adopt(moved, processor)
+    for moved in source.scheduler.take_unfinished():
+        destination.adopt(moved, source)
     # As a core that rebuilt the request elsewhere would hold it: a matcher at the start.
     request.structured = matcher(compiler)
     plan = destination.schedule()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from worker_svc import native_build
 from worker_svc.compute import measured, selection
 from worker_svc.compute.measured import MeasuredCpu
 from worker_svc.compute.paths import PATHS
@@ -49,7 +50,10 @@ def test_auto_takes_the_fastest_measured_path_the_cpu_has(table):
     assert select_path("int8", "cpu", ZEN3)[0].name == "int8"
 
 
-def test_auto_on_an_unmeasured_cpu_follows_the_generic_order(table):
+def test_auto_on_an_unmeasured_cpu_follows_the_generic_order(table, monkeypatch):
+    # q4_1 first where its kernels can be built (a C compiler), then native bfloat16.
+    assert select_path("auto", "cpu", OLD_CPU)[0].name == "q4_1"
+    monkeypatch.setattr(native_build, "compiler", lambda: None)
     assert select_path("auto", "cpu", OLD_CPU)[0].name == "float32"
     path, why = select_path("auto", "cpu", frozenset({"avx512_bf16"}))
     assert path.name == "bfloat16"

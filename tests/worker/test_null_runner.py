@@ -198,3 +198,27 @@ def test_null_flags_need_the_null_model_and_sane_values():
         WorkerConfig(model="m", model_impl="null", null_eos_probability=1.5)
     with pytest.raises(ValueError, match="compile"):
         WorkerConfig(model="m", model_impl="null", compile=True)
+
+
+def test_prompt_logprobs_come_slice_by_slice_in_the_protocols_shape():
+    runner = make_runner()
+    first = new_seq(1, 10, [0, 1, 2])
+    first.num_scheduled_tokens = 4
+    first.prompt_logprobs = 2
+    chunks = [runner.execute(pb.StepPlan(step_id=1, new_sequences=[first]))]
+    for step_id, n in ((2, 4), (3, 2)):
+        chunks.append(
+            runner.execute(
+                pb.StepPlan(
+                    step_id=step_id,
+                    continuing_sequences=[pb.ContinuingSequence(seq_id=1, num_scheduled_tokens=n)],
+                )
+            )
+        )
+    # Positions 0-3, 4-7 and 8-9 computed: tokens 1-4, 5-8 and 9 scored.
+    slices = [[(p.first_position, len(p.logprobs)) for p in c.prompt_logprobs] for c in chunks]
+    assert slices == [[(1, 4)], [(5, 4)], [(9, 1)]]
+    last = chunks[-1].prompt_logprobs[0]
+    assert last.num_top == 2 and len(last.top_token_ids) == len(last.top_logprobs) == 2
+    assert last.top_token_ids[0] == 10 + 9  # the prompt token, made the most likely
+    assert list(chunks[-1].seq_ids) == [1] and not chunks[0].seq_ids

@@ -55,6 +55,17 @@ def test_runs_the_ggufs_own_blocks(q4_1_model):
     assert layer.qkv_proj.out_features == (9 + 2 * 3) * 64
 
 
+def test_keeps_no_float32_projection_weight(q4_1_model):
+    """The float32 tensors left are the embedding, the norms and the rotary tables: the
+    projections and the head were never built in float32 (llama_qblock._SkeletonState)."""
+    model, shape = q4_1_model.model, q4_1_model.model.shape
+    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
+    assert not any(t.is_meta for t in floats)
+    norms = (2 * shape.num_layers + 1) * shape.hidden_size
+    rotary = 2 * shape.max_positions * shape.head_dim // 2
+    assert sum(t.numel() for t in floats) == shape.vocab_size * shape.hidden_size + norms + rotary
+
+
 def test_greedy_replies_equal_float32s(loaded_model, q4_1_model, tok):
     prompts = [tok.encode_chat([ChatTurn("user", q)]) for q in QUESTIONS]
     expected = greedy_replies(loaded_model, prompts, 16)

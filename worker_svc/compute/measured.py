@@ -26,7 +26,8 @@ class MeasuredCpu:
         return m64 if m1 is None else math.sqrt(m1 * m64)
 
 
-_ZEN4 = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"})
+_AVX512_VNNI = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
+_ZEN4 = _AVX512_VNNI | {"avx512_bf16"}
 
 MEASURED: tuple[MeasuredCpu, ...] = (
     MeasuredCpu(
@@ -35,6 +36,25 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         # bfloat16/float16 are emulated here (6-25x slower than float32: bench/measure_dtype.py).
         gflops={"float32": (12.7, 113.2), "int8": (33.1, 237.2)},
         source="python -m bench.kernel_bench --threads 2, 2 vCPUs, idle, torch 2.13.0, 2026-11-23",
+    ),
+    MeasuredCpu(
+        # Intel's AVX-512 VNNI CPUs without bf16 (Ice Lake, Cascade Lake servers). Zen 4
+        # and 5 have these flags too but match their own rows first (one flag more).
+        name="Intel Xeon, AVX-512 with VNNI, no bf16 (Ice Lake class)",
+        flags=_AVX512_VNNI,
+        # 1 thread, the best of several runs (a shared machine: 2-thread runs swung 10x).
+        # bfloat16 is emulated here (no avx512_bf16): the path refuses to run. float32's
+        # oneDNN GEMM leads at M = 64 (q4_1's VNNI kernel: 79), q4_1 at M = 1; the whole
+        # decode step agrees (bench.step_compare: q4_1 1.9-2.1x float32 at batch 1, equal
+        # at batch 64), so q4_1 ranks first by the geometric mean, int8 aside (not auto).
+        gflops={
+            "float32": (11.0, 111.6),
+            "int8": (21.4, 286.1),
+            "q4_1": (18.2, 79.4),
+        },
+        source="python -m bench.kernel_bench --threads 1 --paths float32,bfloat16,int8,q4_1 "
+        "--repeats 10, best of 4 runs, 2 vCPUs (Intel Xeon @ 2.80GHz, Ice Lake: avx512_vnni "
+        "avx512_vbmi2, no avx512_bf16, no AMX), load 0.8-2.3, torch 2.13.0, 2026-11-24",
     ),
     MeasuredCpu(
         name="AMD EPYC, AVX-512 with bf16 and VNNI, no AVX-VNNI (Zen 4 class)",

@@ -16,8 +16,13 @@ from __future__ import annotations
 from worker_svc.compute.measured import MEASURED, MeasuredCpu
 from worker_svc.compute.paths import PATHS, ComputePath
 
-# For CPUs like no measured one: 8-bit dot products, then native 16-bit, then float32.
-GENERIC_ORDER = ("int8", "bfloat16", "float16", "float32")
+# For CPUs like no measured one, and after a measured CPU's own ranking for the paths
+# it did not measure. q4_1 first wherever its kernels build: it computes with the
+# GGUF's weights exactly (the float32 model's, where converted from that GGUF) and
+# passes the accuracy gate, reading a sixth of float32's bytes; at one stream, where
+# a step is bound by memory, it measured 2-3x float32 on every CPU tried. Then native
+# 16-bit, then float32. int8 last: it fails the gate (paths.py) and is never auto.
+GENERIC_ORDER = ("q4_1", "bfloat16", "float16", "float32", "int8")
 
 
 class ComputePathUnavailableError(RuntimeError):

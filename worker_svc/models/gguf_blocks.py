@@ -93,14 +93,9 @@ def read_gguf_blocks(path: str | Path, layers=None) -> GgufBlocks:
                 blocks, fmt, k = _tensor_blocks(index, tensors[f"blk.{layer}.{part}.weight"])
                 if part in ("attn_q", "attn_k"):
                     blocks = _undo_rope_permute(blocks, heads if part == "attn_q" else kv_heads)
-                out.parts[f"model.layers.{layer}.{_HF[part]}.weight"] = (blocks, fmt, k)
                 pieces.append((blocks, fmt, k))
-            if len({fmt for _, fmt, _ in pieces}) > 1:
-                # Parts stored in different formats: the fused weight takes Q8_0 for all.
-                pieces = [(quantize(dequantize(b, f), Q8_0), Q8_0, k) for b, f, k in pieces]
-            # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.
-            stacked = np.concatenate([b.numpy() for b, _, _ in pieces])
-            fused[name] = (torch.from_numpy(stacked), *pieces[0][1:])
+            names = [f"model.layers.{layer}.{_HF[part]}.weight" for part in parts]
+            fused[name] = _fuse(pieces, names, out.parts)
         out.layers[layer] = fused
     out.embedding = _tensor_blocks(index, tensors["token_embd.weight"])
     head = tensors.get("output.weight")
@@ -111,6 +106,29 @@ def read_gguf_blocks(path: str | Path, layers=None) -> GgufBlocks:
     return out
 
 
+def _fuse(pieces: list[Blocks], names: list[str], parts: dict[str, Blocks]) -> Blocks:
+    """The pieces' rows stacked into one weight; each piece is recorded in `parts` as a
+    view of the fused rows (no second copy), or as read where the fused weight had to
+    take another format."""
+    formats = {fmt for _, fmt, _ in pieces}
+    if len(formats) > 1:
+        # Parts stored in different formats: the fused weight takes Q8_0 for all.
+        parts.update(zip(names, pieces, strict=True))
+        pieces = [(quantize(dequantize(b, f), Q8_0), Q8_0, k) for b, f, k in pieces]
+    # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.
+    stacked = torch.from_numpy(np.concatenate([b.numpy() for b, _, _ in pieces]))
+    if len(formats) == 1:
+        rows = 0
+        for name, (blocks, fmt, k) in zip(names, pieces, strict=True):
+            parts[name] = (stacked[rows : rows + blocks.shape[0]], fmt, k)
+            rows += blocks.shape[0]
+    return stacked, pieces[0][1], pieces[0][2]
+
+
+# Rows dequantized at a time when checking: a whole embedding would be another 113 MB.
+_CHECK_ROWS = 4096
+
+
 def blocks_match_state(blocks: GgufBlocks, state: dict[str, torch.Tensor]) -> str | None:
     """None when every weight's blocks dequantize to exactly the float32 tensor of the
     same name in `state`; else the first that does not (or is missing)."""
@@ -118,8 +136,10 @@ def blocks_match_state(blocks: GgufBlocks, state: dict[str, torch.Tensor]) -> st
         weight = state.get(name)
         if weight is None:
             return f"{name} is not in the float checkpoint"
-        if weight.dtype != torch.float32 or not np.array_equal(
-            dequantize(data, fmt).numpy(), weight.numpy()
-        ):
+        if weight.dtype != torch.float32 or weight.shape[0] != data.shape[0]:
             return f"{name} differs from the GGUF's dequantized {fmt.name} blocks"
+        for start in range(0, data.shape[0], _CHECK_ROWS):
+            rows = slice(start, start + _CHECK_ROWS)
+            if not np.array_equal(dequantize(data[rows], fmt).numpy(), weight[rows].numpy()):
+                return f"{name} differs from the GGUF's dequantized {fmt.name} blocks"
     return None

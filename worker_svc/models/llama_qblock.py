@@ -16,12 +16,14 @@ Norms, rotary, attention, the KV cache and the embedding stay float32.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
 
 from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
+from worker_svc.models.checkpoint_tensors import CheckpointTensors
 from worker_svc.models.gguf_blocks import GgufBlocks, blocks_match_state, read_gguf_blocks
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -40,8 +42,11 @@ def candidate_gguf(model_path: Path) -> Path | None:
     return packaged_gguf_path()
 
 
-def find_blocks(model_path: Path, state: dict[str, torch.Tensor]) -> tuple[GgufBlocks | None, str]:
-    """The GGUF blocks to run and where they come from, or None and why not."""
+def find_blocks(
+    model_path: Path, state: Mapping[str, torch.Tensor]
+) -> tuple[GgufBlocks | None, str]:
+    """The GGUF blocks to run and where they come from, or None and why not. `state` may
+    read its tensors lazily (CheckpointTensors): they are compared one at a time."""
     gguf = candidate_gguf(model_path)
     if gguf is None or not gguf.is_file():
         return None, "no GGUF file for this model"
@@ -68,23 +73,50 @@ def to_qblock(model, blocks: GgufBlocks | None) -> None:
                 projection = QBlockLinear(*blocks.layers[index][_GGUF_KEYS[name]])
             else:
                 projection = QBlockLinear.from_float(getattr(layer, name).weight.data, Q8_0)
-            setattr(layer, name, projection)
+            setattr(layer, name, projection)  # the float32 weight goes with the old module
     # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
     if blocks is not None:
         model.lm_head = QBlockLinear(*blocks.lm_head, dense_from_m=None)
     else:
         model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, Q8_0, dense_from_m=None)
-    # The float32 tensors left (embedding, norms) may be views of the checkpoint's
-    # memory, which would keep all of its pages resident.
-    for tensor in (*model.parameters(), *model.buffers()):
-        tensor.data = tensor.data.clone()
 
 
-def build_qblock(own, shape, state: dict[str, torch.Tensor], model_path: Path, dtype):
-    """The own forward on blocks; `model.qblock_source` says which weights it runs."""
-    blocks, source = find_blocks(model_path, state)
-    model = own(shape, state, "float32", dtype)
-    state.clear()
+class _SkeletonState(Mapping[str, torch.Tensor]):
+    """The checkpoint as the own model's constructor reads it, for a model whose
+    projections to_qblock replaces. With `projections_as_shapes`, every projection weight
+    is a meta tensor (a shape, no memory): their float32 weights are never made, the
+    GGUF's blocks take their place. Other tensors (embedding, norms) are read once and
+    kept, as the model keeps them: a tied head asks for the embedding a second time."""
+
+    def __init__(self, checkpoint: CheckpointTensors, projections_as_shapes: bool):
+        self._checkpoint = checkpoint
+        self._as_shapes = projections_as_shapes
+        self._kept: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name.endswith("_proj.weight") or name == "lm_head.weight":
+            if self._as_shapes:
+                return torch.empty(self._checkpoint.shape(name), device="meta")
+            return self._checkpoint[name]
+        if name not in self._kept:
+            self._kept[name] = self._checkpoint[name]
+        return self._kept[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._checkpoint)
+
+    def __len__(self) -> int:
+        return len(self._checkpoint)
+
+
+def build_qblock(own, shape, checkpoint: CheckpointTensors, model_path: Path, dtype):
+    """The own forward on blocks; `model.qblock_source` says which weights it runs.
+
+    With the GGUF's blocks, the float32 projections are only read one at a time to check
+    them (a float directory) and never built; a float-only model is built in float32
+    (each tensor read once) and quantized to Q8_0 projection by projection."""
+    blocks, source = find_blocks(model_path, checkpoint)
+    model = own(shape, _SkeletonState(checkpoint, blocks is not None), "float32", dtype)
     to_qblock(model, blocks)
     model.qblock_source = source if blocks is not None else f"Q8_0 quantized at load ({source})"
     return model

@@ -21,7 +21,6 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from common.metrics import exposition
 from scheduler_svc.api.api_keys import ApiKeys
 from scheduler_svc.api.http.chat import ChatShaper
 from scheduler_svc.api.http.completions import CompletionShaper
@@ -34,6 +33,7 @@ from scheduler_svc.api.http.translate import (
     chat_requests,
     chat_top_logprobs,
     completion_requests,
+    scores_prompt_only,
 )
 from scheduler_svc.api.server import GenerationService
 
@@ -136,6 +136,10 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
             tokenizer.id_to_token_text,
             body.logprobs,
             body.include_usage,
+            echo=body.echo,
+            prompt_only=scores_prompt_only(body),
+            prompt_logprobs=body.prompt_logprobs,
+            decode=tokenizer.decode,
         )
         return await respond(request, body.stream, FanOut(service, choices), shaper)
 
@@ -163,7 +167,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics(request: Request):
-        body, content_type = exposition(service.metrics.registry, request.headers.get("accept", ""))
+        body, content_type = await service.exposition(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
     @app.get("/version")

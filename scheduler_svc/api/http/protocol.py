@@ -193,4 +193,8 @@ class CompletionRequest(SamplingFields):
     max_tokens: Int32 | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     # The top logprobs per token; 0 gives the sampled token's logprob alone.
     logprobs: Int32 | None = None
+    # The prompt before the text (and, with logprobs, its tokens scored before the
+    # completion's); with max_tokens 0, the prompt alone.
     echo: StrictBool = False
+    # vLLM's: choices[].prompt_logprobs with this many alternatives per prompt token.
+    prompt_logprobs: Int32 | None = None

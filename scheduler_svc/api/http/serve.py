@@ -28,7 +28,7 @@ KEEP_ALIVE_S = 30
 GRACEFUL_SHUTDOWN_S = 2
 
 
-def _listening_socket(host: str, port: int) -> socket.socket:
+def _listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """Raises OSError (the port taken, an unknown host)."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -36,6 +36,9 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            # API processes share the port; the kernel spreads connections over them.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(2048)
     except OSError:
@@ -46,7 +49,9 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 
 class HttpFront:
-    def __init__(self, service: GenerationService, edge: EdgeConfig, host: str) -> None:
+    def __init__(
+        self, service: GenerationService, edge: EdgeConfig, host: str, reuse_port: bool = False
+    ) -> None:
         config = uvicorn.Config(
             create_app(service, ApiKeys(edge.api_key)),
             host=host,
@@ -63,6 +68,7 @@ class HttpFront:
         )
         self.host = host
         self.port = edge.http_port
+        self.reuse_port = reuse_port
         self.scheme = "https" if edge.tls else "http"
         self._server = uvicorn.Server(config)
         self._sockets: list[socket.socket] = []
@@ -75,7 +81,7 @@ class HttpFront:
         config.load()  # loads the TLS certificate and key
         # What Server.serve() sets before its startup (lifespan is off: a no-op).
         self._server.lifespan = config.lifespan_class(config)
-        self._sockets = [_listening_socket(self.host, self.port)]
+        self._sockets = [_listening_socket(self.host, self.port, self.reuse_port)]
         await self._server.startup(sockets=self._sockets)
         self._task = asyncio.create_task(self._run())
 

@@ -85,6 +85,9 @@ class Shaper:
     def chunk_choices(self, index: int, response: pb.GenerateResponse, first: bool) -> list[dict]:
         raise NotImplementedError
 
+    def usage(self, finals: dict[int, pb.GenerateResponse]) -> dict:
+        return usage(self.choices, finals)
+
     def _envelope(self, object_name: str, choices: list[dict]) -> dict:
         return {
             "id": self.id,
@@ -100,7 +103,7 @@ class Shaper:
             [self.full_choice(index, collected[index]) for index in sorted(collected)],
         )
         finals = {index: responses[-1] for index, responses in collected.items() if responses}
-        body["usage"] = usage(self.choices, finals)
+        body["usage"] = self.usage(finals)
         return body
 
     def _chunk(self, choices: list[dict]) -> dict:
@@ -128,7 +131,7 @@ class Shaper:
                     yield sse(self._chunk(choices))
             if self.include_usage:
                 last = self._envelope(self.chunk_object_name, [])
-                last["usage"] = usage(self.choices, finals)
+                last["usage"] = self.usage(finals)
                 yield sse(last)
         except ServiceError as error:
             # The status line is sent already: the error is the stream's last event.

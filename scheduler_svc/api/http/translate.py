@@ -3,7 +3,7 @@
 One GenerateRequest per choice: `n` choices of each prompt (a completions call may
 send several prompts, whose choices are numbered prompt by prompt, as OpenAI does).
 Everything else a request means is decided on the one request path; what is
-only HTTP's (n, the logprobs switches, echo) is checked here.
+only HTTP's (n, the logprobs switches, echo) is checked and worked out here.
 """
 
 from __future__ import annotations
@@ -152,13 +152,32 @@ def chat_requests(body: ChatCompletionRequest, request_id: str) -> list[Choice]:
     return _choices(body, [request], request_id)
 
 
+def completion_prompt_logprobs(body: CompletionRequest) -> int | None:
+    """The prompt logprobs a completions call asks for: what `echo` with `logprobs`
+    shows (the prompt's tokens with that many alternatives), and vLLM's
+    `prompt_logprobs`; the larger of the two, or None."""
+    wanted = [body.prompt_logprobs]
+    if body.echo and body.logprobs is not None:
+        wanted.append(body.logprobs)
+    asked = [k for k in wanted if k is not None]
+    return max(asked) if asked else None
+
+
+def scores_prompt_only(body: CompletionRequest) -> bool:
+    """`echo` with `max_tokens: 0`: the prompt is the whole answer (lm-evaluation-harness's
+    loglikelihood). The scheduler still samples one token; the response drops it."""
+    return body.echo and body.max_tokens == 0
+
+
 def completion_requests(body: CompletionRequest, request_id: str) -> list[Choice]:
-    if body.echo:
-        raise InvalidArgument("echo", "is not supported")
     if body.logprobs is not None and body.logprobs < 0:
         raise InvalidArgument("logprobs", f"must be >= 0, got {body.logprobs}")
     logprobs = 0 if body.logprobs is None else max(body.logprobs, 1)
-    sampling = _sampling(body, body.max_tokens, logprobs)
+    max_tokens = 1 if scores_prompt_only(body) else body.max_tokens
+    sampling = _sampling(body, max_tokens, logprobs)
+    prompt_logprobs = completion_prompt_logprobs(body)
+    if prompt_logprobs is not None:
+        sampling.prompt_logprobs = prompt_logprobs
     prompts = body.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
