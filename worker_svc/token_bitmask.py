@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from cbserve.worker.v1 import worker_pb2
+from common.plan_sequences import continuing_sequences
 from worker_svc.errors import PlanError
 
 # What a banned (bit 0) and an allowed (bit 1) token add to its logit.
@@ -32,7 +33,9 @@ def read_allowed_tokens(plan: worker_pb2.StepPlan) -> dict[int, np.ndarray]:
     num_rows = len(mask.seq_ids)
     if not mask.words or len(mask.words) % (4 * num_rows):
         raise PlanError(f"allowed_tokens: {len(mask.words)} bytes are not {num_rows} rows of words")
-    planned = {s.seq_id for s in plan.new_sequences} | {s.seq_id for s in plan.continuing_sequences}
+    # Plain decodes travel in decode_seq_ids, the others as messages: both count.
+    planned = {s.seq_id for s in plan.new_sequences}
+    planned.update(seq_id for seq_id, _, _ in continuing_sequences(plan))
     rows = np.frombuffer(mask.words, dtype="<i4").reshape(num_rows, -1).astype(np.int32)
     allowed = {}
     for seq_id, row in zip(mask.seq_ids, rows, strict=True):

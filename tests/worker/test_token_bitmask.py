@@ -84,6 +84,13 @@ def test_malformed_masks_refuse_the_plan():
     assert set(read_allowed_tokens(plan_with_mask([1], [row]))) == {1}
 
 
+def test_a_mask_for_a_plain_decode_in_the_packed_list_is_read():
+    # Plain decodes travel as ids in decode_seq_ids, not as ContinuingSequence messages.
+    plan = plan_with_mask([1, 5], [mask_row([1]), mask_row([2])])
+    plan.decode_seq_ids.append(5)
+    assert [int(r[0]) for r in read_allowed_tokens(plan).values()] == [2, 4]
+
+
 def test_the_null_runner_samples_within_the_mask():
     runner = make_runner()  # its vocabulary is ids 100..139; the mask allows 5 and 7 only
     rows = [mask_row([5, 7], vocab=200), mask_row(range(150, 160), vocab=200)]
