@@ -19,7 +19,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from common.sampling_params import SamplingParams
-from scheduler_svc.core.request import FinishReason, Request
+from scheduler_svc.core.request import FinishReason
+
+
+def stops_active(num_output_tokens: int, min_tokens: int) -> bool:
+    """Whether the num_output_tokens-th output token may stop the request (EOS, a stop
+    token id in the core, a stop string at the edge): only past min_tokens."""
+    return num_output_tokens > min_tokens
 
 
 class StopChecker:
@@ -35,20 +41,13 @@ class StopChecker:
         self._max_model_len = max_model_len
 
     def stops_active(self, num_output_tokens: int) -> bool:
-        """Whether the num_output_tokens-th output token may stop the request."""
-        return num_output_tokens > self._min_tokens
-
-    def check_token(self, request: Request) -> FinishReason | None:
-        """The finish reason the request's last output token brings, if any."""
-        return self.check(
-            request.output_token_ids[-1], request.num_output_tokens, request.num_prompt_tokens
-        )
+        return stops_active(num_output_tokens, self._min_tokens)
 
     def check(
         self, token_id: int, num_output_tokens: int, num_prompt_tokens: int
     ) -> FinishReason | None:
-        """check_token on plain numbers: the num_output_tokens-th output token is token_id."""
-        if num_output_tokens > self._min_tokens and token_id in self._stop_ids:
+        """The finish reason the num_output_tokens-th output token, token_id, brings."""
+        if stops_active(num_output_tokens, self._min_tokens) and token_id in self._stop_ids:
             return FinishReason.STOP
         if (
             num_output_tokens >= self._max_tokens

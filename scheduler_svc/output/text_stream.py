@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from common.sampling_params import SamplingParams
 from scheduler_svc.core.request import FinishReason, RequestOutput
 from scheduler_svc.output.detokenizer import Decoder, IncrementalDetokenizer
-from scheduler_svc.output.stop_checker import StopStringMatcher
+from scheduler_svc.output.stop_checker import StopStringMatcher, stops_active
 
 
 class TextStream:
@@ -54,8 +54,8 @@ class TextStream:
                 pieces.append(self._stop_strings.flush())
                 break
             new_text = self._detokenizer.add_token(token_id)
-            stops_active = first_position + index > self._min_tokens
-            released, stopped = self._stop_strings.add_text(new_text, stops_active)
+            active = stops_active(first_position + index, self._min_tokens)
+            released, stopped = self._stop_strings.add_text(new_text, active)
             pieces.append(released)
             if stopped:
                 return _cut(output, index, "".join(pieces)), True

@@ -83,7 +83,7 @@ def _checker(max_model_len=100, **sampling) -> tuple[StopChecker, object]:
 
 def _check(checker, request, token_id):
     request.output_token_ids.append(token_id)
-    return checker.check_token(request)
+    return checker.check(token_id, request.num_output_tokens, request.num_prompt_tokens)
 
 
 @pytest.mark.parametrize(
