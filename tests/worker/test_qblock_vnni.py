@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from worker_svc.compute import qblock_linear
+from worker_svc.compute.measured import QBlockStrategy
 from worker_svc.compute.qblock import (
     Q4_1,
     Q8_0,
@@ -16,6 +17,9 @@ from worker_svc.compute.qblock import (
     vnni_matmul,
 )
 from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
+from worker_svc.compute.selection import closest_measured
+
+ICE_LAKE = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 
 pytestmark = pytest.mark.skipif(load_vnni_kernel() is None, reason="no AVX-512 VNNI here")
 
@@ -46,8 +50,10 @@ def test_zero_rows_and_blocks():
 
 
 def test_projection_takes_it_from_vnni_from_m(monkeypatch):
-    layer = QBlockLinear(quantize(torch.randn(32, 64), Q4_1), Q4_1, 64)
-    head = QBlockLinear(quantize(torch.randn(32, 64), Q8_0), Q8_0, 64, dense_from_m=None)
+    layer = QBlockLinear(quantize(torch.randn(32, 64), Q4_1), Q4_1, 64, vnni_from_m=VNNI_FROM_M)
+    head = QBlockLinear(
+        quantize(torch.randn(32, 64), Q8_0), Q8_0, 64, dense_from_m=None, vnni_from_m=VNNI_FROM_M
+    )
     assert layer.vnni and head.vnni
     calls = []
     monkeypatch.setattr(qblock_linear, "vnni_matmul", lambda *a: calls.append(a) or a[0][:, :32])
@@ -57,3 +63,13 @@ def test_projection_takes_it_from_vnni_from_m(monkeypatch):
     assert len(calls) == 1
     monkeypatch.setenv("CBSERVE_QBLOCK_VNNI", "0")
     assert not QBlockLinear(quantize(torch.randn(32, 64), Q4_1), Q4_1, 64).vnni
+
+
+def test_this_cpus_measured_thresholds_are_the_default():
+    """A projection built without thresholds takes its CPU class's (compute/measured.py):
+    on an Ice Lake class Xeon the float kernel up to 255 rows, on Zen 4 VNNI from 16."""
+    layer = QBlockLinear(quantize(torch.randn(32, 64), Q4_1), Q4_1, 64)
+    here = qblock_linear.strategy_here()
+    assert (layer.vnni_from_m, layer.dense_from_m) == (here.vnni_from_m, here.dense_from_m)
+    assert closest_measured(ICE_LAKE).qblock == QBlockStrategy(vnni_from_m=256, dense_from_m=None)
+    assert closest_measured(ICE_LAKE | {"avx512_bf16"}).qblock == QBlockStrategy()

@@ -14,12 +14,30 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class QBlockStrategy:
+    """From how many rows of x a q4_1 projection leaves the float block kernel
+    (compute/qblock_linear.py), measured per CPU with `python -m bench.qblock_bench`:
+    for the VNNI kernel (16-bit activation blocks), and for dequantized chunks into
+    torch's float32 GEMM; None: never. The defaults are Zen 4's figures."""
+
+    vnni_from_m: int | None = 16
+    dense_from_m: int | None = 48
+
+    def __post_init__(self):
+        for name in ("vnni_from_m", "dense_from_m"):
+            value = getattr(self, name)
+            if value is not None and value < 2:
+                raise ValueError(f"{name} must be at least 2 or None, got {value}")
+
+
+@dataclass(frozen=True)
 class MeasuredCpu:
     name: str
     flags: frozenset[str]
     # path -> (GFLOP/s at M=1, GFLOP/s at M=64); None where not measured.
     gflops: dict[str, tuple[float | None, float]]
     source: str
+    qblock: QBlockStrategy = QBlockStrategy()
 
     def score(self, path: str) -> float:
         m1, m64 = self.gflops[path]
@@ -43,15 +61,19 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         name="Intel Xeon, AVX-512 with VNNI, no bf16 (Ice Lake class)",
         flags=_AVX512_VNNI,
         # 1 thread, the best of several runs (a shared machine: 2-thread runs swung 10x).
-        # bfloat16 is emulated here (no avx512_bf16): the path refuses to run. float32's
-        # oneDNN GEMM leads at M = 64 (q4_1's VNNI kernel: 79), q4_1 at M = 1; the whole
-        # decode step agrees (bench.step_compare: q4_1 1.9-2.1x float32 at batch 1, equal
-        # at batch 64), so q4_1 ranks first by the geometric mean, int8 aside (not auto).
+        # bfloat16 is emulated here (no avx512_bf16): the path refuses to run. q4_1 leads
+        # float32 at M = 1 and M = 64, so it ranks first, int8 aside (fails the gate).
         gflops={
             "float32": (11.0, 111.6),
             "int8": (21.4, 286.1),
-            "q4_1": (18.2, 79.4),
+            # M = 64 re-measured after the float kernel replaced VNNI below 256 rows (below;
+            # it was 79.4 on VNNI): 112.9, beside float32's 98.7 in the same run (load 5).
+            "q4_1": (18.2, 112.9),
         },
+        # Here the float block kernel (AVX-512) leads the VNNI one at every M up to 128
+        # (81 vs 44 GFLOP/s at M = 16, 127 vs 101 at 64, 140 vs 123 at 128; 1 thread,
+        # bench.qblock_bench) and ties it at 256-512; the chunked dense GEMM trails both.
+        qblock=QBlockStrategy(vnni_from_m=256, dense_from_m=None),
         source="python -m bench.kernel_bench --threads 1 --paths float32,bfloat16,int8,q4_1 "
         "--repeats 10, best of 4 runs, 2 vCPUs (Intel Xeon @ 2.80GHz, Ice Lake: avx512_vnni "
         "avx512_vbmi2, no avx512_bf16, no AMX), load 0.8-2.3, torch 2.13.0, 2026-11-24",

@@ -7,11 +7,14 @@ buffer still moves with `.to()` and counts in the module's memory.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
+from worker_svc.compute.cpu_features import cpu_flags
 from worker_svc.compute.linear import Projection
+from worker_svc.compute.measured import QBlockStrategy
 from worker_svc.compute.qblock import (
     QK,
     BlockFormat,
@@ -22,20 +25,31 @@ from worker_svc.compute.qblock import (
     quantize,
     vnni_matmul,
 )
+from worker_svc.compute.selection import closest_measured
 
-# From this many rows of x, a projection dequantizes its weight in cache-sized chunks
-# for torch's float32 GEMM instead of running the block kernel: on the model's shapes
-# (bench/qblock_bench.py, 1 thread, AVX-512 Zen 4) the kernel led at M = 16 (70-75 vs
-# 61-65 GFLOP/s) and the chunked GEMM at M = 64 (91-92 vs 78) and 256 (97-99 vs 78-80).
-# The LM head, 30 MB of Q8_0, stays on the kernel at every M (56 vs 49 at M = 64):
-# its dequantized chunks would stream 113 MB through the caches a call.
-DENSE_FROM_M = 48
-# Where the CPU has AVX-512 VNNI, every projection (the Q8_0 head too, whatever its
-# dense_from_m) from this many rows takes 16-bit activations in blocks of 32 and integer
-# dot products (kernels/qblock_vnni.c): 140 vs 92 (dense) and 79 (kernel) GFLOP/s at
-# M = 64, 175 vs 102 at M = 256, on one Zen 4 thread; relative error 2e-5. Below it
-# (39 vs 60 at M = 7) the float kernel is faster. CBSERVE_QBLOCK_VNNI=0 turns it off.
-VNNI_FROM_M = 16
+# Which kernel a projection takes by its number of rows M is measured per CPU class
+# (compute/measured.py, QBlockStrategy; bench/qblock_bench.py prints the figures):
+# - below both thresholds, the float block kernel (weights dequantized in registers);
+# - from `vnni_from_m`, where the CPU has AVX-512 VNNI, 16-bit activation blocks and
+#   integer dot products (kernels/qblock_vnni.c): on Zen 4, 140 vs 79 (float kernel)
+#   GFLOP/s at M = 64; on Ice Lake the float kernel leads up to M = 128;
+# - from `dense_from_m`, W dequantized in cache-sized chunks into torch's float32 GEMM.
+# The LM head, 30 MB of Q8_0, never takes the dense chunks (dense_from_m=None): they
+# would stream 113 MB of float32 through the caches a call. CBSERVE_QBLOCK_VNNI=0
+# turns the VNNI kernel off.
+DEFAULT_STRATEGY = QBlockStrategy()
+DENSE_FROM_M = DEFAULT_STRATEGY.dense_from_m
+VNNI_FROM_M = DEFAULT_STRATEGY.vnni_from_m
+
+
+@functools.cache
+def strategy_here() -> QBlockStrategy:
+    """This CPU's thresholds: its measured class's, else the defaults."""
+    measured = closest_measured(cpu_flags())
+    return measured.qblock if measured is not None else DEFAULT_STRATEGY
+
+
+_HERE = object()  # the thresholds' default: this CPU's measured one
 
 
 class QBlockLinear(Projection):
@@ -46,12 +60,18 @@ class QBlockLinear(Projection):
         blocks: torch.Tensor,
         fmt: BlockFormat,
         in_features: int,
-        dense_from_m: int | None = DENSE_FROM_M,
+        dense_from_m: int | None = _HERE,
+        vnni_from_m: int | None = _HERE,
     ):
         super().__init__()
-        self.dense_from_m = dense_from_m  # None: the block kernel at every M
+        here = strategy_here()
+        # None: the block kernel at every M (unless VNNI takes it).
+        self.dense_from_m = here.dense_from_m if dense_from_m is _HERE else dense_from_m
+        self.vnni_from_m = here.vnni_from_m if vnni_from_m is _HERE else vnni_from_m
         self.vnni = (
-            os.environ.get("CBSERVE_QBLOCK_VNNI", "1") != "0" and load_vnni_kernel() is not None
+            self.vnni_from_m is not None
+            and os.environ.get("CBSERVE_QBLOCK_VNNI", "1") != "0"
+            and load_vnni_kernel() is not None
         )
         if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // QK * fmt.block_bytes:
             raise ValueError(f"{tuple(blocks.shape)} {blocks.dtype} are not {fmt.name} rows")
@@ -68,7 +88,7 @@ class QBlockLinear(Projection):
         return dequantize(self.blocks, self.format)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.vnni and x.shape[0] >= VNNI_FROM_M:
+        if self.vnni and x.shape[0] >= self.vnni_from_m:
             return vnni_matmul(x, self.blocks, self.format, self.in_features)
         if self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
             return dense_matmul(x, self.blocks, self.format, self.in_features)
