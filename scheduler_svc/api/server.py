@@ -29,6 +29,7 @@ from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.errors import ServiceError
 from common.metrics import exposition
+from scheduler_svc.api import admission
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.validation import (
@@ -102,28 +103,17 @@ class GenerationService(pb_grpc.GenerationServicer):
         With no worker connected, it waits for one (the pool's orphanage), unless
         no worker has ever connected: then it is refused at once.
         """
-        connected = bool(self.pool.connected_engines())
-        if not connected and not self.pool.accepts_without_worker():
-            raise ServiceError(
-                "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
-            )
+        admission.require_a_worker(
+            bool(self.pool.connected_engines()), self.pool.accepts_without_worker()
+        )
         validated = validate_request(request, self.tokenizer, self._limits())
         # A structured output's grammar compiles in the compiler's thread (cached by
         # constraint): this call waits, every other request's steps go on.
         grammar = None
         if validated.constraint is not None:
             grammar = await self.grammars.compile(validated.constraint)
-        if validated.request_id in self._in_flight:
-            raise ServiceError(
-                f"request_id {validated.request_id!r} is already in flight; use a unique id",
-                grpc.StatusCode.ALREADY_EXISTS,
-            )
-        if self.pool.num_waiting >= self.max_waiting_requests:
-            raise ServiceError(
-                f"{self.pool.num_waiting} requests are already queued (the limit, "
-                "--max-waiting-requests); retry later with backoff",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-            )
+        admission.require_unique_id(validated.request_id, self._in_flight)
+        admission.require_queue_room(self.pool.num_waiting, self.max_waiting_requests)
         submitted = trace.clock()
         handle = self.pool.submit(validated.to_request(deadline, grammar))
         trace.placed(handle.address, len(validated.prompt_token_ids), submitted)
@@ -185,13 +175,8 @@ class GenerationService(pb_grpc.GenerationServicer):
             raise ServiceError(
                 "the server is shutting down; retry on another", grpc.StatusCode.UNAVAILABLE
             )
-        if self._num_streams >= self.max_concurrent_streams:
-            # Refused before any work, so that a flood of clients costs next to nothing.
-            raise ServiceError(
-                f"{self._num_streams} Generate streams are open (the limit, "
-                "--max-concurrent-streams); retry later with backoff",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-            )
+        # Refused before any work, so that a flood of clients costs next to nothing.
+        admission.require_stream_room(self._num_streams, self.max_concurrent_streams)
         self._num_streams += 1
         self._idle.clear()
         try:

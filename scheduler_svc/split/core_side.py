@@ -20,11 +20,11 @@ import contextlib
 import time
 from collections.abc import Callable
 
-import grpc
 import structlog
 
 from common.errors import ServiceError
 from common.metrics import exposition
+from scheduler_svc.api import admission
 from scheduler_svc.core.request import Request, RequestOutput
 from scheduler_svc.split import messages as m
 from scheduler_svc.split.channel import Channel, ChannelClosed
@@ -206,27 +206,10 @@ class EdgeHub:
     ) -> RequestHandle:
         """The checks GenerationService._place makes, against the whole deployment."""
         pool = self._pool
-        if not pool.connected_engines() and not pool.accepts_without_worker():
-            raise ServiceError(
-                "no worker is connected; try again shortly", grpc.StatusCode.UNAVAILABLE
-            )
-        if request_id in self._live:
-            raise ServiceError(
-                f"request_id {request_id!r} is already in flight; use a unique id",
-                grpc.StatusCode.ALREADY_EXISTS,
-            )
-        if pool.num_waiting >= self._max_waiting:
-            raise ServiceError(
-                f"{pool.num_waiting} requests are already queued (the limit, "
-                "--max-waiting-requests); retry later with backoff",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-            )
-        if len(self._live) >= self._max_streams:
-            raise ServiceError(
-                f"{len(self._live)} Generate streams are open (the limit, "
-                "--max-concurrent-streams); retry later with backoff",
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-            )
+        admission.require_a_worker(bool(pool.connected_engines()), pool.accepts_without_worker())
+        admission.require_unique_id(request_id, self._live)
+        admission.require_queue_room(pool.num_waiting, self._max_waiting)
+        admission.require_stream_room(len(self._live), self._max_streams)
         # A Request made here, not in the API process: its seq_id must be unique in
         # the core, which hands it to the workers.
         request = Request(
