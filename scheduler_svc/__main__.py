@@ -24,9 +24,7 @@ import sys
 import structlog
 import uvloop
 
-from cbserve.v1 import generation_pb2 as pb
 from common import parent_watch
-from common.cli_config import FlagError, add_flags, build
 from common.defaults import default_model_path
 from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
@@ -36,12 +34,11 @@ from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
-from scheduler_svc.config import (
-    SCHEDULER_CONFIGS,
-    EdgeConfig,
-    FaultConfig,
-    ProcessConfig,
-    SchedulerConfig,
+from scheduler_svc.flags import (
+    SERVICE_NAME,
+    configs_from_args,
+    edge_config_from_args,
+    parse_args,
 )
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from scheduler_svc.lifecycle import (
@@ -54,41 +51,7 @@ from scheduler_svc.lifecycle import (
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.pool import NoWorkerReady, WorkerPool
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name
-
 log = structlog.get_logger("scheduler_svc")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m scheduler_svc", description=__doc__.splitlines()[0]
-    )
-    for config_class in SCHEDULER_CONFIGS:
-        add_flags(parser, config_class)
-    return parser
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The parsed flags, checked by the configs they make (a bad one exits with usage)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        configs_from_args(args)
-        edge_config_from_args(args)
-    except FlagError as error:
-        parser.error(str(error))
-    return args
-
-
-def configs_from_args(
-    args: argparse.Namespace,
-) -> tuple[ProcessConfig, SchedulerConfig, FaultConfig]:
-    return build(ProcessConfig, args), build(SchedulerConfig, args), build(FaultConfig, args)
-
-
-def edge_config_from_args(args: argparse.Namespace) -> EdgeConfig:
-    """The HTTP front, keys and TLS (EdgeConfig in scheduler_svc/config.py)."""
-    return build(EdgeConfig, args)
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from common.health_probe import build_parser as health_probe_parser
-from scheduler_svc.__main__ import edge_config_from_args
-from scheduler_svc.__main__ import parse_args as parse_scheduler_args
+from scheduler_svc.flags import edge_config_from_args
+from scheduler_svc.flags import parse_args as parse_scheduler_args
 from worker_svc.__main__ import build_parser as worker_parser
 from worker_svc.__main__ import config_from_args
 

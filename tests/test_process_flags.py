@@ -12,9 +12,9 @@ from cbserve.launch import ServeConfig, add_serve_arguments, stack_from_args
 from common.addresses import port_or_off
 from common.cli_config import build, to_argv
 from common.flag_fields import SERVE, flags_of, forwarded_flags
-from scheduler_svc.__main__ import build_parser as scheduler_parser
-from scheduler_svc.__main__ import configs_from_args, edge_config_from_args, parse_args
 from scheduler_svc.config import SCHEDULER_CONFIGS, SchedulerConfig
+from scheduler_svc.flags import build_parser as scheduler_parser
+from scheduler_svc.flags import configs_from_args, edge_config_from_args, parse_args
 from worker_svc.__main__ import build_parser as worker_parser
 from worker_svc.__main__ import config_from_args
 from worker_svc.config import WorkerConfig

@@ -18,8 +18,8 @@ from cbserve.launch import add_serve_arguments, announce, stack_from_args
 from cbserve.local_stack import ChildProcess, LocalStack, free_port
 from common.cli_config import FlagError
 from common.defaults import DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT, REPO_ROOT
-from scheduler_svc.__main__ import edge_config_from_args
-from scheduler_svc.__main__ import parse_args as parse_scheduler_args
+from scheduler_svc.flags import edge_config_from_args
+from scheduler_svc.flags import parse_args as parse_scheduler_args
 from tests.waiting import wait_until
 from worker_svc.__main__ import build_parser as worker_parser
 

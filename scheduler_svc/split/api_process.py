@@ -27,10 +27,12 @@ from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.wire import add_to_server
+from scheduler_svc.flags import SERVICE_NAME, configs_from_args, edge_config_from_args, parse_args
 from scheduler_svc.grpc_security import grpc_server_security
 from scheduler_svc.lifecycle import bounded_stage, start_http, stop_event
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.split.channel import connect
+from scheduler_svc.split.remote_pool import RemotePool
 
 SOCKET_ENV, INDEX_ENV = "CBSERVE_CORE_SOCKET", "CBSERVE_API_INDEX"
 
@@ -38,11 +40,6 @@ log = structlog.get_logger("scheduler.api_process")
 
 
 async def serve(args, socket_path: str, index: int) -> None:
-    # Imported here: the parser lives in the scheduler's entry point, which imports this
-    # package's siblings; at call time both are loaded.
-    from scheduler_svc.__main__ import SERVICE_NAME, configs_from_args, edge_config_from_args
-    from scheduler_svc.split.remote_pool import RemotePool
-
     process, config, faults = configs_from_args(args)
     edge = edge_config_from_args(args)
     try:
@@ -96,8 +93,6 @@ async def serve(args, socket_path: str, index: int) -> None:
 
 def main() -> int:
     parent_watch.die_with_parent()
-    from scheduler_svc.__main__ import parse_args
-
     args = parse_args(sys.argv[1:])
     configure_logging(args.log_level)
     structlog.contextvars.bind_contextvars(api_process=int(os.environ[INDEX_ENV]))

@@ -30,6 +30,7 @@ from common.errors import StartupError
 from common.logging import announce_ready
 from common.metrics_server import MetricsServer
 from scheduler_svc.api.tokenizer import Tokenizer
+from scheduler_svc.flags import configs_from_args, edge_config_from_args
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
 from scheduler_svc.lifecycle import bounded_stage, ready_line, start_discovery, stop_event
 from scheduler_svc.metrics import SchedulerMetrics
@@ -58,8 +59,6 @@ def _free_port(host: str) -> int:
 
 
 async def serve_core(args: argparse.Namespace, argv: list[str]) -> None:
-    from scheduler_svc.__main__ import configs_from_args, edge_config_from_args
-
     process, config, faults = configs_from_args(args)
     edge = edge_config_from_args(args)
     try:
