@@ -30,6 +30,7 @@ from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.errors import ServiceError
 from common.metrics import exposition
 from scheduler_svc.api import admission
+from scheduler_svc.api.pool_view import PlacedRequest, PoolView
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.validation import (
@@ -45,8 +46,7 @@ from scheduler_svc.output.output_processor import merge_outputs
 from scheduler_svc.output.text_stream import TextStream
 from scheduler_svc.structured.compiler import GrammarCompiler
 from scheduler_svc.workers.engine import WorkerEngine
-from scheduler_svc.workers.handle import RequestHandle, StreamItem
-from scheduler_svc.workers.pool import WorkerPool
+from scheduler_svc.workers.handle import StreamItem
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -60,7 +60,7 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
 class GenerationService(pb_grpc.GenerationServicer):
     def __init__(
         self,
-        pool: WorkerPool,
+        pool: PoolView,
         tokenizer: Tokenizer,
         max_waiting_requests: int = 1024,
         metrics: SchedulerMetrics | None = None,
@@ -86,7 +86,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         self._idle.set()
         self._draining = False
         # Placed requests by id, so that drain() can end them.
-        self._placed: dict[str, RequestHandle] = {}
+        self._placed: dict[str, PlacedRequest] = {}
 
     def _limits(self) -> ModelLimits:
         return ModelLimits(
@@ -97,7 +97,7 @@ class GenerationService(pb_grpc.GenerationServicer):
 
     async def _place(
         self, request: pb.GenerateRequest, deadline: float | None, trace: RequestTrace
-    ) -> tuple[ValidatedRequest, RequestHandle]:
+    ) -> tuple[ValidatedRequest, PlacedRequest]:
         """Validates the request and queues it on a worker; raises ServiceError.
 
         With no worker connected, it waits for one (the pool's orphanage), unless
@@ -208,7 +208,7 @@ class GenerationService(pb_grpc.GenerationServicer):
                 code, message = trace.failure
                 raise ServiceError(message, code)
 
-    async def _stream(self, handle: RequestHandle, text: TextStream, trace: RequestTrace):
+    async def _stream(self, handle: PlacedRequest, text: TextStream, trace: RequestTrace):
         """Yields the request's responses, their text made here (not in the core);
         records how it ended in trace."""
         request_id = handle.request_id

@@ -3,7 +3,7 @@
 Both the overall status ("", what probes ask by default) and the Generation
 service's: a scheduler without a connected worker can only answer UNAVAILABLE,
 so load balancers and Kubernetes readiness should send clients elsewhere.
-WorkerPool.changed is set at every connect and disconnect; it is cleared
+The pool's `changed` is set at every connect and disconnect; it is cleared
 before the pool is read, so a change during the health update is not missed.
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 import structlog
 
 from common.grpc_server import set_serving
-from scheduler_svc.workers.pool import WorkerPool
+from scheduler_svc.api.pool_view import PoolView
 
 log = structlog.get_logger("scheduler.health")
 
 
-async def follow_workers(pool: WorkerPool, health_servicer, service_names: list[str]) -> None:
+async def follow_workers(pool: PoolView, health_servicer, service_names: list[str]) -> None:
     """Runs until cancelled."""
     serving: bool | None = None
     while True:
