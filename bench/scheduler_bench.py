@@ -93,10 +93,11 @@ def worker_counters(url: str) -> tuple[float, int]:
 
 
 def run_load(config: SchedulerBenchConfig, front: str, address: str, streams: int,
-             watch: dict[str, int], seed: int) -> dict:  # fmt: skip
+             watch: dict[str, int], seed: int, constrained: int = 0) -> dict:  # fmt: skip
     """One run of the load generator; its LoadResult as a dict."""
     argv = [sys.executable, "-m", "bench.scheduler_load", "--front", front]
     argv += ["--address", address, "--streams", str(streams)]
+    argv += ["--constrained-streams", str(constrained)]
     argv += ["--requests-per-stream", str(config.requests_per_stream)]
     argv += ["--prompt-len", str(config.prompt_len), "--output-len", str(config.output_len)]
     argv += ["--seed", str(seed)]
@@ -157,7 +158,8 @@ def measure_stack(config: SchedulerBenchConfig, loads: list[Load]) -> list[Measu
                 address = stack.address if front == "grpc" else stack.http_url.split("//")[1]
                 _say(f"  {load.label} over {front} ...")
                 before = [worker_counters(url) for url in urls]
-                raw = run_load(config, front, address, load.streams, watch, seed=len(rows))
+                raw = run_load(config, front, address, load.streams, watch, seed=len(rows),
+                               constrained=load.constrained_streams)  # fmt: skip
                 after = [worker_counters(url) for url in urls]
                 busy = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
                 steps = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))

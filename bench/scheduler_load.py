@@ -7,11 +7,14 @@ Each of --streams streams sends --requests-per-stream requests one after the oth
 (a closed loop: as many in flight as streams), each a prompt of --prompt-len random
 token ids asking for exactly --output-len tokens (EOS ignored), over gRPC
 (`Generation.Generate`, one channel) or the OpenAI-compatible HTTP front
-(/v1/completions, streamed). It runs in its own process so that its CPU is not the
-server's, and does as little as it can per message (counts them; JSON is parsed only
-for the last chunk of an HTTP stream), because on a 2-core machine it shares the CPU
-with what it measures. It reads the CPU of the --watch processes and its own at the
-start and end of the load and prints one JSON object (LoadResult) on stdout.
+(/v1/completions, streamed); the first --constrained-streams streams ask for a JSON
+schema as a structured output (gRPC's structured_output, HTTP's structured_outputs),
+and their requests may end sooner, when the schema is complete. It runs in its own
+process so that its CPU is not the server's, and does as little as it can per message
+(counts them; JSON is parsed only for the last chunk of an HTTP stream), because on a
+2-core machine it shares the CPU with what it measures. It reads the CPU of the
+--watch processes and its own at the start and end of the load and prints one JSON
+object (LoadResult) on stdout.
 """
 
 from __future__ import annotations
@@ -27,6 +30,32 @@ from dataclasses import asdict, dataclass, field
 from bench.cpu_accounting import cpu_snapshot, cpu_used, machine_cpu_s, own_cpu_s
 
 MAX_ERRORS_KEPT = 5
+# The constrained streams' schema: an order with open strings, numbers, an enum, a
+# nested object and a list, as an extraction or agent reply would have. The null
+# worker walks it at random within the masks, mostly inside strings (a token with a
+# quote ends one), so most replies run to --output-len.
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "email": {"type": "string"}},
+            "required": ["name", "email"],
+        },
+        "status": {"enum": ["open", "paid", "shipped"]},
+        "total": {"type": "number"},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string"}, "quantity": {"type": "integer"}},
+                "required": ["sku", "quantity"],
+            },
+        },
+        "note": {"type": "string"},
+    },
+    "required": ["customer", "status", "total", "items", "note"],
+}
 
 
 @dataclass
@@ -56,17 +85,38 @@ def prompts(count: int, length: int, vocab_size: int, seed: int) -> list[list[in
     return [[rng.randrange(256, vocab_size) for _ in range(length)] for _ in range(count)]
 
 
+def constrained(args, stream: int) -> bool:
+    """Whether a stream's requests carry the JSON schema: the first --constrained-streams."""
+    return stream < args.constrained_streams
+
+
+def completed(args, is_constrained: bool, tokens: int, length_reached: bool) -> bool:
+    """A free request streams exactly --output-len tokens; a constrained one may end
+    sooner, when the null worker's random walk through the schema completes it."""
+    if is_constrained:
+        return 0 < tokens <= args.output_len
+    return tokens == args.output_len and length_reached
+
+
 async def _grpc_streams(args, result: LoadResult, batches: list[list[list[int]]]) -> None:
     import grpc
 
     from cbserve.v1 import generation_pb2 as pb
     from cbserve.v1 import generation_pb2_grpc
 
-    def request(ids: list[int]) -> pb.GenerateRequest:
-        sampling = pb.SamplingParams(max_tokens=args.output_len, ignore_eos=True)
-        return pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=ids), sampling=sampling)
+    schema = json.dumps(JSON_SCHEMA)
 
-    requests = [[request(ids) for ids in batch] for batch in batches]
+    def request(ids: list[int], is_constrained: bool) -> pb.GenerateRequest:
+        sampling = pb.SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+        message = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=ids), sampling=sampling)
+        if is_constrained:
+            message.structured_output.json_schema = schema
+        return message
+
+    requests = [
+        [request(ids, constrained(args, index)) for ids in batch]
+        for index, batch in enumerate(batches)
+    ]
     async with grpc.aio.insecure_channel(args.address) as channel:
         await generation_pb2_grpc.GenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest())
         # Responses stay bytes (no deserializer): parsing each one would cost this process
@@ -80,6 +130,7 @@ async def _grpc_streams(args, result: LoadResult, batches: list[list[list[int]]]
 
         async def stream(own: list) -> None:
             for message in own:
+                is_constrained = message.HasField("structured_output")
                 messages = 0
                 last = b""
                 try:
@@ -93,7 +144,7 @@ async def _grpc_streams(args, result: LoadResult, batches: list[list[list[int]]]
                 tokens = final.usage.completion_tokens
                 result.tokens += tokens
                 result.messages += messages
-                if tokens == args.output_len and final.finish_reason == pb.LENGTH:
+                if completed(args, is_constrained, tokens, final.finish_reason == pb.LENGTH):
                     result.completed += 1
                 else:
                     result.fail(f"{tokens} tokens, finish reason {final.finish_reason}")
@@ -104,18 +155,22 @@ async def _grpc_streams(args, result: LoadResult, batches: list[list[list[int]]]
 async def _http_streams(args, result: LoadResult, batches: list[list[list[int]]]) -> None:
     import aiohttp
 
-    def body(ids: list[int]) -> bytes:
-        return json.dumps(
-            {
-                "prompt": ids,
-                "max_tokens": args.output_len,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-        ).encode()
+    def body(ids: list[int], is_constrained: bool) -> bytes:
+        fields = {
+            "prompt": ids,
+            "max_tokens": args.output_len,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if is_constrained:
+            fields["structured_outputs"] = {"json": JSON_SCHEMA}
+        return json.dumps(fields).encode()
 
-    bodies = [[body(ids) for ids in batch] for batch in batches]
+    bodies = [
+        [(body(ids, constrained(args, index)), constrained(args, index)) for ids in batch]
+        for index, batch in enumerate(batches)
+    ]
     url = f"http://{args.address}/v1/completions"
     headers = {"content-type": "application/json"}
     connector = aiohttp.TCPConnector(limit=0)  # one connection per stream, none queued
@@ -124,8 +179,8 @@ async def _http_streams(args, result: LoadResult, batches: list[list[list[int]]]
         async with session.get(f"http://{args.address}/v1/models") as response:
             await response.read()
 
-        async def stream(own: list[bytes]) -> None:
-            for data in own:
+        async def stream(own: list[tuple[bytes, bool]]) -> None:
+            for data, is_constrained in own:
                 tokens = messages = 0
                 try:
                     async with session.post(url, data=data, headers=headers) as response:
@@ -143,7 +198,7 @@ async def _http_streams(args, result: LoadResult, batches: list[list[list[int]]]
                     result.fail(f"{type(error).__name__}: {error}")
                 result.tokens += tokens
                 result.messages += messages
-                if tokens == args.output_len:
+                if completed(args, is_constrained, tokens, tokens == args.output_len):
                     result.completed += 1
                 else:
                     result.fail(f"{tokens} tokens in {messages} chunks")
@@ -174,6 +229,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--vocab-size", type=int, default=49152)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--constrained-streams",
+        type=int,
+        default=0,
+        help="how many of the streams ask for JSON_SCHEMA as a structured output",
+    )
     parser.add_argument(
         "--watch", action="append", default=[], metavar="LABEL=PID", help="read this CPU"
     )

@@ -1,6 +1,9 @@
 """What the scheduler benchmark measured, and its tables: pure, no processes.
 
-A load is N null workers with a simulated step time and a number of client streams.
+A load is N null workers with a simulated step time and a number of client streams,
+a share of which may ask for JSON-schema structured outputs (the null workers then
+sample within the scheduler's allowed-token masks, so the scheduler's CPU includes
+computing and sending those masks).
 What the workers could make at that load: every stream decodes one token per step of
 its worker, the streams split evenly, a step taking step_ms + us_per_token x its
 tokens. The share is what the clients got of that; the workers' busy fraction is their
@@ -22,7 +25,7 @@ from dataclasses import dataclass, field
 
 from bench.cpu_accounting import per_1k
 
-_LOAD = re.compile(r"^\s*(\d+)x(\d+(?:\.\d+)?)(?:\+(\d+(?:\.\d+)?))?:(\d+)\s*$")
+_LOAD = re.compile(r"^\s*(\d+)x(\d+(?:\.\d+)?)(?:\+(\d+(?:\.\d+)?))?:(\d+)(?:/json(\d+))?\s*$")
 # The scheduler deployment's processes carry this label (and label/PID for children).
 SCHEDULER = "scheduler"
 BARE = "bare"
@@ -30,31 +33,46 @@ BARE = "bare"
 
 @dataclass(frozen=True)
 class Load:
-    """`WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS`, e.g. `2x10:64`, `1x0:512`, `2x5+20:64`."""
+    """`WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT]`, e.g. `2x10:64`, `1x0:512`,
+    `2x5+20:64`, `1x0:64/json50` (half the streams constrained by a JSON schema: the
+    scheduler then computes an allowed-token mask per constrained row and step)."""
 
     workers: int
     step_ms: float
     streams: int
     us_per_token: float = 0.0
+    # Percent of the streams whose requests carry a JSON-schema structured output.
+    json_pct: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.streams < 1:
             raise ValueError(f"a load needs >= 1 worker and >= 1 stream, got {self}")
         if not (0 <= self.step_ms < math.inf and 0 <= self.us_per_token < math.inf):
             raise ValueError(f"step times must be finite and >= 0, got {self}")
+        if not 0 <= self.json_pct <= 100:
+            raise ValueError(f"the JSON-constrained share is 0 to 100 percent, got {self}")
 
     @classmethod
     def parse(cls, text: str) -> Load:
         match = _LOAD.match(text)
         if not match:
-            raise ValueError(f"a load is WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS, got {text!r}")
-        workers, step_ms, per_token, streams = match.groups()
-        return cls(int(workers), float(step_ms), int(streams), float(per_token or 0))
+            raise ValueError(
+                f"a load is WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT], got {text!r}"
+            )
+        workers, step_ms, per_token, streams, json_pct = match.groups()
+        return cls(
+            int(workers), float(step_ms), int(streams), float(per_token or 0), int(json_pct or 0)
+        )
+
+    @property
+    def constrained_streams(self) -> int:
+        return round(self.streams * self.json_pct / 100)
 
     @property
     def spec(self) -> str:
         extra = f"+{self.us_per_token:g}" if self.us_per_token else ""
-        return f"{self.workers}x{self.step_ms:g}{extra}:{self.streams}"
+        constrained = f"/json{self.json_pct}" if self.json_pct else ""
+        return f"{self.workers}x{self.step_ms:g}{extra}:{self.streams}{constrained}"
 
     @property
     def label(self) -> str:
@@ -62,7 +80,8 @@ class Load:
         step = f"{self.step_ms:g} ms steps" if self.step_ms else "no step time"
         if self.us_per_token:
             step += f" + {self.us_per_token:g} us/token"
-        return f"{workers}, {step}, {self.streams} streams"
+        constrained = f" ({self.constrained_streams} JSON-constrained)" if self.json_pct else ""
+        return f"{workers}, {step}, {self.streams} streams{constrained}"
 
     @property
     def capacity_tok_s(self) -> float:

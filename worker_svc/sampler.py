@@ -1,7 +1,8 @@
 """Token sampling for a whole batch of rows at once.
 
-Order per row (as in vLLM): logprobs are taken from the raw logits; then the
-allowed-token mask of a constrained row (structured outputs, token_bitmask.py);
+Order per row (as in vLLM): the allowed-token mask of a constrained row
+(structured outputs, token_bitmask.py); logprobs are taken there, from the model's
+logits with only that mask applied (a banned token's logprob is -inf); then
 repetition, frequency and presence penalties; the min_tokens ban; greedy rows
 take the argmax; the others divide by temperature, apply min_p, top_k, top_p
 and draw with the exponential race: argmax(probs / E) with E ~ Exp(1) per
@@ -181,9 +182,12 @@ class Sampler:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
         raw = logits.float().to(self.device)
-        processed = raw.clone()
         if allowed is not None:
-            apply_allowed_tokens(processed, allowed)
+            # Logprobs come from the masked logits, as in vLLM (which masks the logits
+            # before its sampler): a constrained row's are over the allowed tokens.
+            raw = raw.clone() if raw is logits else raw
+            apply_allowed_tokens(raw, allowed)
+        processed = raw.clone()
         apply_penalties(processed, rows)
         apply_min_tokens(processed, rows)
         tokens = processed.argmax(-1)

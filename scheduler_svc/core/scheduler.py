@@ -42,6 +42,13 @@ the other rows of the same steps are planned as usual. The row that samples gets
 its mask in the plan; its matcher takes each token the request accepts and
 nothing else, and is rebuilt from the output tokens if it ever disagrees (a
 recompute after a preemption or on another worker checks that).
+
+A constrained request whose grammar, after a token, allows nothing but EOS takes
+that EOS at once, without the step that could only sample it, and ends with STOP:
+the tokens, text and finish reason vLLM gives after sampling the forced EOS, also
+below min_tokens (where vLLM lets the EOS through, as banning it would leave no
+token to sample) and with ignore_eos (past an EOS the grammar allows only more EOS).
+A token that completes the grammar on max_tokens ends with LENGTH, as in vLLM.
 """
 
 from __future__ import annotations
@@ -78,7 +85,11 @@ from scheduler_svc.core.request import (
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.output.output_processor import token_logprob
 from scheduler_svc.output.stop_checker import StopChecker
-from scheduler_svc.structured.scheduling import add_allowed_tokens, off_grammar_error
+from scheduler_svc.structured.scheduling import (
+    add_allowed_tokens,
+    forced_token_logprob,
+    off_grammar_error,
+)
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale) and whether it samples.
@@ -366,6 +377,8 @@ class Scheduler:
                 if logprob is not None:
                     logprobs.append(logprob)
             reason = stop_checker.check(token_id, len(output_ids), num_prompt)
+            if reason is None and request.structured is not None and request.structured.must_end:
+                reason = self._take_forced_eos(request, new_token_ids, logprobs)
             if reason is not None:
                 # The tokens after it (later steps of a multi-step plan, or the next plan
                 # already in flight) were computed past its end: never streamed.
@@ -385,6 +398,22 @@ class Scheduler:
             request.cached_prompt_tokens,
         )
         return attach_prompt_logprobs(request, output)
+
+    def _take_forced_eos(
+        self, request: Request, new_token_ids: list[int], logprobs: list
+    ) -> FinishReason | None:
+        """A constrained request whose grammar allows only EOS next takes that EOS now,
+        as the step it would cost could only sample it, and ends with STOP."""
+        if not self._eos_token_ids:
+            return None
+        eos = self._eos_token_ids[0]
+        request.structured.advance(eos)
+        request.output_token_ids.append(eos)
+        new_token_ids.append(eos)
+        if request.sampling.logprobs > 0:
+            # The masked distribution's: the one allowed token has probability 1.
+            logprobs.append(forced_token_logprob(eos))
+        return FinishReason.STOP
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error

@@ -49,6 +49,12 @@ class RequestMatcher:
         return self._matcher.is_accepting()
 
     @property
+    def must_end(self) -> bool:
+        """The grammar allows nothing but EOS next (or has taken it): the reply is complete
+        and any further token could only be EOS or break it."""
+        return self._matcher.is_stopped()
+
+    @property
     def is_error(self) -> bool:
         return self._matcher.is_error()
 

@@ -1,5 +1,5 @@
-"""The scheduler's two calls into structured outputs: a plan row's mask, and the
-error for a token the grammar refused."""
+"""The scheduler's calls into structured outputs: a plan row's mask, the logprob of
+an EOS the grammar forced, and the error for a token the grammar refused."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from scheduler_svc.structured.bitmask import TokenBitmask
 
 if TYPE_CHECKING:
     from scheduler_svc.core.plan import StepPlan
-    from scheduler_svc.core.request import Request, RequestError
+    from scheduler_svc.core.request import Request, RequestError, TokenLogprob
 
 
 def add_allowed_tokens(plan: StepPlan, request: Request) -> None:
@@ -27,6 +27,15 @@ def add_allowed_tokens(plan: StepPlan, request: Request) -> None:
     if plan.allowed_tokens is None:
         plan.allowed_tokens = TokenBitmask(matcher.num_words)
     plan.allowed_tokens.add(request.seq_id, matcher)
+
+
+def forced_token_logprob(token_id: int) -> TokenLogprob:
+    """The logprob entry of a token the mask forced (the only one allowed): logprobs
+    under a constraint come from the masked logits, as in vLLM, where it has
+    probability 1."""
+    from scheduler_svc.core.request import TokenLogprob
+
+    return TokenLogprob(token_id=token_id, logprob=0.0, top=((token_id, 0.0),))
 
 
 def off_grammar_error(request: Request, token_id: int) -> RequestError:

@@ -61,6 +61,21 @@ def measurement(**changes) -> Measurement:
     return Measurement(**{**values, **changes})
 
 
+def test_a_load_with_json_constrained_streams():
+    load = Load.parse("1x0:64/json50")
+    assert (load.streams, load.json_pct, load.constrained_streams) == (64, 50, 32)
+    assert load.spec == "1x0:64/json50" and Load.parse(load.spec) == load
+    assert load.label == "1 worker, no step time, 64 streams (32 JSON-constrained)"
+    assert (
+        Load.parse("1x0:64").json_pct == 0 and Load.parse("1x0:3/json100").constrained_streams == 3
+    )
+    # Results written before the field existed still load.
+    assert Load(**{"workers": 1, "step_ms": 0.0, "streams": 8, "us_per_token": 0.0}).json_pct == 0
+    for bad in ("1x0:64/json101", "1x0:64/json", "1x0:64/xml5"):
+        with pytest.raises(ValueError):
+            SchedulerBenchConfig(loads=[bad])
+
+
 def test_measurement_derived_numbers():
     row = measurement()
     assert row.tok_s == 1024 and row.share == pytest.approx(1024 / 1600)

@@ -174,3 +174,44 @@ def test_after_a_worker_loss_the_matcher_is_rebuilt_from_the_output(compiler, in
     destination.run()
     assert json.loads(destination.text("json")) == json.loads(ANSWER)
     assert_valid(destination, "json")
+
+
+@pytest.mark.parametrize("sampling", [{"min_tokens": 30}, {"ignore_eos": True}, {}])
+def test_a_complete_grammar_ends_with_its_forced_eos_without_a_step(compiler, sampling):
+    """Once the grammar allows only EOS the request takes it and ends with STOP, even
+    below min_tokens or with ignore_eos (which would otherwise mask the EOS or sample
+    EOS after EOS): the output is the valid reply, then that EOS."""
+    harness = Harness()
+    request = constrained(compiler, harness, "flag", PROSE, schema=FLAG, **sampling)
+    masked_steps = 0
+    while (plan := harness.step()) is not None:
+        masked_steps += bool(plan.allowed_tokens and request.seq_id in plan.allowed_tokens.seq_ids)
+    value = assert_valid(harness, "flag", FLAG)
+    token_ids = harness.token_ids("flag")
+    assert token_ids[-1] == EOS and EOS not in token_ids[:-1]
+    assert harness.final("flag").completion_tokens == len(token_ids)
+    assert load_tokenizer().decode(token_ids[:-1]) == json.dumps(value)
+    # A sampling step per token but the EOS: the step that could only sample it never ran.
+    assert masked_steps == len(token_ids) - 1
+    assert request.structured.must_end and request.structured.num_tokens == len(token_ids)
+
+
+def test_a_grammar_completed_on_max_tokens_ends_with_length(compiler):
+    """As in vLLM: the max_tokens-th token completes the reply, no room is left for an
+    EOS, and the finish reason is LENGTH (the text is still the whole reply)."""
+    size = len(encode(ANSWER))
+    harness = Harness()
+    constrained(compiler, harness, "exact", encode(ANSWER) + [EOS], max_tokens=size)
+    harness.run()
+    assert harness.final("exact").finish_reason is FinishReason.LENGTH
+    assert harness.token_ids("exact") == encode(ANSWER)
+
+
+def test_the_forced_eos_has_the_masked_distributions_logprob(compiler):
+    harness = Harness()
+    constrained(compiler, harness, "json", encode(ANSWER) + [EOS], logprobs=3)
+    harness.run()
+    entries = [entry for output in harness.outputs["json"] for entry in output.logprobs]
+    assert len(entries) == len(harness.token_ids("json"))
+    assert entries[-1].token_id == EOS and entries[-1].logprob == 0.0
+    assert entries[-1].top == ((EOS, 0.0),)

@@ -63,6 +63,29 @@ def test_the_sampler_picks_only_allowed_tokens_whatever_else_is_set(sampling):
             assert out.token_ids[0] == out.token_ids[2] == 7  # free rows are untouched
 
 
+def test_logprobs_of_a_constrained_row_come_from_the_masked_logits():
+    """As in vLLM: the mask applies before the logprobs (penalties and temperature
+    after them), so a constrained row's logprobs are over its allowed tokens; a free
+    row's stay those of the raw logits, and the caller's logits are left as they were."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, VOCAB)
+    before = logits.clone()
+    allowed_now = [3, 50, 60]
+    rows = [Row(temperature=0.0, logprobs=5, repetition_penalty=1.3) for _ in range(2)]
+    out = Sampler(seed=0).sample(logits, rows, [mask_row(allowed_now), None])
+    assert torch.equal(logits, before)
+    masked = torch.full((VOCAB,), float("-inf"))
+    masked[allowed_now] = logits[0, allowed_now]
+    expected = masked.log_softmax(-1)
+    constrained = out.logprobs[0]
+    assert constrained.logprob == pytest.approx(expected[out.token_ids[0]].item(), abs=1e-6)
+    assert sorted(constrained.top_token_ids[:3]) == allowed_now
+    assert all(value == float("-inf") for value in constrained.top_logprobs[3:])
+    free = out.logprobs[1]
+    raw = logits[1].log_softmax(-1)
+    assert free.logprob == pytest.approx(raw[out.token_ids[1]].item(), abs=1e-6)
+
+
 def plan_with_mask(seq_ids, rows, num_steps=1, sequences=(1,)) -> pb.StepPlan:
     words = b"".join(r.astype("<i4").tobytes() for r in rows)
     return pb.StepPlan(

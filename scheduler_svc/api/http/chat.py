@@ -10,14 +10,14 @@ content from then on. Held text carries no logprobs.
 from __future__ import annotations
 
 from cbserve.v1 import generation_pb2 as pb
-from scheduler_svc.api.http.shaping import Shaper, finish_reason
+from scheduler_svc.api.http.shaping import Shaper, finish_reason, json_logprob
 from scheduler_svc.api.http.tools import ToolPlan
 
 TOOL_CALLS = "tool_calls"
 
 
 def _entry(token: str, logprob: float) -> dict:
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+    return {"token": token, "logprob": json_logprob(logprob), "bytes": list(token.encode())}
 
 
 class ChatShaper(Shaper):

@@ -18,11 +18,11 @@ import math
 from collections.abc import Callable
 
 from cbserve.v1 import generation_pb2 as pb
-from scheduler_svc.api.http.shaping import Shaper, finish_reason, usage
+from scheduler_svc.api.http.shaping import Shaper, finish_reason, json_logprob, usage
 
 
 def _logprob(entry: pb.TokenLogprob) -> float | None:
-    return None if math.isnan(entry.logprob) else entry.logprob
+    return None if math.isnan(entry.logprob) else json_logprob(entry.logprob)
 
 
 class CompletionShaper(Shaper):
@@ -80,7 +80,11 @@ class CompletionShaper(Shaper):
             logprob = _logprob(entry)
             token_logprobs.append(logprob)
             alternatives = entry.top_logprobs[: self.top_logprobs]
-            tops.append(None if logprob is None else {t.token: t.logprob for t in alternatives})
+            tops.append(
+                None
+                if logprob is None
+                else {t.token: json_logprob(t.logprob) for t in alternatives}
+            )
         return {
             "tokens": tokens,
             "token_logprobs": token_logprobs,

@@ -22,6 +22,15 @@ FINISH_REASONS = {pb.STOP: "stop", pb.LENGTH: "length", pb.ABORT: "abort"}
 DONE_EVENT = "data: [DONE]\n\n"
 
 
+# JSON has no -Infinity: a token the allowed-token mask banned (structured outputs)
+# has logprob -inf, and goes out as this, the floor vLLM's API server uses.
+MIN_LOGPROB = -9999.0
+
+
+def json_logprob(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)
+
+
 def finish_reason(response: pb.GenerateResponse) -> str | None:
     return FINISH_REASONS.get(response.finish_reason)
 
