@@ -8,7 +8,13 @@
 - greedy chat replies to 16 short questions: a reply counts as equal when its first
   REPLY_TOKENS tokens are float32's; the gate is at least GATE_REPLIES of 16.
 A path passing both may be taken by `--dtype auto` (worker_svc/compute/selection.py).
-Prints a markdown table (for bench/RESULTS.md) with the CPU named; `--json FILE`
+
+Beside it, a second table scores the same texts, whole and joined, as llama.cpp's
+`llama-perplexity` does (chunks of --ppl-ctx tokens, the second half of each scored,
+on llama.cpp's token ids: bench/accuracy_chunks.py), for every path asked and for
+llama-perplexity itself on the shipped Q4_1 GGUF. That row is left out, with the reason
+printed, when `make bench-peers` has not built the binary.
+Prints markdown tables (for bench/RESULTS.md) with the CPU named; `--json FILE`
 writes the figures too. Exits 1 when a path asked for fails the gate.
 """
 
@@ -34,30 +40,44 @@ def _default_paths() -> list[str]:
 def evaluate(args) -> dict:
     import torch
 
-    from bench.accuracy_data import QUESTIONS, heldout_texts
-    from bench.accuracy_eval import greedy_replies, perplexity
-    from common.defaults import default_model_path
+    from bench.accuracy_chunks import ChunkScoring, Estimate, document_ids, gguf_bos_id
+    from bench.accuracy_data import QUESTIONS, heldout_document, heldout_texts
+    from bench.accuracy_eval import chunk_nlls, greedy_replies, perplexity
+    from common.defaults import default_model_path, packaged_gguf_path
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
     from worker_svc.model_loader import load_model
 
     torch.set_num_threads(args.threads)
     model = args.model or default_model_path()
     tokenizer = Tokenizer(model)
-    texts = heldout_texts(lambda s: tokenizer.encode(s, False), args.texts, args.max_text_tokens)
+    encode = lambda s: tokenizer.encode(s, False)  # noqa: E731
+    texts = heldout_texts(encode, args.texts, args.max_text_tokens)
     prompts = [tokenizer.encode_chat([ChatTurn("user", q)]) for q in QUESTIONS]
+    gguf = packaged_gguf_path()
+    document = heldout_document(encode, args.texts)
+    scoring = ChunkScoring(args.ppl_ctx, gguf_bos_id(gguf))
+    bos = [] if scoring.bos_id is None else [scoring.bos_id]
+    doc_ids = document_ids(bos + encode(document), document, gguf, args.threads)
+    chunks = scoring.chunks(doc_ids.ids)
     results: dict[str, dict] = {}
     for name in ["float32", *[p for p in args.paths.split(",") if p != "float32"]]:
         started = time.perf_counter()
         loaded = load_model(model, name, torch.device("cpu"))
         ppl = perplexity(loaded, texts)
+        chunked = Estimate.from_nlls(chunk_nlls(loaded, chunks, scoring.first_scored))
         replies = greedy_replies(loaded, prompts, REPLY_TOKENS)
         results[name] = {
             "perplexity": ppl,
+            "chunked": vars(chunked),
             "replies": replies,
             "seconds": time.perf_counter() - started,
             "weights": getattr(loaded.model, "qblock_source", ""),
         }
-        print(f"# {name}: perplexity {ppl:.4f} ({results[name]['seconds']:.0f} s)", flush=True)
+        print(
+            f"# {name}: perplexity {ppl:.4f}, chunked {chunked.perplexity:.4f} "
+            f"({results[name]['seconds']:.0f} s)",
+            flush=True,
+        )
         del loaded
     reference = results["float32"]
     for row in results.values():
@@ -67,7 +87,48 @@ def evaluate(args) -> dict:
         )
         row["passes"] = row["ratio"] <= GATE_PPL_RATIO and row["equal_replies"] >= GATE_REPLIES
         row["first_reply"] = tokenizer.decode(row["replies"][0])
-    return {"model": model, "texts": len(texts), "tokens": sum(map(len, texts)), "paths": results}
+    return {
+        "model": model,
+        "texts": len(texts),
+        "tokens": sum(map(len, texts)),
+        "paths": results,
+        "chunked": {
+            "n_ctx": scoring.n_ctx,
+            "chunks": len(chunks),
+            "document_tokens": len(doc_ids.ids),
+            "token_ids": doc_ids.source,
+            "gguf": str(gguf),
+            "llama.cpp": llamacpp_row(gguf, document, scoring, len(chunks), args.threads),
+        },
+    }
+
+
+def llamacpp_row(gguf, document: str, scoring, chunks: int, threads: int) -> dict:
+    """llama-perplexity on the same document and GGUF, or why it was left out."""
+    import tempfile
+    from pathlib import Path
+
+    from bench import llama_perplexity
+
+    binary = llama_perplexity.binary_path()
+    if binary is None or gguf is None:
+        reason = llama_perplexity.MISSING if binary is None else "no packaged GGUF"
+        print(f"# llama.cpp: left out: {reason}", flush=True)
+        return {"skipped": reason}
+    with tempfile.TemporaryDirectory() as folder:
+        text_file = Path(folder) / "heldout.txt"
+        text_file.write_text(document)
+        started = time.perf_counter()
+        run = llama_perplexity.run(binary, gguf, text_file, scoring.n_ctx, threads)
+    if (run.chunks, run.n_ctx) != (chunks, scoring.n_ctx):
+        raise RuntimeError(f"llama-perplexity scored {run.chunks} chunks of {run.n_ctx}, not ours")
+    print(f"# llama.cpp: perplexity {run.perplexity:.4f}", flush=True)
+    return {
+        "perplexity": run.perplexity,
+        "plus_minus": run.plus_minus,
+        "per_chunk": run.per_chunk(),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def table(report: dict, threads: int) -> str:
@@ -91,18 +152,49 @@ def table(report: dict, threads: int) -> str:
     return "\n".join(lines)
 
 
+def chunked_table(report: dict) -> str:
+    chunked = report["chunked"]
+    scored = chunked["chunks"] * (chunked["n_ctx"] - chunked["n_ctx"] // 2 - 1)
+    reference = report["paths"]["float32"]["chunked"]["perplexity"]
+    lines = [
+        f"llama-perplexity's scoring: the same texts whole and joined, {chunked['chunks']} "
+        f"chunks of {chunked['n_ctx']} tokens, the second half of each scored "
+        f"({scored} tokens); token ids: {chunked['token_ids']}",
+        "",
+        "| path | perplexity | +/- | vs float32 |",
+        "|---|---:|---:|---:|",
+    ]
+    rows = [(f"{n} (cbserve)", r["chunked"]) for n, r in report["paths"].items()]
+    theirs = chunked["llama.cpp"]
+    if "skipped" not in theirs:
+        rows.append(("Q4_1 GGUF (llama.cpp llama-perplexity)", theirs))
+    for name, row in rows:
+        lines.append(
+            f"| {name} | {row['perplexity']:.4f} | {row['plus_minus']:.4f} "
+            f"| {row['perplexity'] / reference:.4f}x |"
+        )
+    if "skipped" in theirs:
+        lines += ["", f"llama.cpp left out: {theirs['skipped']}"]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cbserve bench accuracy", description=__doc__)
     parser.add_argument("--model", default=None, help="default: the converted SmolLM2")
     parser.add_argument("--paths", default=None, help="default: every path this CPU runs")
     parser.add_argument("--texts", type=int, default=16)
     parser.add_argument("--max-text-tokens", type=int, default=384)
+    parser.add_argument(
+        "--ppl-ctx", type=int, default=512, help="llama-perplexity's chunk size (its -c)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     args.paths = args.paths or ",".join(_default_paths())
     report = evaluate(args)
     print(table(report, args.threads))
+    print()
+    print(chunked_table(report))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)
