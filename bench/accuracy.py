@@ -40,7 +40,14 @@ def _default_paths() -> list[str]:
 def evaluate(args) -> dict:
     import torch
 
-    from bench.accuracy_chunks import ChunkScoring, Estimate, document_ids, gguf_bos_id
+    from bench.accuracy_chunks import (
+        ChunkScoring,
+        Estimate,
+        document_ids,
+        gguf_bos_id,
+        llamacpp_row,
+        per_chunk,
+    )
     from bench.accuracy_data import QUESTIONS, heldout_document, heldout_texts
     from bench.accuracy_eval import chunk_nlls, greedy_replies, perplexity
     from common.defaults import default_model_path, packaged_gguf_path
@@ -50,10 +57,14 @@ def evaluate(args) -> dict:
     torch.set_num_threads(args.threads)
     model = args.model or default_model_path()
     tokenizer = Tokenizer(model)
-    encode = lambda s: tokenizer.encode(s, False)  # noqa: E731
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, False)
+
     texts = heldout_texts(encode, args.texts, args.max_text_tokens)
     prompts = [tokenizer.encode_chat([ChatTurn("user", q)]) for q in QUESTIONS]
-    gguf = packaged_gguf_path()
+    # llama.cpp runs the shipped GGUF: the same model only when --model is the default.
+    gguf = packaged_gguf_path() if args.model is None else None
     document = heldout_document(encode, args.texts)
     scoring = ChunkScoring(args.ppl_ctx, gguf_bos_id(gguf))
     bos = [] if scoring.bos_id is None else [scoring.bos_id]
@@ -64,11 +75,12 @@ def evaluate(args) -> dict:
         started = time.perf_counter()
         loaded = load_model(model, name, torch.device("cpu"))
         ppl = perplexity(loaded, texts)
-        chunked = Estimate.from_nlls(chunk_nlls(loaded, chunks, scoring.first_scored))
+        nlls = chunk_nlls(loaded, chunks, scoring.first_scored)
+        chunked = Estimate.from_nlls(nlls)
         replies = greedy_replies(loaded, prompts, REPLY_TOKENS)
         results[name] = {
             "perplexity": ppl,
-            "chunked": vars(chunked),
+            "chunked": {**vars(chunked), "per_chunk": per_chunk(nlls, len(chunks))},
             "replies": replies,
             "seconds": time.perf_counter() - started,
             "weights": getattr(loaded.model, "qblock_source", ""),
@@ -97,37 +109,9 @@ def evaluate(args) -> dict:
             "chunks": len(chunks),
             "document_tokens": len(doc_ids.ids),
             "token_ids": doc_ids.source,
-            "gguf": str(gguf),
+            "gguf": str(gguf) if gguf else None,
             "llama.cpp": llamacpp_row(gguf, document, scoring, len(chunks), args.threads),
         },
-    }
-
-
-def llamacpp_row(gguf, document: str, scoring, chunks: int, threads: int) -> dict:
-    """llama-perplexity on the same document and GGUF, or why it was left out."""
-    import tempfile
-    from pathlib import Path
-
-    from bench import llama_perplexity
-
-    binary = llama_perplexity.binary_path()
-    if binary is None or gguf is None:
-        reason = llama_perplexity.MISSING if binary is None else "no packaged GGUF"
-        print(f"# llama.cpp: left out: {reason}", flush=True)
-        return {"skipped": reason}
-    with tempfile.TemporaryDirectory() as folder:
-        text_file = Path(folder) / "heldout.txt"
-        text_file.write_text(document)
-        started = time.perf_counter()
-        run = llama_perplexity.run(binary, gguf, text_file, scoring.n_ctx, threads)
-    if (run.chunks, run.n_ctx) != (chunks, scoring.n_ctx):
-        raise RuntimeError(f"llama-perplexity scored {run.chunks} chunks of {run.n_ctx}, not ours")
-    print(f"# llama.cpp: perplexity {run.perplexity:.4f}", flush=True)
-    return {
-        "perplexity": run.perplexity,
-        "plus_minus": run.plus_minus,
-        "per_chunk": run.per_chunk(),
-        "seconds": time.perf_counter() - started,
     }
 
 
@@ -152,32 +136,6 @@ def table(report: dict, threads: int) -> str:
     return "\n".join(lines)
 
 
-def chunked_table(report: dict) -> str:
-    chunked = report["chunked"]
-    scored = chunked["chunks"] * (chunked["n_ctx"] - chunked["n_ctx"] // 2 - 1)
-    reference = report["paths"]["float32"]["chunked"]["perplexity"]
-    lines = [
-        f"llama-perplexity's scoring: the same texts whole and joined, {chunked['chunks']} "
-        f"chunks of {chunked['n_ctx']} tokens, the second half of each scored "
-        f"({scored} tokens); token ids: {chunked['token_ids']}",
-        "",
-        "| path | perplexity | +/- | vs float32 |",
-        "|---|---:|---:|---:|",
-    ]
-    rows = [(f"{n} (cbserve)", r["chunked"]) for n, r in report["paths"].items()]
-    theirs = chunked["llama.cpp"]
-    if "skipped" not in theirs:
-        rows.append(("Q4_1 GGUF (llama.cpp llama-perplexity)", theirs))
-    for name, row in rows:
-        lines.append(
-            f"| {name} | {row['perplexity']:.4f} | {row['plus_minus']:.4f} "
-            f"| {row['perplexity'] / reference:.4f}x |"
-        )
-    if "skipped" in theirs:
-        lines += ["", f"llama.cpp left out: {theirs['skipped']}"]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cbserve bench accuracy", description=__doc__)
     parser.add_argument("--model", default=None, help="default: the converted SmolLM2")
@@ -191,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     args.paths = args.paths or ",".join(_default_paths())
+    from bench.accuracy_chunks import chunked_table
+
     report = evaluate(args)
     print(table(report, args.threads))
     print()

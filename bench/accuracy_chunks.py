@@ -9,7 +9,8 @@ chunk, so that every scored token has at least n_ctx/2 tokens of context. Where 
 model's vocabulary adds a BOS token, it is put first in the document and over the
 first token of every chunk. Its estimate is exp(mean negative log-likelihood) and its
 +/- is the standard error of that mean, times the perplexity. ChunkScoring and
-Estimate are those rules, torch-free; accuracy_eval.token_nlls scores our paths.
+Estimate are those rules, torch-free; accuracy_eval.chunk_nlls scores our paths by
+them, llamacpp_row runs llama-perplexity itself, chunked_table prints both.
 
 The document is the whole-text bench's held-out texts, whole and joined
 (accuracy_data.heldout_document). Both sides score llama.cpp's own token ids when
@@ -20,6 +21,8 @@ says whether ours were the same.
 from __future__ import annotations
 
 import math
+import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +85,12 @@ class Estimate:
         return cls(ppl, math.sqrt(max(variance, 0.0) / (count - 1)) * ppl, count)
 
 
+def per_chunk(nlls: Sequence[float], chunks: int) -> list[float]:
+    """Each chunk's own perplexity from the scored NLLs of `chunks` equal chunks."""
+    size = len(nlls) // chunks
+    return [math.exp(math.fsum(nlls[i * size : (i + 1) * size]) / size) for i in range(chunks)]
+
+
 @dataclass(frozen=True)
 class DocumentIds:
     ids: list[int]
@@ -109,7 +118,8 @@ def document_ids(our_ids: list[int], text: str, gguf: Path | None, threads: int)
 
     binary = llama_server.binary_path()
     if binary is None or gguf is None:
-        return DocumentIds(our_ids, "ours (llama.cpp's not checked: llama-server not built)")
+        why = "llama-server not built" if binary is None else "no GGUF of this model"
+        return DocumentIds(our_ids, f"ours (llama.cpp's not checked: {why})")
     port = _free_port()
     argv = llama_server.server_argv(binary, gguf, port, 1, threads, 512)
     with llama_server.LlamaServer(argv, port) as server:
@@ -142,3 +152,56 @@ def gguf_bos_id(gguf: Path | None) -> int | None:
         if scalar("tokenizer.ggml.add_bos_token")
         else None
     )
+
+
+def llamacpp_row(
+    gguf: Path | None, document: str, scoring: ChunkScoring, chunks: int, threads: int
+) -> dict:
+    """llama-perplexity on the same document and GGUF, or why it was left out."""
+    from bench import llama_perplexity
+
+    binary = llama_perplexity.binary_path()
+    if binary is None or gguf is None:
+        reason = llama_perplexity.MISSING if binary is None else "no GGUF of this model"
+        print(f"# llama.cpp: left out: {reason}", flush=True)
+        return {"skipped": reason}
+    with tempfile.TemporaryDirectory() as folder:
+        text_file = Path(folder) / "heldout.txt"
+        text_file.write_text(document, encoding="utf-8")
+        started = time.perf_counter()
+        run = llama_perplexity.run(binary, gguf, text_file, scoring.n_ctx, threads)
+    if (run.chunks, run.n_ctx) != (chunks, scoring.n_ctx):
+        raise RuntimeError(f"llama-perplexity scored {run.chunks} chunks of {run.n_ctx}, not ours")
+    print(f"# llama.cpp: perplexity {run.perplexity:.4f}", flush=True)
+    return {
+        "perplexity": run.perplexity,
+        "plus_minus": run.plus_minus,
+        "per_chunk": run.per_chunk(),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def chunked_table(report: dict) -> str:
+    chunked = report["chunked"]
+    scored = chunked["chunks"] * (chunked["n_ctx"] - chunked["n_ctx"] // 2 - 1)
+    reference = report["paths"]["float32"]["chunked"]["perplexity"]
+    lines = [
+        f"llama-perplexity's scoring: the same texts whole and joined, {chunked['chunks']} "
+        f"chunks of {chunked['n_ctx']} tokens, the second half of each scored "
+        f"({scored} tokens); token ids: {chunked['token_ids']}",
+        "",
+        "| path | perplexity | +/- | vs float32 |",
+        "|---|---:|---:|---:|",
+    ]
+    rows = [(f"{n} (cbserve)", r["chunked"]) for n, r in report["paths"].items()]
+    theirs = chunked["llama.cpp"]
+    if "skipped" not in theirs:
+        rows.append(("Q4_1 GGUF (llama.cpp llama-perplexity)", theirs))
+    for name, row in rows:
+        lines.append(
+            f"| {name} | {row['perplexity']:.4f} | {row['plus_minus']:.4f} "
+            f"| {row['perplexity'] / reference:.4f}x |"
+        )
+    if "skipped" in theirs:
+        lines += ["", f"llama.cpp left out: {theirs['skipped']}"]
+    return "\n".join(lines)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.accuracy_chunks import ChunkScoring, Estimate, compare_ids
+from bench.accuracy_chunks import ChunkScoring, Estimate, chunked_table, compare_ids, per_chunk
 
 
 def test_chunks_are_whole_n_ctx_runs_and_the_remainder_is_dropped():
@@ -49,3 +49,31 @@ def test_identical_ids_say_so_and_differing_ones_say_where():
     assert "identical" in compare_ids([1, 2, 3], [1, 2, 3])
     said = compare_ids([1, 2, 4, 5], [1, 2, 3])
     assert "first difference at 2" in said and "1 positions differ" in said
+
+
+def test_per_chunk_perplexities_split_the_nlls_evenly():
+    values = per_chunk([1.0, 3.0, 0.0, 0.0], 2)
+    assert values == pytest.approx([math.exp(2.0), 1.0])
+
+
+def _report(llamacpp: dict) -> dict:
+    def row(ppl):
+        return {"chunked": {"perplexity": ppl, "plus_minus": 0.25}}
+
+    return {
+        "paths": {"float32": row(8.0), "q4_1": row(8.08)},
+        "chunked": {"n_ctx": 512, "chunks": 3, "token_ids": "ours", "llama.cpp": llamacpp},
+    }
+
+
+def test_the_table_has_llama_cpp_beside_our_paths_against_float32():
+    text = chunked_table(_report({"perplexity": 8.4, "plus_minus": 0.3}))
+    assert "3 chunks of 512 tokens" in text and "(765 tokens)" in text
+    assert "| q4_1 (cbserve) | 8.0800 | 0.2500 | 1.0100x |" in text
+    assert "| Q4_1 GGUF (llama.cpp llama-perplexity) | 8.4000 | 0.3000 | 1.0500x |" in text
+
+
+def test_the_table_says_why_llama_cpp_is_left_out():
+    text = chunked_table(_report({"skipped": "llama-perplexity is not built"}))
+    assert "llama.cpp llama-perplexity" not in text.split("left out")[0]
+    assert text.endswith("llama.cpp left out: llama-perplexity is not built")
