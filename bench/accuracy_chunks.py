@@ -20,6 +20,7 @@ says whether ours were the same.
 
 from __future__ import annotations
 
+import difflib
 import math
 import tempfile
 import time
@@ -98,17 +99,18 @@ class DocumentIds:
 
 
 def compare_ids(ours: Sequence[int], theirs: Sequence[int]) -> str:
-    """A sentence on whether our tokenizer gave llama.cpp's ids for the document."""
+    """A sentence on whether our tokenizer gave llama.cpp's ids for the document: where
+    they differ, how many runs differ and how many tokens each side has in them (an
+    alignment, since one token more shifts every later position)."""
     if list(ours) == list(theirs):
         return f"llama.cpp's, identical to ours ({len(theirs)} tokens)"
-    differing = sum(a != b for a, b in zip(ours, theirs, strict=False))
-    first = next(
-        (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-        min(len(ours), len(theirs)),
-    )
+    matcher = difflib.SequenceMatcher(a=list(ours), b=list(theirs), autojunk=False)
+    runs = [op for op in matcher.get_opcodes() if op[0] != "equal"]
+    in_ours = sum(i2 - i1 for _, i1, i2, _, _ in runs)
+    in_theirs = sum(j2 - j1 for _, _, _, j1, j2 in runs)
     return (
-        f"llama.cpp's ({len(theirs)} tokens; ours differ: {len(ours)} tokens, first "
-        f"difference at {first}, {differing} positions differ where both have one)"
+        f"llama.cpp's ({len(theirs)} tokens; ours, {len(ours)}, differ in {len(runs)} "
+        f"places: {in_ours} of our tokens for {in_theirs} of theirs, the first at {runs[0][1]})"
     )
 
 
