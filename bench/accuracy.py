@@ -25,6 +25,8 @@ import json
 import sys
 import time
 
+from bench.accuracy_chunks import chunked_table
+
 GATE_PPL_RATIO = 1.01
 REPLY_TOKENS = 12
 GATE_REPLIES = 12
@@ -149,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     args.paths = args.paths or ",".join(_default_paths())
-    from bench.accuracy_chunks import chunked_table
-
     report = evaluate(args)
     print(table(report, args.threads))
     print()

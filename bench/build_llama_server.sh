@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-server and llama-perplexity once: the server for `cbserve
 # bench --baselines llamacpp` and the sweep, llama-perplexity for the llama.cpp row of
-# `cbserve bench accuracy` (bench/llama_perplexity.py). `make bench-peers` runs it through `python -m bench.llama_server build`, which
-# passes the pinned version (LLAMA_CPP_PYTHON_VERSION, kept in bench/llama_server.py,
-# where the bench looks for the binary) and the cache root. No test needs it.
+# `cbserve bench accuracy` (bench/llama_perplexity.py). `make bench-peers` runs it
+# through `python -m bench.llama_server build`, which passes the pinned version
+# (LLAMA_CPP_PYTHON_VERSION, kept in bench/llama_server.py, where the bench looks for
+# the binaries) and the cache root. No test needs it.
 #
 # llama.cpp comes from PyPI: the llama-cpp-python sdist vendors its source, and PyPI is
 # the one registry every machine of this project reaches. The pinned version below
