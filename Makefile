@@ -157,14 +157,17 @@ bench: env proto model bench-peers
 
 # The accuracy gate, in-process (no service): perplexity on held-out ShareGPT text and
 # greedy replies to 16 short questions, every compute path this CPU has against float32
-# (see bench/accuracy.py). ACCURACY_ARGS="--paths float32,q4_1" narrows it.
+# (see bench/accuracy.py), and beside them llama.cpp's llama-perplexity on the same text
+# and GGUF when bench-peers has built it (left out, and said so, when not).
+# ACCURACY_ARGS="--paths float32,q4_1" narrows it.
 bench-accuracy: env proto model
 	$(PY) -m bench accuracy $(ACCURACY_ARGS)
 
-# llama.cpp's llama-server for `cbserve bench --baselines llamacpp` and the sweep: built
-# once from the source in the pinned llama-cpp-python sdist (PyPI) with cmake, cached
-# outside the repository (~/.cache/cbserve/llama.cpp/VERSION, or $CBSERVE_PEERS_CACHE).
-# About 10 minutes on 2 cores; no test needs it.
+# llama.cpp's llama-server for `cbserve bench --baselines llamacpp` and the sweep, and its
+# llama-perplexity for `bench-accuracy`: built once, in one cmake build, from the source in
+# the pinned llama-cpp-python sdist (PyPI), cached outside the repository
+# (~/.cache/cbserve/llama.cpp/VERSION/bin, or $CBSERVE_PEERS_CACHE). About 15 minutes
+# on 2 idle cores; no test needs it.
 bench-peers: env
 	$(PY) -m bench.llama_server build
 

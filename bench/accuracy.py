@@ -8,7 +8,13 @@
 - greedy chat replies to 16 short questions: a reply counts as equal when its first
   REPLY_TOKENS tokens are float32's; the gate is at least GATE_REPLIES of 16.
 A path passing both may be taken by `--dtype auto` (worker_svc/compute/selection.py).
-Prints a markdown table (for bench/RESULTS.md) with the CPU named; `--json FILE`
+
+Beside it, a second table scores the same texts, whole and joined, as llama.cpp's
+`llama-perplexity` does (chunks of --ppl-ctx tokens, the second half of each scored,
+on llama.cpp's token ids: bench/accuracy_chunks.py), for every path asked and for
+llama-perplexity itself on the shipped Q4_1 GGUF. That row is left out, with the reason
+printed, when `make bench-peers` has not built the binary.
+Prints markdown tables (for bench/RESULTS.md) with the CPU named; `--json FILE`
 writes the figures too. Exits 1 when a path asked for fails the gate.
 """
 
@@ -18,6 +24,8 @@ import argparse
 import json
 import sys
 import time
+
+from bench.accuracy_chunks import chunked_table
 
 GATE_PPL_RATIO = 1.01
 REPLY_TOKENS = 12
@@ -34,30 +42,56 @@ def _default_paths() -> list[str]:
 def evaluate(args) -> dict:
     import torch
 
-    from bench.accuracy_data import QUESTIONS, heldout_texts
-    from bench.accuracy_eval import greedy_replies, perplexity
-    from common.defaults import default_model_path
+    from bench.accuracy_chunks import (
+        ChunkScoring,
+        Estimate,
+        document_ids,
+        gguf_bos_id,
+        llamacpp_row,
+        per_chunk,
+    )
+    from bench.accuracy_data import QUESTIONS, heldout_document, heldout_texts
+    from bench.accuracy_eval import chunk_nlls, greedy_replies, perplexity
+    from common.defaults import default_model_path, packaged_gguf_path
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
     from worker_svc.model_loader import load_model
 
     torch.set_num_threads(args.threads)
     model = args.model or default_model_path()
     tokenizer = Tokenizer(model)
-    texts = heldout_texts(lambda s: tokenizer.encode(s, False), args.texts, args.max_text_tokens)
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, False)
+
+    texts = heldout_texts(encode, args.texts, args.max_text_tokens)
     prompts = [tokenizer.encode_chat([ChatTurn("user", q)]) for q in QUESTIONS]
+    # llama.cpp runs the shipped GGUF: the same model only when --model is the default.
+    gguf = packaged_gguf_path() if args.model is None else None
+    document = heldout_document(encode, args.texts)
+    scoring = ChunkScoring(args.ppl_ctx, gguf_bos_id(gguf))
+    bos = [] if scoring.bos_id is None else [scoring.bos_id]
+    doc_ids = document_ids(bos + encode(document), document, gguf, args.threads)
+    chunks = scoring.chunks(doc_ids.ids)
     results: dict[str, dict] = {}
     for name in ["float32", *[p for p in args.paths.split(",") if p != "float32"]]:
         started = time.perf_counter()
         loaded = load_model(model, name, torch.device("cpu"))
         ppl = perplexity(loaded, texts)
+        nlls = chunk_nlls(loaded, chunks, scoring.first_scored)
+        chunked = Estimate.from_nlls(nlls)
         replies = greedy_replies(loaded, prompts, REPLY_TOKENS)
         results[name] = {
             "perplexity": ppl,
+            "chunked": {**vars(chunked), "per_chunk": per_chunk(nlls, len(chunks))},
             "replies": replies,
             "seconds": time.perf_counter() - started,
             "weights": getattr(loaded.model, "qblock_source", ""),
         }
-        print(f"# {name}: perplexity {ppl:.4f} ({results[name]['seconds']:.0f} s)", flush=True)
+        print(
+            f"# {name}: perplexity {ppl:.4f}, chunked {chunked.perplexity:.4f} "
+            f"({results[name]['seconds']:.0f} s)",
+            flush=True,
+        )
         del loaded
     reference = results["float32"]
     for row in results.values():
@@ -67,7 +101,20 @@ def evaluate(args) -> dict:
         )
         row["passes"] = row["ratio"] <= GATE_PPL_RATIO and row["equal_replies"] >= GATE_REPLIES
         row["first_reply"] = tokenizer.decode(row["replies"][0])
-    return {"model": model, "texts": len(texts), "tokens": sum(map(len, texts)), "paths": results}
+    return {
+        "model": model,
+        "texts": len(texts),
+        "tokens": sum(map(len, texts)),
+        "paths": results,
+        "chunked": {
+            "n_ctx": scoring.n_ctx,
+            "chunks": len(chunks),
+            "document_tokens": len(doc_ids.ids),
+            "token_ids": doc_ids.source,
+            "gguf": str(gguf) if gguf else None,
+            "llama.cpp": llamacpp_row(gguf, document, scoring, len(chunks), args.threads),
+        },
+    }
 
 
 def table(report: dict, threads: int) -> str:
@@ -97,12 +144,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default=None, help="default: every path this CPU runs")
     parser.add_argument("--texts", type=int, default=16)
     parser.add_argument("--max-text-tokens", type=int, default=384)
+    parser.add_argument(
+        "--ppl-ctx", type=int, default=512, help="llama-perplexity's chunk size (its -c)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args(argv)
     args.paths = args.paths or ",".join(_default_paths())
     report = evaluate(args)
     print(table(report, args.threads))
+    print()
+    print(chunked_table(report))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report, handle, indent=1)

@@ -8,6 +8,10 @@ it tokenizes to at least MIN_TOKENS and cut at max_tokens. The serving benchmark
 prompts from the same file with seed 0 and uses only their first human turn as prompts;
 the seed here differs and the model is never tuned on either, so the text is held out
 in the sense that matters: nothing in the project was chosen by looking at it.
+
+The same texts, whole and joined by blank lines, are also one document
+(heldout_document) for llama.cpp's `llama-perplexity`, which reads a file and scores
+fixed-size chunks of it (bench/accuracy_chunks.py).
 """
 
 from __future__ import annotations
@@ -42,18 +46,32 @@ QUESTIONS = (
 
 def heldout_texts(encode, count: int, max_tokens: int) -> list[list[int]]:
     """`count` token id lists of MIN_TOKENS..max_tokens tokens. `encode(text)` -> ids."""
+    return [ids[:max_tokens] for _, ids in _heldout(encode, count)]
+
+
+def heldout_document(encode, count: int) -> str:
+    """The same `count` texts, whole (not cut at max_tokens), joined by blank lines."""
+    return DOCUMENT_SEPARATOR.join(text for text, _ in _heldout(encode, count))
+
+
+DOCUMENT_SEPARATOR = "\n\n"
+
+
+def _heldout(encode, count: int) -> list[tuple[str, list[int]]]:
+    """(text, its ids) of the first `count` shuffled exchanges of MIN_TOKENS+ tokens."""
     conversations = load_conversations()
     random.Random(SEED).shuffle(conversations)
-    texts: list[list[int]] = []
+    texts: list[tuple[str, list[int]]] = []
     for conversation in conversations:
         if len(texts) == count:
             break
         exchange = first_exchange(conversation)
         if exchange is None:
             continue
-        ids = encode(f"{exchange.prompt}\n\n{exchange.reply}")
+        text = f"{exchange.prompt}\n\n{exchange.reply}"
+        ids = encode(text)
         if len(ids) >= MIN_TOKENS:
-            texts.append(ids[:max_tokens])
+            texts.append((text, ids))
     if len(texts) < count:
         raise ValueError(f"only {len(texts)} ShareGPT texts of {MIN_TOKENS}+ tokens")
     return texts

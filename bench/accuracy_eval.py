@@ -3,8 +3,10 @@ perplexity over token sequences, and greedy replies, through the worker's own ru
 
 Perplexity runs the model's forward over each whole text as one prefill, with logits
 for every row, and scores each next token: exp(mean negative log-likelihood) over all
-texts' predicted tokens. Greedy replies go through ModelRunner with one step plan for
-all questions' prefills and one decode step each after, as a worker serves them.
+texts' predicted tokens. token_nlls can also score only the later part of a sequence,
+as llama-perplexity scores its chunks (bench/accuracy_chunks.py). Greedy replies go
+through ModelRunner with one step plan for all questions' prefills and one decode step
+each after, as a worker serves them.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def _backend(loaded: LoadedModel):
 
 
 @torch.inference_mode()
-def text_nll(loaded: LoadedModel, ids: list[int]) -> tuple[float, int]:
-    """(sum of -log p(token | text before it), tokens scored) for one text."""
+def token_nlls(loaded: LoadedModel, ids: list[int], score_from: int = 0) -> torch.Tensor:
+    """-log p(ids[i + 1] | ids[:i + 1]) for i in score_from .. len(ids) - 2 (float64):
+    the whole sequence is one prefill; logits are computed only for the rows scored."""
     t = len(ids)
     blocks = -(-t // BLOCK_SIZE)
     backend = _backend(loaded)
@@ -51,10 +54,16 @@ def text_nll(loaded: LoadedModel, ids: list[int]) -> tuple[float, int]:
     )
     tokens = torch.tensor(ids, device=loaded.device)
     rows = torch.arange(t, device=loaded.device)
-    logits = loaded.model(tokens, rows, context, rows[:-1]).float()
+    logits = loaded.model(tokens, rows, context, rows[score_from:-1]).float()
     logprobs = torch.log_softmax(logits, dim=-1)
-    picked = logprobs.gather(1, tokens[1:, None])
-    return float(-picked.sum()), t - 1
+    picked = logprobs.gather(1, tokens[score_from + 1 :, None])
+    return -picked.squeeze(1).double()
+
+
+def text_nll(loaded: LoadedModel, ids: list[int]) -> tuple[float, int]:
+    """(sum of -log p(token | text before it), tokens scored) for one text."""
+    nlls = token_nlls(loaded, ids)
+    return float(nlls.sum()), len(ids) - 1
 
 
 def perplexity(loaded: LoadedModel, texts: list[list[int]]) -> float:
@@ -64,6 +73,12 @@ def perplexity(loaded: LoadedModel, texts: list[list[int]]) -> float:
         total += nll
         count += n
     return math.exp(total / count)
+
+
+def chunk_nlls(loaded: LoadedModel, chunks: list[list[int]], score_from: int) -> list[float]:
+    """Every chunk's scored tokens' NLLs, each chunk a fresh prefill (llama-perplexity's
+    scoring: bench/accuracy_chunks.py)."""
+    return [x for chunk in chunks for x in token_nlls(loaded, chunk, score_from).tolist()]
 
 
 def greedy_replies(

@@ -8,10 +8,13 @@ clone needs it and every clone on the machine shares it.
 
     python -m bench.llama_server build   # what `make bench-peers` runs
     python -m bench.llama_server path    # the binary, or exit 1 with what to run
+
+The same build caches llama-perplexity beside it (bench/llama_perplexity.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -113,6 +116,18 @@ class LlamaServer:
                 return response.status == 200
         except (urllib.error.URLError, OSError):
             return False
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's token ids for `text` as llama-perplexity gets them (its
+        common_tokenize with add_special on, special tokens in the text not parsed)."""
+        body = {"content": text, "add_special": True, "parse_special": False}
+        request = urllib.request.Request(
+            self.url + "/tokenize",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60.0) as response:
+            return json.loads(response.read())["tokens"]
 
     def _log_tail(self) -> str:
         if not self._log_path or not self._log_path.exists():
