@@ -47,6 +47,7 @@ def evaluate(args) -> dict:
         Estimate,
         document_ids,
         gguf_bos_id,
+        llamacpp_replies,
         llamacpp_row,
         per_chunk,
     )
@@ -101,11 +102,22 @@ def evaluate(args) -> dict:
         )
         row["passes"] = row["ratio"] <= GATE_PPL_RATIO and row["equal_replies"] >= GATE_REPLIES
         row["first_reply"] = tokenizer.decode(row["replies"][0])
+    theirs = llamacpp_replies(gguf, prompts, REPLY_TOKENS, args.threads)
+    if isinstance(theirs, str):
+        print(f"# llama.cpp replies: left out: {theirs}", flush=True)
+        llamacpp = {"skipped": theirs}
+    else:
+        llamacpp = {
+            "replies": theirs,
+            "equal_replies": sum(a == b for a, b in zip(theirs, reference["replies"], strict=True)),
+            "first_reply": tokenizer.decode(theirs[0]),
+        }
     return {
         "model": model,
         "texts": len(texts),
         "tokens": sum(map(len, texts)),
         "paths": results,
+        "llama.cpp replies": llamacpp,
         "chunked": {
             "n_ctx": scoring.n_ctx,
             "chunks": len(chunks),
@@ -134,6 +146,14 @@ def table(report: dict, threads: int) -> str:
             f"| {name} | {row['perplexity']:.4f} | {row['ratio']:.4f}x "
             f"| {row['equal_replies']}/{len(row['replies'])} "
             f"| {'pass' if row['passes'] else 'FAIL'} | {reply} |"
+        )
+    theirs = report.get("llama.cpp replies", {})
+    if "replies" in theirs:
+        # Perplexity: llama-perplexity's scoring only (the chunked table).
+        reply = theirs["first_reply"].replace("\n", " ").replace("|", "/")
+        lines.append(
+            f"| llama.cpp Q4_1 (llama-server, greedy) | see below | | "
+            f"{theirs['equal_replies']}/{len(theirs['replies'])} | | {reply} |"
         )
     return "\n".join(lines)
 

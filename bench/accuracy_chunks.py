@@ -129,6 +129,22 @@ def document_ids(our_ids: list[int], text: str, gguf: Path | None, threads: int)
     return DocumentIds(theirs, compare_ids(our_ids, theirs))
 
 
+def llamacpp_replies(
+    gguf: Path | None, prompts: list[list[int]], count: int, threads: int
+) -> list[list[int]] | str:
+    """llama-server's greedy replies to the same prompt ids, or why they were left out."""
+    from bench import llama_server
+
+    binary = llama_server.binary_path()
+    if binary is None or gguf is None:
+        return llama_server.MISSING if binary is None else "no GGUF of this model"
+    port = _free_port()
+    context = max(map(len, prompts)) + count + 16
+    argv = llama_server.server_argv(binary, gguf, port, 1, threads, context)
+    with llama_server.LlamaServer(argv, port) as server:
+        return [server.greedy_tokens(prompt, count) for prompt in prompts]
+
+
 def _free_port() -> int:
     import socket
 

@@ -129,6 +129,27 @@ class LlamaServer:
         with urllib.request.urlopen(request, timeout=60.0) as response:
             return json.loads(response.read())["tokens"]
 
+    def greedy_tokens(self, prompt_ids: list[int], count: int) -> list[int]:
+        """The first `count` token ids llama.cpp samples greedily after `prompt_ids`
+        (its own arithmetic: Q8 activation blocks against the GGUF's blocks), EOS not
+        stopping it, as the accuracy bench's greedy replies are made."""
+        body = {
+            "prompt": prompt_ids,
+            "n_predict": count,
+            "temperature": 0.0,
+            "top_k": 1,
+            "ignore_eos": True,
+            "cache_prompt": False,
+            "return_tokens": True,
+        }
+        request = urllib.request.Request(
+            self.url + "/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=300.0) as response:
+            return json.loads(response.read())["tokens"]
+
     def _log_tail(self) -> str:
         if not self._log_path or not self._log_path.exists():
             return ""

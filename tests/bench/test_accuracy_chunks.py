@@ -80,3 +80,26 @@ def test_the_table_says_why_llama_cpp_is_left_out():
     text = chunked_table(_report({"skipped": "llama-perplexity is not built"}))
     assert "llama.cpp llama-perplexity" not in text.split("left out")[0]
     assert text.endswith("llama.cpp left out: llama-perplexity is not built")
+
+
+def _replies_report(llamacpp: dict) -> dict:
+    row = {
+        "perplexity": 9.3,
+        "ratio": 1.0,
+        "replies": [[1, 2], [3, 4]],
+        "equal_replies": 2,
+        "passes": True,
+        "first_reply": "Paris.",
+    }
+    return {"texts": 2, "tokens": 10, "paths": {"float32": row}, "llama.cpp replies": llamacpp}
+
+
+def test_the_replies_table_has_llama_servers_greedy_replies_when_built():
+    from bench.accuracy import table
+
+    theirs = {"replies": [[1, 2], [3, 5]], "equal_replies": 1, "first_reply": "L'Etoile"}
+    lines = table(_replies_report(theirs), 2).splitlines()
+    assert lines[-1].startswith("| llama.cpp Q4_1 (llama-server, greedy) |")
+    assert "| 1/2 |" in lines[-1] and lines[-1].endswith("| L'Etoile |")
+    skipped = table(_replies_report({"skipped": "not built"}), 2)
+    assert "llama.cpp" not in skipped
