@@ -37,15 +37,16 @@ def multi_step_stack():
 @pytest.fixture(scope="module")
 def cases(stack) -> list[dict]:
     """Request arguments; the stop string is a word from the middle of the one-step text."""
+    chats = [[("user", question)] for question in QUESTIONS]
+    # The texts to cut, all at once (a batch streams what one request does: `expected`).
+    unstopped = [dict(chat=chat, max_tokens=30, ignore_eos=True) for chat in chats]
+    texts = [text for _, text, _ in all_at_once(stack.address, unstopped)]
     found = []
-    with Client(stack.address) as client:
-        for index, question in enumerate(QUESTIONS):
-            chat = [("user", question)]
-            found.append(dict(chat=chat, max_tokens=13 + index, ignore_eos=True))
-            found.append(dict(chat=chat, max_tokens=64))
-            text = client.complete(chat=chat, max_tokens=30, ignore_eos=True, temperature=0.0).text
-            words = text.split()
-            found.append(dict(chat=chat, max_tokens=30, stop=[words[len(words) // 2]]))
+    for index, (chat, text) in enumerate(zip(chats, texts, strict=True)):
+        found.append(dict(chat=chat, max_tokens=13 + index, ignore_eos=True))
+        found.append(dict(chat=chat, max_tokens=64))
+        words = text.split()
+        found.append(dict(chat=chat, max_tokens=30, stop=[words[len(words) // 2]]))
     return found
 
 

@@ -32,7 +32,10 @@ PROMPTS = [
     for index, animal in enumerate(["cat", "dog", "fox", "owl", "bee", "elk"])
 ]
 WORKER_TIMEOUT_S = 3.0
+# Long enough for a killed worker to be restarted (it loads the model) within it.
 WAIT_TIMEOUT_S = 15.0
+# For the requests that must outwait it: a few seconds prove the wait as well as 15.
+SHORT_WAIT_TIMEOUT_S = 3.0
 
 
 def _connected_workers(stack: LocalStack) -> int:
@@ -215,24 +218,35 @@ def test_a_new_request_waits_for_a_worker_lost_moments_ago(one_worker_two_stream
         assert sum(len(response.token_ids) for response in stream) == 63
 
 
-def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worker):
+@pytest.fixture(scope="module")
+def one_worker_short_wait():
+    """One worker, and a wait timeout no restart fits in: requests outwait it."""
+    with LocalStack(
+        num_workers=1,
+        worker_args=WORKER_ARGS,
+        scheduler_args=["--worker-wait-timeout", str(SHORT_WAIT_TIMEOUT_S)],
+    ) as stack:
+        yield stack
+
+
+def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worker_short_wait):
     """Requests without a deadline wait --worker-wait-timeout for a worker; a new
     request waits until its own deadline, and is served if a worker comes by then."""
-    _wait_for_workers(one_worker, 1)
+    _wait_for_workers(one_worker_short_wait, 1)
     killed_at = []
 
     def kill():
-        one_worker.workers[0].process.kill()
+        one_worker_short_wait.workers[0].process.kill()
         killed_at.append(time.monotonic())
 
     try:
-        results, _ = asyncio.run(_stream_all(one_worker.address, kill))
+        results, _ = asyncio.run(_stream_all(one_worker_short_wait.address, kill))
         ended = time.monotonic()
         for code, tokens in results:
             assert code == grpc.StatusCode.UNAVAILABLE
             assert 3 <= len(tokens) < MAX_TOKENS
-        assert ended - killed_at[0] >= WAIT_TIMEOUT_S - 1
-        with Client(one_worker.address) as client:
+        assert ended - killed_at[0] >= SHORT_WAIT_TIMEOUT_S - 1
+        with Client(one_worker_short_wait.address) as client:
             # Past the wait timeout, a new request still waits: until its deadline...
             started = time.monotonic()
             with pytest.raises(grpc.RpcError) as expired:
@@ -244,9 +258,9 @@ def test_with_no_worker_past_the_wait_timeout_requests_get_unavailable(one_worke
                 waiting = pool.submit(
                     client.complete, PROMPTS[0], max_tokens=4, timeout=120, **GREEDY
                 )
-                restart_worker(one_worker, 0)
+                restart_worker(one_worker_short_wait, 0)
                 assert len(waiting.result().token_ids) == 4
     finally:
-        if one_worker.workers[0].process.poll() is not None:
-            restart_worker(one_worker, 0)
-        _wait_for_workers(one_worker, 1)
+        if one_worker_short_wait.workers[0].process.poll() is not None:
+            restart_worker(one_worker_short_wait, 0)
+        _wait_for_workers(one_worker_short_wait, 1)

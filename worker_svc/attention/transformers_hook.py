@@ -16,8 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface
 
 from worker_svc.attention.base import PagedAttentionContext
 
@@ -60,6 +58,11 @@ def _no_mask(*args: Any, **kwargs: Any) -> None:
 
 def register_with_transformers() -> str:
     """Register (idempotently) and return the name to pass as `attn_implementation`."""
+    # Imported here, not at the top: these pull in transformers' modeling modules
+    # (seconds of a worker's start), which only the transformers fallback needs.
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
     AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _no_mask)
     return ATTN_IMPLEMENTATION
