@@ -90,6 +90,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         compute_path_choice=path_choice,
         model_impl=loaded.model_impl,
         compiled=config.compile,
+        native_decode=getattr(loaded.model, "native_decode_status", "off: not the q4_1 path"),
         processor=processor,
         threads=torch.get_num_threads(),
         device=str(device),
