@@ -26,6 +26,7 @@ import torch
 from worker_svc.attention import PagedAttentionContext, cpu_kernel
 from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
+from worker_svc.compute.qblock_linear import VNNI_FROM_M
 from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -37,6 +38,7 @@ PARTS = (
     (KERNELS / "llama_decode.c", STEP_FLAGS),
     (KERNELS / "llama_activation.c", ACTIVATION_FLAGS),
     (qblock.SOURCE, qblock.COMPILE_FLAGS),
+    (qblock.VNNI_SOURCE, qblock.COMPILE_FLAGS),
     (cpu_kernel.SOURCE, cpu_kernel.COMPILE_FLAGS),
 )
 LINK_FLAGS = ("-shared", "-fopenmp", "-lm")
@@ -73,7 +75,7 @@ class _Batch(ctypes.Structure):
         ("sample_rows", _PTR),
         ("num_samples", _I64),
         ("logits", _PTR),
-        *((name, _I64) for name in ("threads", "variant", "schedule")),
+        *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m")),
     ]
 
 
@@ -106,6 +108,8 @@ class NativeDecode:
             raise ValueError("the native decode step computes in float32 only")
         self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
         layers = model.layers
+        # From as many rows as QBlockLinear, and only where it does (CBSERVE_QBLOCK_VNNI).
+        self.vnni_from_m = VNNI_FROM_M if layers[0].qkv_proj.vnni else 0
         projections = [
             [getattr(layer, name) for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
             for layer in layers
@@ -181,6 +185,7 @@ class NativeDecode:
             threads=torch.get_num_threads(),
             variant=self.variant,
             schedule=self.schedule,
+            vnni_from_m=self.vnni_from_m,
         )
         status = load_decode_kernel().llama_decode_step(
             ctypes.byref(self._struct), ctypes.byref(batch)

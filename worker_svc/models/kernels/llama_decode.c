@@ -17,9 +17,14 @@
  * computes, in another order only for the norms' sums. Built with -ffp-contract=off, as
  * the block kernel is: rotary is x1 * cos - x2 * sin with two roundings, as in torch.
  *
+ * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
+ * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
+ * as QBlockLinear does from the same number of rows: the Python path's arithmetic.
+ *
  * Threads share out each projection's panels of output rows and the attention's
- * (token, kv head) items; five barriers a layer. The norms, a few hundred floats a row,
- * are computed by every thread for itself, which costs less than a barrier.
+ * (token, kv head) items; five barriers a layer. The norms (a few hundred floats a row)
+ * and the VNNI path's activation blocks are computed by every thread for itself, which
+ * costs less than a barrier.
  */
 #include <math.h>
 #include <omp.h>
@@ -29,6 +34,7 @@
 
 #include "../../attention/kernels/paged_decode.h"
 #include "../../compute/kernels/qblock_gemm.h"
+#include "../../compute/kernels/qblock_vnni.h"
 
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 
@@ -64,6 +70,7 @@ struct llama_decode_batch {
     int64_t num_samples;
     float *logits; /* [S, vocab] */
     int64_t threads, variant, schedule;
+    int64_t vnni_from_m; /* 0: never */
 };
 
 static void rms_norm(const float *x, const float *weight, int64_t n, float eps, float *out)
@@ -115,23 +122,71 @@ struct scratch {
 };
 
 struct thread_scratch {
-    float *normed; /* [T, hidden]: this thread's copy of the normed rows */
-    float *panel;  /* the block kernel's buffer, QBLOCK_PANEL_ROWS * max K */
+    float *panel;         /* the block kernel's buffer, QBLOCK_PANEL_ROWS * max K */
+    int16_t *vnni_tmp;    /* the VNNI kernel's packed panel, 2 * 16 * max K int16 */
+    float *vnni_scales;   /* and its scales, 2 * 16 * max K / 32 */
+    int16_t *qx;          /* [T, max K]: this thread's activation blocks (VNNI) */
+    float *dx, *sx;       /* [T, max K / 32] each */
+    float *normed;        /* [T, hidden]: this thread's copy of the normed rows */
     float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
     float *scores;        /* group * longest context */
+    int vnni;             /* this step's projections take the VNNI kernel */
 };
 
-static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens, int64_t hidden,
-                                         int64_t max_k)
+/* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */
+static int64_t round16(int64_t floats)
 {
-    float *base = s->thread_mem + s->per_thread * omp_get_thread_num();
+    return (floats + 15) / 16 * 16;
+}
+
+static int64_t thread_floats(int64_t tokens, int64_t hidden, int64_t max_k, int64_t scores)
+{
+    return round16(QBLOCK_PANEL_ROWS * max_k) + round16(QBLOCK_VNNI_PANEL_ROWS * max_k) +
+           round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16) + round16(tokens * max_k / 2) +
+           2 * round16(tokens * max_k / 32) + round16(tokens * hidden) +
+           2 * round16(tokens * QBLOCK_PANEL_ROWS) + round16(scores);
+}
+
+static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens, int64_t hidden,
+                                         int64_t max_k, int vnni)
+{
+    float *at = s->thread_mem + s->per_thread * omp_get_thread_num();
     struct thread_scratch out;
-    out.panel = base; /* first: the 64-byte alignment of the allocation */
-    out.normed = out.panel + QBLOCK_PANEL_ROWS * max_k;
-    out.out_a = out.normed + tokens * hidden;
-    out.out_b = out.out_a + tokens * QBLOCK_PANEL_ROWS;
-    out.scores = out.out_b + tokens * QBLOCK_PANEL_ROWS;
+    out.panel = at, at += round16(QBLOCK_PANEL_ROWS * max_k);
+    out.vnni_tmp = (int16_t *)at, at += round16(QBLOCK_VNNI_PANEL_ROWS * max_k);
+    out.vnni_scales = at, at += round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16);
+    out.qx = (int16_t *)at, at += round16(tokens * max_k / 2);
+    out.dx = at, at += round16(tokens * max_k / 32);
+    out.sx = at, at += round16(tokens * max_k / 32);
+    out.normed = at, at += round16(tokens * hidden);
+    out.out_a = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
+    out.out_b = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
+    out.scores = at;
+    out.vnni = vnni;
     return out;
+}
+
+/* Before a projection's panels: its input's activation blocks, when the VNNI kernel runs. */
+static void prepare_input(const struct thread_scratch *ts, const float *x, int64_t m, int64_t k)
+{
+    if (ts->vnni)
+        qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
+}
+
+/* Output rows first .. first + rows - 1 (rows <= QBLOCK_PANEL_ROWS) of y = x @ W^T, by
+ * the kernel this step uses; with VNNI, x is what prepare_input was given. */
+static void project(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
+                    const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
+                    const struct thread_scratch *ts)
+{
+    if (!ts->vnni) {
+        qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS)
+        qblock_vnni_panel(format, w, first + r,
+                          rows - r < QBLOCK_VNNI_PANEL_ROWS ? rows - r : QBLOCK_VNNI_PANEL_ROWS,
+                          k, ts->qx, ts->dx, ts->sx, m, y, ldy, ts->vnni_tmp, ts->vnni_scales);
 }
 
 /* hidden[:, panel rows] += (x @ W^T)[:, panel rows]: a thread's share of a projection
@@ -141,8 +196,8 @@ static void residual_panel(int variant, int format, const uint8_t *w, int64_t pa
                            const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
-    qblock_panel(variant, format, w + first * qblock_row_bytes(format, k), 0, rows, x, tokens, k,
-                 ts->out_a, QBLOCK_PANEL_ROWS, ts->panel);
+    project(variant, format, w + first * qblock_row_bytes(format, k), 0, rows, x, tokens, k,
+            ts->out_a, QBLOCK_PANEL_ROWS, ts);
     for (int64_t i = 0; i < tokens; i++)
         for (int64_t r = 0; r < rows; r++)
             hidden[i * n + first + r] += ts->out_a[i * QBLOCK_PANEL_ROWS + r];
@@ -155,10 +210,10 @@ static void swiglu_panel(int variant, int format, const uint8_t *w, int64_t pane
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
     int64_t row_bytes = qblock_row_bytes(format, k);
-    qblock_panel(variant, format, w + first * row_bytes, 0, rows, x, tokens, k, ts->out_a,
-                 QBLOCK_PANEL_ROWS, ts->panel);
-    qblock_panel(variant, format, w + (intermediate + first) * row_bytes, 0, rows, x, tokens, k,
-                 ts->out_b, QBLOCK_PANEL_ROWS, ts->panel);
+    project(variant, format, w + first * row_bytes, 0, rows, x, tokens, k, ts->out_a,
+            QBLOCK_PANEL_ROWS, ts);
+    project(variant, format, w + (intermediate + first) * row_bytes, 0, rows, x, tokens, k,
+            ts->out_b, QBLOCK_PANEL_ROWS, ts);
     for (int64_t i = 0; i < tokens; i++)
         llama_silu_mul(ts->out_a + i * QBLOCK_PANEL_ROWS, ts->out_b + i * QBLOCK_PANEL_ROWS,
                        act + i * intermediate + first, rows);
@@ -201,12 +256,12 @@ static void run_layer(const struct llama_decode_model *m, const struct llama_dec
 
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_INPUT], H, eps,
                   ts->normed);
+    prepare_input(ts, ts->normed, T, H);
 #pragma omp for schedule(runtime)
-    for (int64_t p = 0; p < panels_of(qkv_width); p++) {
-        int64_t first = p * QBLOCK_PANEL_ROWS;
-        qblock_panel(variant, (int)formats[PROJ_QKV], (const uint8_t *)weights[PROJ_QKV], first,
-                     panel_rows(qkv_width, p), ts->normed, T, H, s->qkv, qkv_width, ts->panel);
-    }
+    for (int64_t p = 0; p < panels_of(qkv_width); p++)
+        project(variant, (int)formats[PROJ_QKV], (const uint8_t *)weights[PROJ_QKV],
+                p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p), ts->normed, T, H, s->qkv,
+                qkv_width, ts);
     /* Dynamic: contexts differ, so items are not equal work. */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < T * m->num_kv_heads; item++) {
@@ -214,16 +269,19 @@ static void run_layer(const struct llama_decode_model *m, const struct llama_dec
         attend_item(m, b, layer, t, item % m->num_kv_heads, s->qkv + t * qkv_width,
                     s->attended + t * q_width, ts->scores);
     }
+    prepare_input(ts, s->attended, T, q_width);
 #pragma omp for schedule(runtime)
     for (int64_t p = 0; p < panels_of(H); p++)
         residual_panel(variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O], p, H,
                        s->attended, T, q_width, s->hidden, ts);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
+    prepare_input(ts, ts->normed, T, H);
 #pragma omp for schedule(runtime)
     for (int64_t p = 0; p < panels_of(I); p++)
         swiglu_panel(variant, (int)formats[PROJ_GATE_UP], (const uint8_t *)weights[PROJ_GATE_UP], p,
                      I, ts->normed, T, H, s->act, ts);
+    prepare_input(ts, s->act, T, I);
 #pragma omp for schedule(runtime)
     for (int64_t p = 0; p < panels_of(H); p++)
         residual_panel(variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN], p, H,
@@ -257,12 +315,12 @@ int llama_decode_step(const struct llama_decode_model *m, const struct llama_dec
     const int64_t group = m->num_heads / m->num_kv_heads;
     const int64_t rows = T > S ? T : S;
 
+    const int vnni_ok = b->vnni_from_m > 0 && qblock_vnni_supported();
+    const int layers_vnni = vnni_ok && T >= b->vnni_from_m;
+    const int head_vnni = vnni_ok && S >= b->vnni_from_m;
+
     struct scratch s;
-    /* Per thread: the panel buffer, its normed rows, two panels of outputs, scores;
-     * rounded up to 16 floats so that each thread's panel buffer stays 64-byte aligned. */
-    s.per_thread = QBLOCK_PANEL_ROWS * max_k + rows * H + 2 * rows * QBLOCK_PANEL_ROWS +
-                   group * longest_context(b);
-    s.per_thread = (s.per_thread + 15) / 16 * 16;
+    s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
     const int64_t shared = T * H + T * qkv_width + T * q_width + T * I;
     float *mem = aligned_alloc(64, sizeof(float) * (shared + s.per_thread * threads));
     if (mem == NULL)
@@ -281,15 +339,17 @@ int llama_decode_step(const struct llama_decode_model *m, const struct llama_dec
     omp_set_schedule(b->schedule == SCHEDULE_STATIC ? omp_sched_static : omp_sched_dynamic, 1);
 #pragma omp parallel num_threads(threads)
     {
-        struct thread_scratch ts = thread_part(&s, rows, H, max_k);
+        struct thread_scratch ts = thread_part(&s, rows, H, max_k, layers_vnni);
         for (int64_t layer = 0; layer < m->num_layers; layer++)
             run_layer(m, b, variant, layer, &s, &ts);
         /* The head, for the sampled rows only. */
         rms_norm_rows(s.hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
+        ts.vnni = head_vnni;
+        prepare_input(&ts, ts.normed, S, H);
 #pragma omp for schedule(runtime)
         for (int64_t p = 0; p < panels_of(m->vocab); p++)
-            qblock_panel(variant, (int)m->lm_head_format, m->lm_head, p * QBLOCK_PANEL_ROWS,
-                         panel_rows(m->vocab, p), ts.normed, S, H, b->logits, m->vocab, ts.panel);
+            project(variant, (int)m->lm_head_format, m->lm_head, p * QBLOCK_PANEL_ROWS,
+                    panel_rows(m->vocab, p), ts.normed, S, H, b->logits, m->vocab, &ts);
     }
     omp_set_schedule(old_kind, old_chunk);
     free(mem);
