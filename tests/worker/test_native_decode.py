@@ -225,3 +225,33 @@ def test_turned_off_by_the_environment(q4_1, monkeypatch):
         assert model.native_decode_status == "off: CBSERVE_NATIVE_DECODE=0"
     finally:
         model.native_decode, model.native_decode_status = saved, "native decode steps"
+
+
+class _Counting:
+    """A native step that counts the steps it ran."""
+
+    def __init__(self, native):
+        self.native, self.ran = native, 0
+
+    def __call__(self, *args):
+        logits = self.native(*args)
+        self.ran += logits is not None
+        return logits
+
+
+def test_chat_reply_equals_float32s(q4_1, loaded_model):
+    """End to end through the runner: the README's question, greedy, 16 tokens."""
+    from bench.accuracy_eval import greedy_replies
+    from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
+
+    tok = Tokenizer(default_model_path())
+    prompt = [tok.encode_chat([ChatTurn("user", "What is the capital of France?")])]
+    expected = greedy_replies(loaded_model, prompt, 16)
+    counting = _Counting(q4_1.model.native_decode)
+    q4_1.model.native_decode = counting
+    try:
+        reply = greedy_replies(q4_1, prompt, 16)
+    finally:
+        q4_1.model.native_decode = counting.native
+    assert counting.ran == 15  # every step after the prefill
+    assert reply == expected and "Paris" in tok.decode(reply[0])
