@@ -80,15 +80,14 @@ def build_and_load(source: Path, compile_flags: tuple, link_flags: tuple) -> cty
 def build_and_load_parts(name: str, parts: tuple, link_flags: tuple) -> ctypes.CDLL:
     """One library from several sources, each `(path, compile_flags)` compiled with its
     own flags (a kernel that needs -ffast-math beside one that must not have it), then
-    linked together. A source's header of the same name counts in the cache key."""
+    linked together. The headers beside each source count in the cache key."""
     cc = compiler()
     if cc is None:
         raise KernelUnavailableError(f"no C compiler (gcc, cc or $CC) to build {name}")
     key = hashlib.sha256()
     for source, flags in parts:
         key.update(source.read_bytes())
-        header = source.with_suffix(".h")
-        if header.is_file():
+        for header in sorted(source.parent.glob("*.h")):
             key.update(header.read_bytes())
         key.update(" ".join(flags).encode())
     key.update(" ".join(link_flags).encode())

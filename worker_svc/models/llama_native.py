@@ -43,6 +43,9 @@ PARTS = (
 )
 LINK_FLAGS = ("-shared", "-fopenmp", "-lm")
 SCHEDULES = {"dynamic": 0, "static": 1}
+# Pauses a thread spins at one of the step's barriers before it sleeps on a futex
+# (kernels/step_team.h); picked by bench/native_policy.py.
+BARRIER_SPIN = 2000
 
 _I64, _F64, _PTR = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 
@@ -75,7 +78,7 @@ class _Batch(ctypes.Structure):
         ("sample_rows", _PTR),
         ("num_samples", _I64),
         ("logits", _PTR),
-        *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m")),
+        *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m", "spin")),
     ]
 
 
@@ -102,11 +105,18 @@ class NativeDecode:
     """A q4_1 LlamaForCausalLM's weights, as the native step reads them: prepared once,
     kept alive by the model (the structure holds their addresses)."""
 
-    def __init__(self, model, variant: str = "auto", schedule: str = "dynamic"):
+    def __init__(
+        self,
+        model,
+        variant: str = "auto",
+        schedule: str = "dynamic",
+        barrier_spin: int = BARRIER_SPIN,
+    ):
         shape = model.shape
         if model.rotary.cos.dtype != torch.float32 or model.embed_tokens.dtype != torch.float32:
             raise ValueError("the native decode step computes in float32 only")
         self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
+        self.barrier_spin = barrier_spin
         layers = model.layers
         # From as many rows as QBlockLinear, and only where it does (CBSERVE_QBLOCK_VNNI).
         self.vnni_from_m = VNNI_FROM_M if layers[0].qkv_proj.vnni else 0
@@ -186,10 +196,13 @@ class NativeDecode:
             variant=self.variant,
             schedule=self.schedule,
             vnni_from_m=self.vnni_from_m,
+            spin=self.barrier_spin,
         )
         status = load_decode_kernel().llama_decode_step(
             ctypes.byref(self._struct), ctypes.byref(batch)
         )
+        if status == -4:
+            return None  # OpenMP gave fewer threads than asked: the Python path runs it
         if status != 0:
             reasons = {-1: "kernel variant not supported here", -2: "unsupported shape"}
             raise RuntimeError(f"llama_decode_step: {reasons.get(status, 'out of memory')}")

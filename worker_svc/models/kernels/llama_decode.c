@@ -22,9 +22,10 @@
  * as QBlockLinear does from the same number of rows: the Python path's arithmetic.
  *
  * Threads share out each projection's panels of output rows and the attention's
- * (token, kv head) items; five barriers a layer. The norms (a few hundred floats a row)
- * and the VNNI path's activation blocks are computed by every thread for itself, which
- * costs less than a barrier.
+ * (token, kv head) items; five barriers a layer, the step's own (step_team.h), so that
+ * the process's OpenMP wait policy only matters at the region's start and end. The norms
+ * (a few hundred floats a row) and the VNNI path's activation blocks are computed by
+ * every thread for itself, which costs less than a barrier.
  */
 #include <math.h>
 #include <omp.h>
@@ -35,12 +36,14 @@
 #include "../../attention/kernels/paged_decode.h"
 #include "../../compute/kernels/qblock_gemm.h"
 #include "../../compute/kernels/qblock_vnni.h"
+#include "step_team.h"
 
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 
 enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
 enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
 enum { SCHEDULE_DYNAMIC = 0, SCHEDULE_STATIC = 1 };
+enum { LOOPS_PER_LAYER = 5 };
 
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
  * one tensor; every array is contiguous. */
@@ -71,7 +74,37 @@ struct llama_decode_batch {
     float *logits; /* [S, vocab] */
     int64_t threads, variant, schedule;
     int64_t vnni_from_m; /* 0: never */
+    int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
 };
+
+/* One thread of the step: its place in the team and the loops it has passed. */
+struct member {
+    struct step_team *team;
+    int id, dynamic;
+    int64_t loop;
+};
+
+/* A loop shared out by the team: static (thread i takes items i, i + threads, ...) or
+ * dynamic (the next free item), then the team's barrier. */
+static int64_t share_first(struct member *me, int dynamic)
+{
+    return dynamic ? team_next(me->team, me->loop) : me->id;
+}
+
+static int64_t share_next(struct member *me, int dynamic, int64_t item)
+{
+    return dynamic ? team_next(me->team, me->loop) : item + me->team->threads;
+}
+
+static void share_end(struct member *me)
+{
+    me->loop++;
+    team_barrier(me->team);
+}
+
+#define FOR_SHARED(item, count, me, dynamic)                                                      \
+    for (int64_t item = share_first(me, dynamic); item < (count);                                \
+         item = share_next(me, dynamic, item))
 
 static void rms_norm(const float *x, const float *weight, int64_t n, float eps, float *out)
 {
@@ -246,7 +279,7 @@ static void attend_item(const struct llama_decode_model *m, const struct llama_d
 
 static void run_layer(const struct llama_decode_model *m, const struct llama_decode_batch *b,
                       int variant, int64_t layer, const struct scratch *s,
-                      const struct thread_scratch *ts)
+                      const struct thread_scratch *ts, struct member *me)
 {
     const int64_t T = b->num_tokens, H = m->hidden, I = m->intermediate;
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
@@ -257,35 +290,36 @@ static void run_layer(const struct llama_decode_model *m, const struct llama_dec
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_INPUT], H, eps,
                   ts->normed);
     prepare_input(ts, ts->normed, T, H);
-#pragma omp for schedule(runtime)
-    for (int64_t p = 0; p < panels_of(qkv_width); p++)
-        project(variant, (int)formats[PROJ_QKV], (const uint8_t *)weights[PROJ_QKV],
-                p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p), ts->normed, T, H, s->qkv,
-                qkv_width, ts);
-    /* Dynamic: contexts differ, so items are not equal work. */
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < T * m->num_kv_heads; item++) {
+    FOR_SHARED(p, panels_of(qkv_width), me, me->dynamic)
+    project(variant, (int)formats[PROJ_QKV], (const uint8_t *)weights[PROJ_QKV],
+            p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p), ts->normed, T, H, s->qkv, qkv_width,
+            ts);
+    share_end(me);
+    /* Dynamic always: contexts differ, so items are not equal work. */
+    FOR_SHARED(item, T * m->num_kv_heads, me, 1)
+    {
         int64_t t = item / m->num_kv_heads;
         attend_item(m, b, layer, t, item % m->num_kv_heads, s->qkv + t * qkv_width,
                     s->attended + t * q_width, ts->scores);
     }
+    share_end(me);
     prepare_input(ts, s->attended, T, q_width);
-#pragma omp for schedule(runtime)
-    for (int64_t p = 0; p < panels_of(H); p++)
-        residual_panel(variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O], p, H,
-                       s->attended, T, q_width, s->hidden, ts);
+    FOR_SHARED(p, panels_of(H), me, me->dynamic)
+    residual_panel(variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O], p, H,
+                   s->attended, T, q_width, s->hidden, ts);
+    share_end(me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
     prepare_input(ts, ts->normed, T, H);
-#pragma omp for schedule(runtime)
-    for (int64_t p = 0; p < panels_of(I); p++)
-        swiglu_panel(variant, (int)formats[PROJ_GATE_UP], (const uint8_t *)weights[PROJ_GATE_UP], p,
-                     I, ts->normed, T, H, s->act, ts);
+    FOR_SHARED(p, panels_of(I), me, me->dynamic)
+    swiglu_panel(variant, (int)formats[PROJ_GATE_UP], (const uint8_t *)weights[PROJ_GATE_UP], p, I,
+                 ts->normed, T, H, s->act, ts);
+    share_end(me);
     prepare_input(ts, s->act, T, I);
-#pragma omp for schedule(runtime)
-    for (int64_t p = 0; p < panels_of(H); p++)
-        residual_panel(variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN], p, H,
-                       s->act, T, I, s->hidden, ts);
+    FOR_SHARED(p, panels_of(H), me, me->dynamic)
+    residual_panel(variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN], p, H,
+                   s->act, T, I, s->hidden, ts);
+    share_end(me);
 }
 
 static int64_t longest_context(const struct llama_decode_batch *b)
@@ -296,8 +330,31 @@ static int64_t longest_context(const struct llama_decode_batch *b)
     return longest;
 }
 
+/* One thread's part of the whole step, inside the parallel region. */
+static void run_step(const struct llama_decode_model *m, const struct llama_decode_batch *b,
+                     int variant, const struct scratch *s, int layers_vnni, int head_vnni,
+                     int64_t rows, int64_t max_k, struct step_team *team)
+{
+    const int64_t H = m->hidden, S = b->num_samples;
+    struct member me = {.team = team,
+                        .id = omp_get_thread_num(),
+                        .dynamic = b->schedule == SCHEDULE_DYNAMIC,
+                        .loop = 0};
+    struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni);
+    for (int64_t layer = 0; layer < m->num_layers; layer++)
+        run_layer(m, b, variant, layer, s, &ts, &me);
+    /* The head, for the sampled rows only; the region's end is its barrier. */
+    rms_norm_rows(s->hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
+    ts.vnni = head_vnni;
+    prepare_input(&ts, ts.normed, S, H);
+    FOR_SHARED(p, panels_of(m->vocab), &me, me.dynamic)
+    project(variant, (int)m->lm_head_format, m->lm_head, p * QBLOCK_PANEL_ROWS,
+            panel_rows(m->vocab, p), ts.normed, S, H, b->logits, m->vocab, &ts);
+}
+
 /* Returns 0; -1 for a variant this CPU cannot run, -2 for a shape the step does not
- * handle, -3 when its scratch could not be allocated. */
+ * handle, -3 when its scratch could not be allocated, -4 when OpenMP gave it fewer
+ * threads than asked (nothing computed). */
 int llama_decode_step(const struct llama_decode_model *m, const struct llama_decode_batch *b)
 {
     const int variant = qblock_resolve_variant((int)b->variant);
@@ -323,8 +380,17 @@ int llama_decode_step(const struct llama_decode_model *m, const struct llama_dec
     s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
     const int64_t shared = T * H + T * qkv_width + T * q_width + T * I;
     float *mem = aligned_alloc(64, sizeof(float) * (shared + s.per_thread * threads));
-    if (mem == NULL)
+    struct step_team team = {.threads = threads, .spin = (int)b->spin};
+    atomic_init(&team.arrived, 0);
+    atomic_init(&team.generation, 0);
+    atomic_init(&team.sleepers, 0);
+    /* One counter for each shared-out loop: five a layer and the head's. */
+    team.counters = calloc(LOOPS_PER_LAYER * m->num_layers + 1, sizeof(atomic_long));
+    if (mem == NULL || team.counters == NULL) {
+        free(mem);
+        free(team.counters);
         return -3;
+    }
     s.thread_mem = mem;
     s.hidden = mem + s.per_thread * threads;
     s.qkv = s.hidden + T * H;
@@ -333,25 +399,20 @@ int llama_decode_step(const struct llama_decode_model *m, const struct llama_dec
     for (int64_t t = 0; t < T; t++)
         memcpy(s.hidden + t * H, m->embed + b->token_ids[t] * H, sizeof(float) * H);
 
-    omp_sched_t old_kind;
-    int old_chunk;
-    omp_get_schedule(&old_kind, &old_chunk);
-    omp_set_schedule(b->schedule == SCHEDULE_STATIC ? omp_sched_static : omp_sched_dynamic, 1);
+    int short_team = 0;
 #pragma omp parallel num_threads(threads)
     {
-        struct thread_scratch ts = thread_part(&s, rows, H, max_k, layers_vnni);
-        for (int64_t layer = 0; layer < m->num_layers; layer++)
-            run_layer(m, b, variant, layer, &s, &ts);
-        /* The head, for the sampled rows only. */
-        rms_norm_rows(s.hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
-        ts.vnni = head_vnni;
-        prepare_input(&ts, ts.normed, S, H);
-#pragma omp for schedule(runtime)
-        for (int64_t p = 0; p < panels_of(m->vocab); p++)
-            project(variant, (int)m->lm_head_format, m->lm_head, p * QBLOCK_PANEL_ROWS,
-                    panel_rows(m->vocab, p), ts.normed, S, H, b->logits, m->vocab, &ts);
+        /* The barrier counts `threads`: a smaller team (OMP_DYNAMIC, a thread limit)
+         * must not enter it, and leaves the work to the Python path. */
+        if (omp_get_num_threads() != threads) {
+#pragma omp atomic write
+            short_team = 1;
+        }
+#pragma omp barrier
+        if (!short_team)
+            run_step(m, b, variant, &s, layers_vnni, head_vnni, rows, max_k, &team);
     }
-    omp_set_schedule(old_kind, old_chunk);
+    free(team.counters);
     free(mem);
-    return 0;
+    return short_team ? -4 : 0;
 }
