@@ -255,3 +255,20 @@ def test_chat_reply_equals_float32s(q4_1, loaded_model):
         q4_1.model.native_decode = counting.native
     assert counting.ran == 15  # every step after the prefill
     assert reply == expected and "Paris" in tok.decode(reply[0])
+
+
+def test_without_the_kernel_the_python_forward_runs(q4_1, monkeypatch):
+    import worker_svc.models.llama_native as llama_native
+
+    def unavailable():
+        raise llama_native.KernelUnavailableError("no C compiler (test)")
+
+    monkeypatch.setattr(llama_native, "load_decode_kernel", unavailable)
+    model = q4_1.model
+    saved = model.native_decode
+    try:
+        attach_native_decode(model)
+        assert model.native_decode is None
+        assert model.native_decode_status == "off: no C compiler (test)"
+    finally:
+        model.native_decode, model.native_decode_status = saved, "native decode steps"

@@ -36,13 +36,11 @@
 #include "../../attention/kernels/paged_decode.h"
 #include "../../compute/kernels/qblock_gemm.h"
 #include "../../compute/kernels/qblock_vnni.h"
+#include "decode_panels.h"
 #include "step_team.h"
-
-void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 
 enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
 enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
-enum { SCHEDULE_DYNAMIC = 0, SCHEDULE_STATIC = 1 };
 enum { LOOPS_PER_LAYER = 5 };
 
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
@@ -77,35 +75,6 @@ struct llama_decode_batch {
     int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
 };
 
-/* One thread of the step: its place in the team and the loops it has passed. */
-struct member {
-    struct step_team *team;
-    int id, dynamic;
-    int64_t loop;
-};
-
-/* A loop shared out by the team: static (thread i takes items i, i + threads, ...) or
- * dynamic (the next free item), then the team's barrier. */
-static int64_t share_first(struct member *me, int dynamic)
-{
-    return dynamic ? team_next(me->team, me->loop) : me->id;
-}
-
-static int64_t share_next(struct member *me, int dynamic, int64_t item)
-{
-    return dynamic ? team_next(me->team, me->loop) : item + me->team->threads;
-}
-
-static void share_end(struct member *me)
-{
-    me->loop++;
-    team_barrier(me->team);
-}
-
-#define FOR_SHARED(item, count, me, dynamic)                                                      \
-    for (int64_t item = share_first(me, dynamic); item < (count);                                \
-         item = share_next(me, dynamic, item))
-
 static void rms_norm(const float *x, const float *weight, int64_t n, float eps, float *out)
 {
     float sum = 0.0f;
@@ -134,122 +103,6 @@ static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const f
             x[i] = x1 * cos[i] - x2 * sin[i];
             x[i + half] = x2 * cos[i] + x1 * sin[i];
         }
-}
-
-static int64_t panels_of(int64_t n)
-{
-    return (n + QBLOCK_PANEL_ROWS - 1) / QBLOCK_PANEL_ROWS;
-}
-
-static int64_t panel_rows(int64_t n, int64_t panel)
-{
-    int64_t left = n - panel * QBLOCK_PANEL_ROWS;
-    return left < QBLOCK_PANEL_ROWS ? left : QBLOCK_PANEL_ROWS;
-}
-
-/* Scratch of the whole team, and of each thread. */
-struct scratch {
-    float *hidden, *qkv, *attended, *act;
-    float *thread_mem;
-    int64_t per_thread;
-};
-
-struct thread_scratch {
-    float *panel;         /* the block kernel's buffer, QBLOCK_PANEL_ROWS * max K */
-    int16_t *vnni_tmp;    /* the VNNI kernel's packed panel, 2 * 16 * max K int16 */
-    float *vnni_scales;   /* and its scales, 2 * 16 * max K / 32 */
-    int16_t *qx;          /* [T, max K]: this thread's activation blocks (VNNI) */
-    float *dx, *sx;       /* [T, max K / 32] each */
-    float *normed;        /* [T, hidden]: this thread's copy of the normed rows */
-    float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
-    float *scores;        /* group * longest context */
-    int vnni;             /* this step's projections take the VNNI kernel */
-};
-
-/* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */
-static int64_t round16(int64_t floats)
-{
-    return (floats + 15) / 16 * 16;
-}
-
-static int64_t thread_floats(int64_t tokens, int64_t hidden, int64_t max_k, int64_t scores)
-{
-    return round16(QBLOCK_PANEL_ROWS * max_k) + round16(QBLOCK_VNNI_PANEL_ROWS * max_k) +
-           round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16) + round16(tokens * max_k / 2) +
-           2 * round16(tokens * max_k / 32) + round16(tokens * hidden) +
-           2 * round16(tokens * QBLOCK_PANEL_ROWS) + round16(scores);
-}
-
-static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens, int64_t hidden,
-                                         int64_t max_k, int vnni)
-{
-    float *at = s->thread_mem + s->per_thread * omp_get_thread_num();
-    struct thread_scratch out;
-    out.panel = at, at += round16(QBLOCK_PANEL_ROWS * max_k);
-    out.vnni_tmp = (int16_t *)at, at += round16(QBLOCK_VNNI_PANEL_ROWS * max_k);
-    out.vnni_scales = at, at += round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16);
-    out.qx = (int16_t *)at, at += round16(tokens * max_k / 2);
-    out.dx = at, at += round16(tokens * max_k / 32);
-    out.sx = at, at += round16(tokens * max_k / 32);
-    out.normed = at, at += round16(tokens * hidden);
-    out.out_a = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
-    out.out_b = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
-    out.scores = at;
-    out.vnni = vnni;
-    return out;
-}
-
-/* Before a projection's panels: its input's activation blocks, when the VNNI kernel runs. */
-static void prepare_input(const struct thread_scratch *ts, const float *x, int64_t m, int64_t k)
-{
-    if (ts->vnni)
-        qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
-}
-
-/* Output rows first .. first + rows - 1 (rows <= QBLOCK_PANEL_ROWS) of y = x @ W^T, by
- * the kernel this step uses; with VNNI, x is what prepare_input was given. */
-static void project(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
-                    const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
-                    const struct thread_scratch *ts)
-{
-    if (!ts->vnni) {
-        qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
-        return;
-    }
-    for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS)
-        qblock_vnni_panel(format, w, first + r,
-                          rows - r < QBLOCK_VNNI_PANEL_ROWS ? rows - r : QBLOCK_VNNI_PANEL_ROWS,
-                          k, ts->qx, ts->dx, ts->sx, m, y, ldy, ts->vnni_tmp, ts->vnni_scales);
-}
-
-/* hidden[:, panel rows] += (x @ W^T)[:, panel rows]: a thread's share of a projection
- * whose output is added to the residual stream. */
-static void residual_panel(int variant, int format, const uint8_t *w, int64_t panel, int64_t n,
-                           const float *x, int64_t tokens, int64_t k, float *hidden,
-                           const struct thread_scratch *ts)
-{
-    int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
-    project(variant, format, w + first * qblock_row_bytes(format, k), 0, rows, x, tokens, k,
-            ts->out_a, QBLOCK_PANEL_ROWS, ts);
-    for (int64_t i = 0; i < tokens; i++)
-        for (int64_t r = 0; r < rows; r++)
-            hidden[i * n + first + r] += ts->out_a[i * QBLOCK_PANEL_ROWS + r];
-}
-
-/* act[:, panel rows] = silu(gate) * up for the panel's rows of both halves of gate_up. */
-static void swiglu_panel(int variant, int format, const uint8_t *w, int64_t panel,
-                         int64_t intermediate, const float *x, int64_t tokens, int64_t k,
-                         float *act, const struct thread_scratch *ts)
-{
-    int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
-    int64_t row_bytes = qblock_row_bytes(format, k);
-    project(variant, format, w + first * row_bytes, 0, rows, x, tokens, k, ts->out_a,
-            QBLOCK_PANEL_ROWS, ts);
-    project(variant, format, w + (intermediate + first) * row_bytes, 0, rows, x, tokens, k,
-            ts->out_b, QBLOCK_PANEL_ROWS, ts);
-    for (int64_t i = 0; i < tokens; i++)
-        llama_silu_mul(ts->out_a + i * QBLOCK_PANEL_ROWS, ts->out_b + i * QBLOCK_PANEL_ROWS,
-                       act + i * intermediate + first, rows);
 }
 
 /* Token t's kv head h: rotary on its query heads and its key, K/V into the pool, then

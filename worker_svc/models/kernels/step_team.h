@@ -55,4 +55,35 @@ static inline int64_t team_next(struct step_team *team, int64_t loop)
     return atomic_fetch_add_explicit(&team->counters[loop], 1, memory_order_relaxed);
 }
 
+enum { SCHEDULE_DYNAMIC = 0, SCHEDULE_STATIC = 1 };
+
+/* One thread of the step: its place in the team and the loops it has passed. */
+struct member {
+    struct step_team *team;
+    int id, dynamic;
+    int64_t loop;
+};
+
+/* A loop shared out by the team: static (thread i takes items i, i + threads, ...) or
+ * dynamic (the next free item), then the team's barrier. */
+static int64_t share_first(struct member *me, int dynamic)
+{
+    return dynamic ? team_next(me->team, me->loop) : me->id;
+}
+
+static int64_t share_next(struct member *me, int dynamic, int64_t item)
+{
+    return dynamic ? team_next(me->team, me->loop) : item + me->team->threads;
+}
+
+static void share_end(struct member *me)
+{
+    me->loop++;
+    team_barrier(me->team);
+}
+
+#define FOR_SHARED(item, count, me, dynamic)                                                      \
+    for (int64_t item = share_first(me, dynamic); item < (count);                                \
+         item = share_next(me, dynamic, item))
+
 #endif
