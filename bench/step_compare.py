@@ -9,6 +9,9 @@ Each path gets its own runner with `batch` sequences prefilled to `context` toke
 one decode token for every sequence (runner.execute of one step plan), the forward,
 attention and sampling included, as bench/step_profile.py times it. The CPU, its
 load average at the start and the end are printed beside the figures.
+
+`q4_1-python` is the q4_1 path with its native decode step off (CBSERVE_NATIVE_DECODE=0,
+models/llama_native.py): `--dtypes q4_1,q4_1-python` compares the two.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def main() -> None:
         blocks = sum(-(-(c + 64) // 16) for c in contexts) + 2
         runners = {}
         for name in dtypes:
-            runner = make_runner(name, blocks)
+            runner = load_runner(name, blocks)
             runners[name] = (runner, set_up(runner, contexts, seed=0))
         times: dict[str, list[float]] = {name: [] for name in dtypes}
         for step in range(args.steps + 2):
@@ -56,12 +59,26 @@ def main() -> None:
         for name, samples in times.items():
             median = statistics.median(samples)
             print(
-                f"batch {batch:3d} {name:8s} {median * 1e3:7.1f} ms/step median "
+                f"batch {batch:3d} {name:12s} {median * 1e3:7.1f} ms/step median "
                 f"(min {min(samples) * 1e3:6.1f}), {batch / median:6.0f} tok/s median "
                 f"(best {batch / min(samples):6.0f})"
             )
         del runners
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def load_runner(name: str, blocks: int):
+    """`name` is a dtype, or a dtype with `-python`: its native decode step off."""
+    dtype, python_only = name.removesuffix("-python"), name.endswith("-python")
+    saved = os.environ.get("CBSERVE_NATIVE_DECODE")
+    os.environ["CBSERVE_NATIVE_DECODE"] = "0" if python_only else (saved or "1")
+    try:
+        return make_runner(dtype, blocks)
+    finally:
+        if saved is None:
+            del os.environ["CBSERVE_NATIVE_DECODE"]
+        else:
+            os.environ["CBSERVE_NATIVE_DECODE"] = saved
 
 
 if __name__ == "__main__":

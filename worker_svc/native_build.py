@@ -50,19 +50,22 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "cbserve" / "kernels"
 
 
-def _build(cc: str, source: Path, flags: tuple, link: tuple, target: Path) -> None:
+def _build(cc: str, parts: tuple, link: tuple, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        obj = Path(scratch) / f"{source.stem}.o"
+        objects = [
+            str(Path(scratch) / f"{i}-{source.stem}.o") for i, (source, _) in enumerate(parts)
+        ]
         lib = Path(scratch) / target.name
-        for argv in (
-            [cc, *flags, "-c", str(source), "-o", str(obj)],
-            [cc, str(obj), *link, "-o", str(lib)],
-        ):
+        steps = [
+            [cc, *flags, "-c", str(source), "-o", obj]
+            for (source, flags), obj in zip(parts, objects, strict=True)
+        ]
+        for argv in (*steps, [cc, *objects, *link, "-o", str(lib)]):
             done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
                 raise KernelUnavailableError(
-                    f"building {source.name} failed ({' '.join(argv[:2])} ...): "
+                    f"building {target.stem} failed ({' '.join(argv[:2])} ...): "
                     f"{done.stderr.strip()[-500:]}"
                 )
         os.replace(lib, target)  # atomic: workers starting together never load half a file
@@ -71,20 +74,31 @@ def _build(cc: str, source: Path, flags: tuple, link: tuple, target: Path) -> No
 def build_and_load(source: Path, compile_flags: tuple, link_flags: tuple) -> ctypes.CDLL:
     """The compiled library for `source`, built on first use. Callers cache the result
     (functools.cache) and declare the argument types of the functions they call."""
+    return build_and_load_parts(source.stem, ((source, compile_flags),), link_flags)
+
+
+def build_and_load_parts(name: str, parts: tuple, link_flags: tuple) -> ctypes.CDLL:
+    """One library from several sources, each `(path, compile_flags)` compiled with its
+    own flags (a kernel that needs -ffast-math beside one that must not have it), then
+    linked together. The headers beside each source count in the cache key."""
     cc = compiler()
     if cc is None:
-        raise KernelUnavailableError(f"no C compiler (gcc, cc or $CC) to build {source.name}")
+        raise KernelUnavailableError(f"no C compiler (gcc, cc or $CC) to build {name}")
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(compile_flags + link_flags).encode()):
-        key.update(part)
+    for source, flags in parts:
+        key.update(source.read_bytes())
+        for header in sorted(source.parent.glob("*.h")):
+            key.update(header.read_bytes())
+        key.update(" ".join(flags).encode())
+    key.update(" ".join(link_flags).encode())
     key.update(cc.encode())
     key.update(cpu_flags_line().encode())
-    target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
-            _build(cc, source, compile_flags, link_flags, target)
+            _build(cc, parts, link_flags, target)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise KernelUnavailableError(f"building {source.name} failed: {exc}") from exc
+            raise KernelUnavailableError(f"building {name} failed: {exc}") from exc
     try:
         return ctypes.CDLL(str(target))
     except OSError as exc:

@@ -90,6 +90,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         compute_path_choice=path_choice,
         model_impl=loaded.model_impl,
         compiled=config.compile,
+        native_decode=native_decode_status(loaded.model),
         processor=processor,
         threads=torch.get_num_threads(),
         device=str(device),
@@ -112,6 +113,11 @@ def build_worker(config: WorkerConfig) -> Worker:
         processor=processor,
     )
     return Worker(ModelRunner(loaded, pool, backend), description, torch.get_num_threads())
+
+
+def native_decode_status(model) -> str:
+    own = getattr(model, "model", model)  # a CompiledForward wraps the own model
+    return getattr(own, "native_decode_status", "off: not the q4_1 own forward")
 
 
 def _processor(device: torch.device) -> str:

@@ -69,6 +69,10 @@ class CompiledForward(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
+        if getattr(model, "native_decode", None) is not None:
+            # The graph is the Python forward's; a native step would bypass it.
+            model.native_decode = None
+            model.native_decode_status = "off: --compile traces the Python forward"
         self.model = model
         self._compiled: Callable = torch.compile(self._traced, dynamic=False)
 

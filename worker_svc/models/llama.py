@@ -138,6 +138,9 @@ class LlamaForCausalLM(nn.Module):
         # Tied embeddings (SmolLM2) have no lm_head in the checkpoint.
         lm_head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
         self.lm_head = make_projection(lm_head, path)
+        # A native decode step (models/llama_native.py), set by the q4_1 path: it runs the
+        # steps it can and returns None for the others.
+        self.native_decode = None
 
     def forward(
         self,
@@ -147,6 +150,10 @@ class LlamaForCausalLM(nn.Module):
         sample_rows: torch.Tensor,
     ) -> torch.Tensor:
         """input_ids, positions `[T]` -> logits `[len(sample_rows), vocab]` in float32."""
+        if self.native_decode is not None:
+            logits = self.native_decode(input_ids, positions, attention, sample_rows)
+            if logits is not None:
+                return logits
         hidden = F.embedding(input_ids, self.embed_tokens)
         rotary = self.rotary.lookup(positions)
         last = len(self.layers) - 1

@@ -119,4 +119,15 @@ def build_qblock(own, shape, checkpoint: CheckpointTensors, model_path: Path, dt
     model = own(shape, _SkeletonState(checkpoint, blocks is not None), "float32", dtype)
     to_qblock(model, blocks)
     model.qblock_source = source if blocks is not None else f"Q8_0 quantized at load ({source})"
+    attach_native_decode(model)
     return model
+
+
+def attach_native_decode(model) -> None:
+    """Decode steps in one native call where its kernel builds (models/llama_native.py);
+    `model.native_decode_status` says whether, or why not."""
+    from worker_svc.models.llama_native import NativeDecode, native_decode_disabled_reason
+
+    reason = native_decode_disabled_reason()
+    model.native_decode = NativeDecode(model) if reason is None else None
+    model.native_decode_status = "native decode steps" if reason is None else f"off: {reason}"

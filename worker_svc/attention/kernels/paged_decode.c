@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "paged_decode.h"
+
 /* Always inlined, so that the call with a literal head_dim of 64 (SmolLM2, Llama,
  * Qwen: most small models) compiles to fixed, fully vectorised dot products. */
 static inline __attribute__((always_inline)) void attend_one(const float *q, const float *k_cache, const float *v_cache,
@@ -83,6 +85,19 @@ static inline __attribute__((always_inline)) void attend_one(const float *q, con
             out[g * head_dim + i] *= inv_sum[g];
 }
 
+void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
+                       const int32_t *table, int64_t len, float *out, float *scores,
+                       int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
+                       int64_t block_stride, int64_t kv_offset, float scale)
+{
+    if (head_dim == 64)
+        attend_one(q, k_cache, v_cache, table, len, out, scores, group, 64, block_size,
+                   token_stride, block_stride, kv_offset, scale);
+    else
+        attend_one(q, k_cache, v_cache, table, len, out, scores, group, head_dim, block_size,
+                   token_stride, block_stride, kv_offset, scale);
+}
+
 /* Returns 0, or -1 when a thread could not allocate its score buffer. */
 int paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
                            const int32_t *block_tables, const int32_t *context_lens,
@@ -112,14 +127,9 @@ int paged_decode_attention(const float *q, const float *k_cache, const float *v_
             const float *q_item = q + first_head * head_dim;
             const int32_t *table = block_tables + seq * max_blocks;
             float *out_item = out + first_head * head_dim;
-            if (head_dim == 64)
-                attend_one(q_item, k_cache, v_cache, table, context_lens[seq], out_item, scores,
-                           group, 64, block_size, token_stride, block_stride,
-                           kv_head * head_dim, scale);
-            else
-                attend_one(q_item, k_cache, v_cache, table, context_lens[seq], out_item, scores,
-                           group, head_dim, block_size, token_stride, block_stride,
-                           kv_head * head_dim, scale);
+            paged_decode_item(q_item, k_cache, v_cache, table, context_lens[seq], out_item, scores,
+                              group, head_dim, block_size, token_stride, block_stride,
+                              kv_head * head_dim, scale);
         }
         free(scores);
     }

@@ -27,7 +27,9 @@
 
 #include <immintrin.h>
 
-enum { FORMAT_Q4_1 = 0, FORMAT_Q8_0 = 1 };
+#include "qblock_gemm.h"
+
+enum { FORMAT_Q4_1 = QBLOCK_FORMAT_Q4_1, FORMAT_Q8_0 = QBLOCK_FORMAT_Q8_0 };
 enum { VARIANT_AUTO = 0, VARIANT_PLAIN = 1, VARIANT_AVX2 = 2, VARIANT_AVX512 = 3 };
 enum { Q4_1_BYTES = 20, Q8_0_BYTES = 34, QK = 32 };
 
@@ -323,7 +325,7 @@ AVX512_TARGET static void small_tile_avx512(int format, const uint8_t *w, int64_
  * 192 KB for K = 1536: L2-resident). x is taken in chunks of X_CHUNK rows, each reused
  * by the panel's TILE_ROWS-row tiles while it is in L2; a tile's weights (at most 24 KB)
  * stay in L1 across the chunk's rows. */
-enum { PANEL_ROWS = 32, TILE_ROWS = 4, X_CHUNK = 64, SMALL_M = 4 };
+enum { PANEL_ROWS = QBLOCK_PANEL_ROWS, TILE_ROWS = 4, X_CHUNK = 64, SMALL_M = 4 };
 
 static void tile(int variant, const float *w, int64_t rows, const float *x, int64_t m_count,
                  int64_t k, float *y, int64_t ldy)
@@ -358,10 +360,7 @@ int qblock_supported_variants(void)
     return mask;
 }
 
-/* Returns 0; -1 for a variant this CPU lacks, -2 for a bad shape or format, -3 when a
- * buffer could not be allocated. */
-int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float *y,
-                int64_t m_count, int64_t n, int64_t k, int threads)
+int qblock_resolve_variant(int variant)
 {
     int mask = qblock_supported_variants();
     if (variant == VARIANT_AUTO)
@@ -370,9 +369,45 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
                                                  : VARIANT_PLAIN;
     if (variant < VARIANT_PLAIN || variant > VARIANT_AVX512 || !(mask & (1 << variant)))
         return -1;
+    return variant;
+}
+
+int64_t qblock_row_bytes(int format, int64_t k)
+{
+    return k / QK * (format == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES);
+}
+
+void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
+                  const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy, float *buf)
+{
+    const int64_t row_bytes = qblock_row_bytes(format, k);
+    if (variant == VARIANT_AVX512 && m_count <= SMALL_M) {
+        for (int64_t r = 0; r < rows; r += TILE_ROWS)
+            small_tile_avx512(format, w + (first + r) * row_bytes, row_bytes,
+                              rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,
+                              y + first + r, ldy);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        dequant(variant, format, w + (first + r) * row_bytes, k, buf + r * k);
+    for (int64_t i = 0; i < m_count; i += X_CHUNK) {
+        int64_t chunk = m_count - i < X_CHUNK ? m_count - i : X_CHUNK;
+        for (int64_t r = 0; r < rows; r += TILE_ROWS)
+            tile(variant, buf + r * k, rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x + i * k,
+                 chunk, k, y + i * ldy + first + r, ldy);
+    }
+}
+
+/* Returns 0; -1 for a variant this CPU lacks, -2 for a bad shape or format, -3 when a
+ * buffer could not be allocated. */
+int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float *y,
+                int64_t m_count, int64_t n, int64_t k, int threads)
+{
+    variant = qblock_resolve_variant(variant);
+    if (variant < 0)
+        return -1;
     if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0) || m_count < 0 || n < 0)
         return -2;
-    const int64_t row_bytes = k / QK * (format == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES);
     const int64_t panels = (n + PANEL_ROWS - 1) / PANEL_ROWS;
     int failed = 0;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
@@ -388,22 +423,9 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
         for (int64_t p = 0; p < panels; p++) {
             if (buf == NULL)
                 continue;
-            int64_t first = p * PANEL_ROWS, rows = n - first < PANEL_ROWS ? n - first : PANEL_ROWS;
-            if (variant == VARIANT_AVX512 && m_count <= SMALL_M) {
-                for (int64_t r = 0; r < rows; r += TILE_ROWS)
-                    small_tile_avx512(format, w + (first + r) * row_bytes, row_bytes,
-                                      rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,
-                                      y + first + r, n);
-                continue;
-            }
-            for (int64_t r = 0; r < rows; r++)
-                dequant(variant, format, w + (first + r) * row_bytes, k, buf + r * k);
-            for (int64_t i = 0; i < m_count; i += X_CHUNK) {
-                int64_t chunk = m_count - i < X_CHUNK ? m_count - i : X_CHUNK;
-                for (int64_t r = 0; r < rows; r += TILE_ROWS)
-                    tile(variant, buf + r * k, rows - r < TILE_ROWS ? rows - r : TILE_ROWS,
-                         x + i * k, chunk, k, y + i * n + first + r, n);
-            }
+            int64_t first = p * PANEL_ROWS;
+            qblock_panel(variant, format, w, first, n - first < PANEL_ROWS ? n - first : PANEL_ROWS,
+                         x, m_count, k, y, n, buf);
         }
         free(buf);
     }
@@ -415,16 +437,12 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
 int qblock_dequantize(int format, int variant, const uint8_t *w, float *out, int64_t n,
                       int64_t k, int threads)
 {
-    int mask = qblock_supported_variants();
-    if (variant == VARIANT_AUTO)
-        variant = (mask & (1 << VARIANT_AVX512)) ? VARIANT_AVX512
-                  : (mask & (1 << VARIANT_AVX2)) ? VARIANT_AVX2
-                                                 : VARIANT_PLAIN;
-    if (variant < VARIANT_PLAIN || variant > VARIANT_AVX512 || !(mask & (1 << variant)))
+    variant = qblock_resolve_variant(variant);
+    if (variant < 0)
         return -1;
     if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0))
         return -2;
-    const int64_t row_bytes = k / QK * (format == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES);
+    const int64_t row_bytes = qblock_row_bytes(format, k);
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
     for (int64_t r = 0; r < n; r++)
         dequant(variant, format, w + r * row_bytes, k, out + r * k);

@@ -21,6 +21,8 @@
 
 #include <immintrin.h>
 
+#include "qblock_vnni.h"
+
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
@@ -128,11 +130,35 @@ VNNI_TARGET INLINE void panel_rows(const int16_t *wq, const float *wd, const flo
         _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 
+VNNI_TARGET void qblock_vnni_quantize_rows(const float *x, int64_t m, int64_t k, int16_t *qx,
+                                           float *dx, float *sx)
+{
+    for (int64_t i = 0; i < m; i++)
+        quantize_row(x + i * k, k, qx + i * k, dx + i * (k / QK), sx + i * (k / QK));
+}
+
+VNNI_TARGET void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, int64_t rows,
+                                   int64_t k, const int16_t *qx, const float *dx, const float *sx,
+                                   int64_t m, float *y, int64_t ldy, int16_t *tmp, float *wd)
+{
+    const int64_t blocks = k / QK;
+    const int64_t row_bytes = blocks * (format == FORMAT_Q8_0 ? Q8_0_BYTES : Q4_1_BYTES);
+    int16_t *wq = tmp + LANES * k;
+    float *wm = wd + LANES * blocks;
+    pack_panel(format, w + first * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
+    int64_t i = 0;
+    for (; i + ROWS <= m; i += ROWS)
+        panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,
+                   y + i * ldy + first, ldy, rows, ROWS);
+    for (; i < m; i++)
+        panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,
+                   y + i * ldy + first, ldy, rows, 1);
+}
+
 VNNI_TARGET static int gemm(int format, const uint8_t *w, const float *x, float *y, int64_t m_count,
                             int64_t n, int64_t k, int threads)
 {
     const int64_t blocks = k / QK;
-    const int64_t row_bytes = blocks * (format == FORMAT_Q8_0 ? Q8_0_BYTES : Q4_1_BYTES);
     int16_t *qx = malloc(sizeof(int16_t) * m_count * k);
     float *dx = malloc(sizeof(float) * m_count * blocks), *sx = malloc(sizeof(float) * m_count * blocks);
     if (!qx || !dx || !sx) {
@@ -158,16 +184,7 @@ VNNI_TARGET static int gemm(int format, const uint8_t *w, const float *x, float 
             if (!tmp || !wd)
                 continue;
             int64_t rows = n - p * LANES < LANES ? n - p * LANES : LANES;
-            int16_t *wq = tmp + LANES * k;
-            float *wm = wd + LANES * blocks;
-            pack_panel(format, w + p * LANES * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
-            int64_t i = 0;
-            for (; i + ROWS <= m_count; i += ROWS)
-                panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,
-                           y + i * n + p * LANES, n, rows, ROWS);
-            for (; i < m_count; i++)
-                panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,
-                           y + i * n + p * LANES, n, rows, 1);
+            qblock_vnni_panel(format, w, p * LANES, rows, k, qx, dx, sx, m_count, y, n, tmp, wd);
         }
         free(tmp);
         free(wd);

@@ -1,0 +1,19 @@
+/* The paged-decode kernel's per-item entry point, shared with the native decode step
+ * (worker_svc/models/kernels/llama_decode.c), which links paged_decode.c's object. */
+#ifndef CBSERVE_PAGED_DECODE_H
+#define CBSERVE_PAGED_DECODE_H
+
+#include <stdint.h>
+
+/* One (sequence, kv head): the `group` query heads q[group, head_dim] that share the kv
+ * head attend over its first `len` keys and values, found through `table` in the
+ * caches (one layer, [num_blocks, block_size, num_kv_heads, head_dim]), into
+ * out[group, head_dim]. `scores` holds group * len floats. kv_offset = kv_head *
+ * head_dim; token_stride = num_kv_heads * head_dim; block_stride = block_size *
+ * token_stride. Runs on the calling thread. */
+void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
+                       const int32_t *table, int64_t len, float *out, float *scores,
+                       int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
+                       int64_t block_stride, int64_t kv_offset, float scale);
+
+#endif
