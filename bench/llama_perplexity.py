@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.llama_server import cache_dir
+from bench.llama_server import cache_dir, print_path
 
 MISSING = "llama-perplexity is not built: run `make bench-peers` (builds it with llama-server once)"
 
@@ -111,9 +111,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     command = (argv if argv is not None else sys.argv[1:]) or ["path"]
     if command == ["path"]:
-        path = binary_path()
-        print(path if path else MISSING, file=sys.stdout if path else sys.stderr)
-        return 0 if path else 1
+        return print_path(binary_path(), MISSING)
     print("usage: python -m bench.llama_perplexity path", file=sys.stderr)
     return 2
 

@@ -121,13 +121,7 @@ class LlamaServer:
         """llama.cpp's token ids for `text` as llama-perplexity gets them (its
         common_tokenize with add_special on, special tokens in the text not parsed)."""
         body = {"content": text, "add_special": True, "parse_special": False}
-        request = urllib.request.Request(
-            self.url + "/tokenize",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=60.0) as response:
-            return json.loads(response.read())["tokens"]
+        return self._post("/tokenize", body, timeout_s=60.0)["tokens"]
 
     def greedy_tokens(self, prompt_ids: list[int], count: int) -> list[int]:
         """The first `count` token ids llama.cpp samples greedily after `prompt_ids`
@@ -142,13 +136,16 @@ class LlamaServer:
             "cache_prompt": False,
             "return_tokens": True,
         }
+        return self._post("/completion", body, timeout_s=300.0)["tokens"]
+
+    def _post(self, path: str, body: dict, timeout_s: float) -> dict:
         request = urllib.request.Request(
-            self.url + "/completion",
+            self.url + path,
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=300.0) as response:
-            return json.loads(response.read())["tokens"]
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
 
     def _log_tail(self) -> str:
         if not self._log_path or not self._log_path.exists():
@@ -167,14 +164,18 @@ class LlamaServer:
             self._process.wait()
 
 
+def print_path(path: Path | None, missing: str) -> int:
+    """`python -m bench.<tool> path`: the cached binary on stdout, or what to run."""
+    print(path if path else missing, file=sys.stdout if path else sys.stderr)
+    return 0 if path else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     command = (argv if argv is not None else sys.argv[1:]) or ["path"]
     if command == ["build"]:
         return build()
     if command == ["path"]:
-        path = binary_path()
-        print(path if path else MISSING, file=sys.stdout if path else sys.stderr)
-        return 0 if path else 1
+        return print_path(binary_path(), MISSING)
     print("usage: python -m bench.llama_server [build|path]", file=sys.stderr)
     return 2
 
