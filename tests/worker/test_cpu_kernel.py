@@ -31,15 +31,17 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
     return torch.stack(outs)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim", "block_size"),
-    [(9, 3, 64, 16), (6, 2, 16, 4), (4, 4, 32, 8), (8, 1, 64, 1)],
+    [(9, 3, 64, 16), (6, 2, 16, 4), (4, 4, 32, 8), (8, 1, 64, 1), (14, 2, 20, 5)],
 )
-def test_kernel_matches_sdpa(heads, kv_heads, head_dim, block_size):
+def test_kernel_matches_sdpa(heads, kv_heads, head_dim, block_size, cache_dtype):
     gen = torch.Generator().manual_seed(heads * head_dim + block_size)
     num_blocks, num_seqs = 400, 12
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen)
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(cache_dtype)
+    v_cache = torch.randn(shape, generator=gen).to(cache_dtype)
     lens = torch.randint(1, 20 * block_size, (num_seqs,), generator=gen, dtype=torch.int32)
     lens[0] = 1  # one key only
     lens[1] = 3 * block_size  # ends exactly on a block boundary
@@ -50,7 +52,10 @@ def test_kernel_matches_sdpa(heads, kv_heads, head_dim, block_size):
     q = torch.randn(num_seqs, heads, head_dim, generator=gen)
     scale = head_dim**-0.5
     got = paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
-    want = reference(q, k_cache, v_cache, tables, lens, scale)
+    # A float16 pool is read exactly (every half is a float32), so the reference
+    # attends over the same values and only the order of rounding differs.
+    want = reference(q, k_cache.float(), v_cache.float(), tables, lens, scale)
+    assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -63,8 +68,12 @@ def test_a_non_contiguous_query_is_fine_and_bad_dtypes_are_refused():
     torch.testing.assert_close(got, reference(q, k_cache, k_cache, tables, lens, 1.0))
     with pytest.raises(ValueError, match="int32"):
         paged_decode_attention(q, k_cache, k_cache, tables.long(), lens, 1.0)
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="float32 or float16"):
         paged_decode_attention(q, k_cache.double(), k_cache.double(), tables, lens, 1.0)
+    with pytest.raises(ValueError, match="v_cache is torch.float16"):
+        paged_decode_attention(q, k_cache, k_cache.half(), tables, lens, 1.0)
+    with pytest.raises(ValueError, match="query must be float32"):
+        paged_decode_attention(q.half(), k_cache, k_cache, tables, lens, 1.0)
 
 
 def test_auto_picks_the_kernel_for_float32_on_the_cpu():

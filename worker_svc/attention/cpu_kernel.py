@@ -30,18 +30,22 @@ LINK_FLAGS = ("-shared", "-fopenmp", "-lm")
 def load_kernel() -> ctypes.CDLL:
     """The compiled kernel, built on first use; KernelUnavailableError says why not."""
     lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
-    function = lib.paged_decode_attention
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+    for function in (lib.paged_decode_attention, lib.paged_decode_attention_f16):
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
     return lib
 
 
+# The pool element types the kernel reads; queries and outputs are float32 always.
+CACHE_DTYPES = (torch.float32, torch.float16)
+
+
 def cpu_kernel_unsupported_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    """None when the kernel can serve this worker, else why not."""
+    """None when the kernel can serve this worker (compute `dtype`), else why not."""
     if device.type != "cpu":
         return f"the CPU kernel runs on the CPU, not {device.type}"
     if dtype != torch.float32:
-        return f"the CPU kernel supports float32 only, not {dtype}"
+        return f"the CPU kernel computes in float32 only, not {dtype}"
     try:
         load_kernel()
     except KernelUnavailableError as exc:
@@ -57,21 +61,31 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """query `[D, H, d]`; caches `[blocks, bs, kv_heads, d]`; block_tables `[D, max_blocks]`
-    and context_lens `[D]` int32 -> `[D, H, d]`."""
+    """query `[D, H, d]` float32; caches `[blocks, bs, kv_heads, d]`, float32 or float16;
+    block_tables `[D, max_blocks]` and context_lens `[D]` int32 -> `[D, H, d]` float32."""
     query = query.contiguous()
+    if query.dtype != torch.float32:
+        raise ValueError(f"query must be float32, not {query.dtype}")
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not tensor.is_contiguous() or tensor.dtype != torch.float32:
-            raise ValueError(f"{name} must be a contiguous float32 tensor")
+        if not tensor.is_contiguous() or tensor.dtype not in CACHE_DTYPES:
+            raise ValueError(f"{name} must be a contiguous float32 or float16 tensor")
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
     if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
         raise ValueError("block_tables and context_lens must be int32")
     # Held in names until the call returns: a temporary's memory could be freed first.
     block_tables = block_tables.contiguous()
     context_lens = context_lens.contiguous()
     out = torch.empty_like(query)
-    status = load_kernel().paged_decode_attention(
+    lib = load_kernel()
+    kernel = (
+        lib.paged_decode_attention_f16
+        if k_cache.dtype == torch.float16
+        else lib.paged_decode_attention
+    )
+    status = kernel(
         query.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),

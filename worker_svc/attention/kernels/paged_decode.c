@@ -1,4 +1,5 @@
-/* Paged attention for decode tokens on the CPU, float32, straight from the KV pool.
+/* Paged attention for decode tokens on the CPU, straight from the KV pool, which
+ * holds float32 or float16 (binary16) keys and values; the arithmetic is float32.
  *
  * The torch backend gathers every decode's blocks into one padded tensor and runs
  * SDPA on it: the keys are copied once, read again, and padded to the longest
@@ -6,7 +7,7 @@
  * place, so the KV is read once and only up to each sequence's own length.
  *
  * Layouts (all contiguous):
- *   q, out        [num_seqs, num_heads, head_dim]
+ *   q, out        [num_seqs, num_heads, head_dim]  float32
  *   k/v cache     [num_blocks, block_size, num_kv_heads, head_dim]  (one layer)
  *   block_tables  [num_seqs, max_blocks] int32, padded past a sequence's blocks
  *   context_lens  [num_seqs] int32, >= 1
@@ -16,94 +17,99 @@
  * Built with -fopenmp and loaded after torch, so it shares torch's OpenMP
  * runtime and threads. -ffast-math (compile step only) lets gcc vectorise the
  * reductions and call glibc's vector expf; scores are finite and the softmax
- * subtracts its maximum, so nothing here needs IEEE inf/nan behaviour.
+ * subtracts its maximum, so nothing here needs IEEE inf/nan behaviour. A float16
+ * pool is widened a block at a time (half_convert.h).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "half_convert.h"
 #include "paged_decode.h"
 
-/* Always inlined, so that the call with a literal head_dim of 64 (SmolLM2, Llama,
- * Qwen: most small models) compiles to fixed, fully vectorised dot products. */
-static inline __attribute__((always_inline)) void attend_one(const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *table, int64_t len, float *out, float *scores,
-                       int64_t group, int64_t head_dim, int64_t block_size,
-                       int64_t token_stride, int64_t block_stride, int64_t kv_offset,
-                       float scale)
+#define CACHE_LINE 64
+
+/* `rows` rows of `row_bytes` each, `stride_bytes` apart, towards L1. */
+static inline void prefetch_rows(const void *first, int64_t rows, int64_t stride_bytes,
+                                 int64_t row_bytes)
 {
-    /* Pass 1: scores[g][t] = q_g . k_t * scale; each key is loaded once for the group. */
-    for (int64_t start = 0; start < len; start += block_size) {
-        const float *block = k_cache + (int64_t)table[start / block_size] * block_stride + kv_offset;
-        int64_t n = len - start < block_size ? len - start : block_size;
-        for (int64_t j = 0; j < n; j++) {
-            const float *k = block + j * token_stride;
-            for (int64_t g = 0; g < group; g++) {
-                const float *qg = q + g * head_dim;
-                float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-                for (int64_t i = 0; i < head_dim; i++)
-                    acc += qg[i] * k[i];
-                scores[g * len + start + j] = acc * scale;
-            }
-        }
-    }
-    /* Softmax per query head, normalised at the end of pass 2. */
-    float inv_sum[group];
-    for (int64_t g = 0; g < group; g++) {
-        float *s = scores + g * len;
-        float max = s[0];
-        for (int64_t t = 1; t < len; t++)
-            max = s[t] > max ? s[t] : max;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; t++) {
-            s[t] = expf(s[t] - max);
-            sum += s[t];
-        }
-        inv_sum[g] = 1.0f / sum;
-    }
-    /* Pass 2: out_g = sum_t p[g][t] v_t. */
-    memset(out, 0, sizeof(float) * group * head_dim);
-    for (int64_t start = 0; start < len; start += block_size) {
-        const float *block = v_cache + (int64_t)table[start / block_size] * block_stride + kv_offset;
-        int64_t n = len - start < block_size ? len - start : block_size;
-        for (int64_t j = 0; j < n; j++) {
-            const float *v = block + j * token_stride;
-            for (int64_t g = 0; g < group; g++) {
-                float p = scores[g * len + start + j];
-                float *og = out + g * head_dim;
-#pragma omp simd
-                for (int64_t i = 0; i < head_dim; i++)
-                    og[i] += p * v[i];
-            }
-        }
-    }
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t i = 0; i < head_dim; i++)
-            out[g * head_dim + i] *= inv_sum[g];
+    const char *row = first;
+    for (int64_t j = 0; j < rows; j++, row += stride_bytes)
+        for (int64_t offset = 0; offset < row_bytes; offset += CACHE_LINE)
+            __builtin_prefetch(row + offset, 0, 3);
 }
 
+/* A float32 block's rows are read where they lie. */
+static inline const float *rows_f32(const float *block, int64_t n, int64_t token_stride,
+                                    int64_t head_dim, float *buffer, int64_t *stride)
+{
+    (void)n, (void)head_dim, (void)buffer;
+    *stride = token_stride;
+    return block;
+}
+
+/* A float16 block's rows are widened once into `buffer`, then read by every query head. */
+static inline const float *rows_f16(const uint16_t *block, int64_t n, int64_t token_stride,
+                                    int64_t head_dim, float *buffer, int64_t *stride)
+{
+    for (int64_t j = 0; j < n; j++)
+        half_row_to_float(block + j * token_stride, buffer + j * head_dim, head_dim);
+    *stride = head_dim;
+    return buffer;
+}
+
+#define KV_T float
+#define KV_ROWS rows_f32
+#define ATTEND_NAME attend_f32
+#include "paged_decode_attend.h"
+#undef KV_T
+#undef KV_ROWS
+#undef ATTEND_NAME
+
+#define KV_T uint16_t
+#define KV_ROWS rows_f16
+#define ATTEND_NAME attend_f16
+#include "paged_decode_attend.h"
+#undef KV_T
+#undef KV_ROWS
+#undef ATTEND_NAME
+
+/* The call with a literal head_dim of 64 (SmolLM2, Llama, Qwen: most small models)
+ * compiles to fixed, fully vectorised dot products. */
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t len, float *out, float *scores,
                        int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
                        int64_t block_stride, int64_t kv_offset, float scale)
 {
     if (head_dim == 64)
-        attend_one(q, k_cache, v_cache, table, len, out, scores, group, 64, block_size,
+        attend_f32(q, k_cache, v_cache, table, len, out, scores, group, 64, block_size,
                    token_stride, block_stride, kv_offset, scale);
     else
-        attend_one(q, k_cache, v_cache, table, len, out, scores, group, head_dim, block_size,
+        attend_f32(q, k_cache, v_cache, table, len, out, scores, group, head_dim, block_size,
                    token_stride, block_stride, kv_offset, scale);
 }
 
-/* Returns 0, or -1 when a thread could not allocate its score buffer. */
-int paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
-                           const int32_t *block_tables, const int32_t *context_lens,
-                           float *out, int64_t num_seqs, int64_t num_heads,
-                           int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                           int64_t max_blocks, float scale)
+void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                           const int32_t *table, int64_t len, float *out, float *scores,
+                           int64_t group, int64_t head_dim, int64_t block_size,
+                           int64_t token_stride, int64_t block_stride, int64_t kv_offset,
+                           float scale)
+{
+    if (head_dim == 64)
+        attend_f16(q, k_cache, v_cache, table, len, out, scores, group, 64, block_size, token_stride,
+                   block_stride, kv_offset, scale);
+    else
+        attend_f16(q, k_cache, v_cache, table, len, out, scores, group, head_dim, block_size, token_stride,
+                   block_stride, kv_offset, scale);
+}
+
+/* Every (sequence, kv head) of the batch over the OpenMP team; `half` picks the cache
+ * element type. Returns 0, or -1 when a thread could not allocate its score buffer. */
+static int attend_batch(const float *q, const void *k_cache, const void *v_cache, int half,
+                        const int32_t *block_tables, const int32_t *context_lens, float *out,
+                        int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                        int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t token_stride = num_kv_heads * head_dim;
@@ -127,11 +133,36 @@ int paged_decode_attention(const float *q, const float *k_cache, const float *v_
             const float *q_item = q + first_head * head_dim;
             const int32_t *table = block_tables + seq * max_blocks;
             float *out_item = out + first_head * head_dim;
-            paged_decode_item(q_item, k_cache, v_cache, table, context_lens[seq], out_item, scores,
-                              group, head_dim, block_size, token_stride, block_stride,
-                              kv_head * head_dim, scale);
+            if (half)
+                paged_decode_item_f16(q_item, k_cache, v_cache, table, context_lens[seq],
+                                      out_item, scores, group, head_dim, block_size,
+                                      token_stride, block_stride, kv_head * head_dim, scale);
+            else
+                paged_decode_item(q_item, k_cache, v_cache, table, context_lens[seq], out_item,
+                                  scores, group, head_dim, block_size, token_stride,
+                                  block_stride, kv_head * head_dim, scale);
         }
         free(scores);
     }
     return failed ? -1 : 0;
+}
+
+int paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
+                           const int32_t *block_tables, const int32_t *context_lens,
+                           float *out, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                           int64_t max_blocks, float scale)
+{
+    return attend_batch(q, k_cache, v_cache, 0, block_tables, context_lens, out, num_seqs,
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale);
+}
+
+int paged_decode_attention_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                               const int32_t *block_tables, const int32_t *context_lens,
+                               float *out, int64_t num_seqs, int64_t num_heads,
+                               int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                               int64_t max_blocks, float scale)
+{
+    return attend_batch(q, k_cache, v_cache, 1, block_tables, context_lens, out, num_seqs,
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale);
 }

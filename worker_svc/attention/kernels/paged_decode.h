@@ -1,4 +1,4 @@
-/* The paged-decode kernel's per-item entry point, shared with the native decode step
+/* The paged-decode kernel's per-item entry points, shared with the native decode step
  * (worker_svc/models/kernels/llama_decode.c), which links paged_decode.c's object. */
 #ifndef CBSERVE_PAGED_DECODE_H
 #define CBSERVE_PAGED_DECODE_H
@@ -10,10 +10,17 @@
  * caches (one layer, [num_blocks, block_size, num_kv_heads, head_dim]), into
  * out[group, head_dim]. `scores` holds group * len floats. kv_offset = kv_head *
  * head_dim; token_stride = num_kv_heads * head_dim; block_stride = block_size *
- * token_stride. Runs on the calling thread. */
+ * token_stride (all in elements). Runs on the calling thread. */
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t len, float *out, float *scores,
                        int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
                        int64_t block_stride, int64_t kv_offset, float scale);
+
+/* The same over a float16 pool: the caches hold IEEE binary16 bits. */
+void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                           const int32_t *table, int64_t len, float *out, float *scores,
+                           int64_t group, int64_t head_dim, int64_t block_size,
+                           int64_t token_stride, int64_t block_stride, int64_t kv_offset,
+                           float scale);
 
 #endif
