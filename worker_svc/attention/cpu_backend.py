@@ -18,24 +18,14 @@ from dataclasses import dataclass
 import torch
 
 from worker_svc.attention.base import BatchLayout
-from worker_svc.attention.cpu_kernel import load_kernel, paged_decode_attention
+from worker_svc.attention.cpu_kernel import CACHE_DTYPES, paged_decode_attention
 from worker_svc.attention.torch_backend import TorchAttentionBackend, decode_token_positions
-from worker_svc.native_build import KernelUnavailableError
-
-KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
 
 
 def kernel_cache_unsupported_reason(kv_dtype: torch.dtype) -> str | None:
-    """None when the kernel reads a pool of this dtype, else why not."""
-    if kv_dtype not in KERNEL_CACHE_DTYPES:
+    """None when the kernel reads a pool of this dtype (--kv-cache-dtype), else why not."""
+    if kv_dtype not in CACHE_DTYPES:
         return f"the CPU kernel reads float32 or float16 KV caches, not {kv_dtype}"
-    if kv_dtype == torch.float16:
-        try:
-            lib = load_kernel()
-        except KernelUnavailableError as exc:
-            return str(exc)
-        if not hasattr(lib, "paged_decode_attention_f16"):
-            return "this CPU kernel has no float16 KV cache entry point"
     return None
 
 
