@@ -1,7 +1,10 @@
 """The accuracy gate of every compute path against float32, in this process:
 
-    cbserve bench accuracy [--paths float32,int8,q4_1] [--texts 16] [--threads 2]
+    cbserve bench accuracy [--paths float32,int8,q4_1,q4_1+kv16] [--texts 16] [--threads 2]
     (also `python -m bench accuracy`, `make bench-accuracy`)
+
+A path may name its KV pool's dtype after a `+` (bench/kv_suffix.py): `q4_1+kv16` is
+q4_1 with --kv-cache-dtype float16; without one, the pool is in the compute dtype.
 
 - perplexity over held-out ShareGPT text (bench/accuracy_data.py), each path beside
   float32's; the gate is at most GATE_PPL_RATIO x float32's;
@@ -53,8 +56,10 @@ def evaluate(args) -> dict:
     )
     from bench.accuracy_data import QUESTIONS, heldout_document, heldout_texts
     from bench.accuracy_eval import chunk_nlls, greedy_replies, perplexity
+    from bench.kv_suffix import split_kv_suffix
     from common.defaults import default_model_path, packaged_gguf_path
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
+    from worker_svc.kv_pool import kv_cache_dtype
     from worker_svc.model_loader import load_model
 
     torch.set_num_threads(args.threads)
@@ -76,11 +81,13 @@ def evaluate(args) -> dict:
     results: dict[str, dict] = {}
     for name in ["float32", *[p for p in args.paths.split(",") if p != "float32"]]:
         started = time.perf_counter()
-        loaded = load_model(model, name, torch.device("cpu"))
-        ppl = perplexity(loaded, texts)
-        nlls = chunk_nlls(loaded, chunks, scoring.first_scored)
+        path, kv_name = split_kv_suffix(name)
+        loaded = load_model(model, path, torch.device("cpu"))
+        kv = kv_cache_dtype(kv_name, loaded.dtype)
+        ppl = perplexity(loaded, texts, kv)
+        nlls = chunk_nlls(loaded, chunks, scoring.first_scored, kv)
         chunked = Estimate.from_nlls(nlls)
-        replies = greedy_replies(loaded, prompts, REPLY_TOKENS)
+        replies = greedy_replies(loaded, prompts, REPLY_TOKENS, kv)
         results[name] = {
             "perplexity": ppl,
             "chunked": {**vars(chunked), "per_chunk": per_chunk(nlls, len(chunks))},

@@ -25,32 +25,38 @@ from worker_svc.sampler import Sampler
 BLOCK_SIZE = 16
 
 
-def _pool(loaded: LoadedModel, blocks: int) -> KVPool:
+def _pool(loaded: LoadedModel, blocks: int, kv_dtype: torch.dtype | None) -> KVPool:
     spec = KVPoolSpec(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,
         head_dim=loaded.head_dim,
         block_size=BLOCK_SIZE,
-        dtype=loaded.dtype,
+        dtype=kv_dtype or loaded.dtype,
     )
     return KVPool(spec, blocks)
 
 
-def _backend(loaded: LoadedModel):
-    backend, _ = select_backend("auto", loaded.device, loaded.dtype, BLOCK_SIZE, loaded.head_dim)
+def _backend(loaded: LoadedModel, kv_dtype: torch.dtype | None):
+    backend, _ = select_backend(
+        "auto", loaded.device, loaded.dtype, BLOCK_SIZE, loaded.head_dim, kv_dtype
+    )
     return backend
 
 
 @torch.inference_mode()
-def token_nlls(loaded: LoadedModel, ids: list[int], score_from: int = 0) -> torch.Tensor:
+def token_nlls(
+    loaded: LoadedModel, ids: list[int], score_from: int = 0, kv_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """-log p(ids[i + 1] | ids[:i + 1]) for i in score_from .. len(ids) - 2 (float64):
-    the whole sequence is one prefill; logits are computed only for the rows scored."""
+    the whole sequence is one prefill; logits are computed only for the rows scored.
+    `kv_dtype` is the pool's (the worker's --kv-cache-dtype; default the model's): the
+    prefill attends to its K/V as that pool stores them (attention/torch_backend.py)."""
     t = len(ids)
     blocks = -(-t // BLOCK_SIZE)
-    backend = _backend(loaded)
+    backend = _backend(loaded, kv_dtype)
     layout = BatchLayout((t,), (t,), (tuple(range(blocks)),), BLOCK_SIZE)
     context = PagedAttentionContext(
-        backend, _pool(loaded, blocks), backend.build_metadata(layout, loaded.device)
+        backend, _pool(loaded, blocks, kv_dtype), backend.build_metadata(layout, loaded.device)
     )
     tokens = torch.tensor(ids, device=loaded.device)
     rows = torch.arange(t, device=loaded.device)
@@ -60,35 +66,46 @@ def token_nlls(loaded: LoadedModel, ids: list[int], score_from: int = 0) -> torc
     return -picked.squeeze(1).double()
 
 
-def text_nll(loaded: LoadedModel, ids: list[int]) -> tuple[float, int]:
+def text_nll(
+    loaded: LoadedModel, ids: list[int], kv_dtype: torch.dtype | None = None
+) -> tuple[float, int]:
     """(sum of -log p(token | text before it), tokens scored) for one text."""
-    nlls = token_nlls(loaded, ids)
+    nlls = token_nlls(loaded, ids, kv_dtype=kv_dtype)
     return float(nlls.sum()), len(ids) - 1
 
 
-def perplexity(loaded: LoadedModel, texts: list[list[int]]) -> float:
+def perplexity(
+    loaded: LoadedModel, texts: list[list[int]], kv_dtype: torch.dtype | None = None
+) -> float:
     total, count = 0.0, 0
     for ids in texts:
-        nll, n = text_nll(loaded, ids)
+        nll, n = text_nll(loaded, ids, kv_dtype)
         total += nll
         count += n
     return math.exp(total / count)
 
 
-def chunk_nlls(loaded: LoadedModel, chunks: list[list[int]], score_from: int) -> list[float]:
+def chunk_nlls(
+    loaded: LoadedModel,
+    chunks: list[list[int]],
+    score_from: int,
+    kv_dtype: torch.dtype | None = None,
+) -> list[float]:
     """Every chunk's scored tokens' NLLs, each chunk a fresh prefill (llama-perplexity's
     scoring: bench/accuracy_chunks.py)."""
-    return [x for chunk in chunks for x in token_nlls(loaded, chunk, score_from).tolist()]
+    return [x for chunk in chunks for x in token_nlls(loaded, chunk, score_from, kv_dtype).tolist()]
 
 
 def greedy_replies(
-    loaded: LoadedModel, prompts: list[list[int]], max_tokens: int
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> list[list[int]]:
     """Each prompt's greedy continuation, all prompts batched as the scheduler would."""
     per_seq = -(-(max(map(len, prompts)) + max_tokens) // BLOCK_SIZE)
-    runner = ModelRunner(
-        loaded, _pool(loaded, per_seq * len(prompts)), _backend(loaded), Sampler(seed=0)
-    )
+    pool = _pool(loaded, per_seq * len(prompts), kv_dtype)
+    runner = ModelRunner(loaded, pool, _backend(loaded, kv_dtype), Sampler(seed=0))
     first, decode = greedy_batch_plans(prompts, per_seq)
     replies: list[list[int]] = [[] for _ in prompts]
     for step in range(max_tokens):

@@ -2,11 +2,13 @@
 
     .venv/bin/python -m bench.attention_profile [--batch 64] [--context 200 | 100:1500]
         [--heads 9] [--kv-heads 3] [--head-dim 64] [--block-size 16] [--threads 2]
+        [--kv-cache-dtype float32|float16|bfloat16]
 
 Random K/V in a pool of scattered blocks, `batch` decode queries with context lengths
 drawn from `--context`; the defaults are SmolLM2-135M's attention shapes. Prints the
 median time per layer of each path and the largest difference between their outputs.
-Multiply by the model's layers (30) for a step's attention.
+Multiply by the model's layers (30) for a step's attention. `--kv-cache-dtype` is the
+pool's, as the worker's flag (the C kernel reads float32 and float16 pools).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 
 from bench.workload import parse_range
 from worker_svc.attention import BatchLayout, CpuAttentionBackend, TorchAttentionBackend
-from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.attention.cpu_backend import kernel_cache_unsupported_reason
+from worker_svc.kv_pool import KV_CACHE_TORCH_DTYPES, KVPool, KVPoolSpec
 
 
 def main() -> None:
@@ -34,6 +37,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kv-cache-dtype", default="float32", choices=KV_CACHE_TORCH_DTYPES)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
@@ -42,7 +46,8 @@ def main() -> None:
     bs = args.block_size
     needed = [-(-n // bs) for n in lens]
     # Twice the blocks needed, shuffled: sequences' blocks are scattered, as in a busy pool.
-    spec = KVPoolSpec(1, args.kv_heads, args.head_dim, bs, torch.float32)
+    kv_dtype = KV_CACHE_TORCH_DTYPES[args.kv_cache_dtype]
+    spec = KVPoolSpec(1, args.kv_heads, args.head_dim, bs, kv_dtype)
     pool = KVPool(spec, 2 * sum(needed))
     pool.cache.normal_()
     free = list(range(pool.num_blocks))
@@ -55,7 +60,10 @@ def main() -> None:
     scale = args.head_dim**-0.5
 
     outputs = {}
-    for backend in (TorchAttentionBackend(), CpuAttentionBackend()):
+    backends = [TorchAttentionBackend()]
+    if kernel_cache_unsupported_reason(kv_dtype) is None:
+        backends.append(CpuAttentionBackend())
+    for backend in backends:
         metadata = backend.build_metadata(layout, torch.device("cpu"))
 
         def layer(backend=backend, metadata=metadata) -> torch.Tensor:
@@ -68,11 +76,13 @@ def main() -> None:
             layer()
             times.append(time.perf_counter() - started)
         print(
-            f"{backend.name:6s} batch={args.batch} context={low}..{high} "
+            f"{backend.name:6s} {args.kv_cache_dtype} pool, batch={args.batch} "
+            f"context={low}..{high} "
             f"(mean {statistics.mean(lens):.0f}): {statistics.median(times) * 1000:8.2f} ms/layer"
         )
-    difference = (outputs["torch"] - outputs["cpu"]).abs().max().item()
-    print(f"largest difference between the two: {difference:.2e}")
+    if "cpu" in outputs:
+        difference = (outputs["torch"] - outputs["cpu"]).abs().max().item()
+        print(f"largest difference between the two: {difference:.2e}")
 
 
 if __name__ == "__main__":

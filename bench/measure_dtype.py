@@ -35,6 +35,7 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from common.defaults import default_model_path
 from worker_svc.attention import select_backend
 from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.kv_pool import kv_cache_dtype as kv_cache_dtype_of
 from worker_svc.model_loader import load_model
 from worker_svc.model_runner import ModelRunner
 
@@ -47,15 +48,18 @@ def make_runner(
     block_size: int = 16,
     attention: str = "auto",
     compile: bool = False,
+    kv_cache_dtype: str = "auto",
 ) -> ModelRunner:
     """A runner with the attention backend a worker would pick (`attention`, as the
-    worker's --attention-backend); `compile` as the worker's --compile."""
+    worker's --attention-backend); `compile` and `kv_cache_dtype` as the worker's
+    --compile and --kv-cache-dtype."""
     device = torch.device("cpu")
     loaded = load_model(default_model_path(), dtype, device, compile=compile)
-    spec = KVPoolSpec(
-        loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, loaded.dtype
+    kv_dtype = kv_cache_dtype_of(kv_cache_dtype, loaded.dtype)
+    spec = KVPoolSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, kv_dtype)
+    backend, _ = select_backend(
+        attention, device, loaded.dtype, block_size, loaded.head_dim, kv_dtype
     )
-    backend, _ = select_backend(attention, device, loaded.dtype, block_size, loaded.head_dim)
     return ModelRunner(loaded, KVPool(spec, num_blocks), backend)
 
 

@@ -11,7 +11,9 @@ attention and sampling included, as bench/step_profile.py times it. The CPU, its
 load average at the start and the end are printed beside the figures.
 
 `q4_1-python` is the q4_1 path with its native decode step off (CBSERVE_NATIVE_DECODE=0,
-models/llama_native.py): `--dtypes q4_1,q4_1-python` compares the two.
+models/llama_native.py): `--dtypes q4_1,q4_1-python` compares the two. `q4_1+kv16` is
+the q4_1 path over a float16 KV pool (--kv-cache-dtype float16; bench/kv_suffix.py):
+`--dtypes q4_1,q4_1+kv16` compares the pools; `q4_1+kv16-python` combines both.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 
 import torch
 
+from bench.kv_suffix import split_kv_suffix
 from bench.measure_dtype import make_runner
 from bench.step_profile import set_up, step_plan
 from worker_svc.compute.cpu_features import cpu_name
@@ -68,12 +71,14 @@ def main() -> None:
 
 
 def load_runner(name: str, blocks: int):
-    """`name` is a dtype, or a dtype with `-python`: its native decode step off."""
+    """`name` is a dtype, then maybe a KV suffix (`+kv16`), then maybe `-python`: its
+    native decode step off."""
     dtype, python_only = name.removesuffix("-python"), name.endswith("-python")
+    dtype, kv_cache_dtype = split_kv_suffix(dtype)
     saved = os.environ.get("CBSERVE_NATIVE_DECODE")
     os.environ["CBSERVE_NATIVE_DECODE"] = "0" if python_only else (saved or "1")
     try:
-        return make_runner(dtype, blocks)
+        return make_runner(dtype, blocks, kv_cache_dtype=kv_cache_dtype)
     finally:
         if saved is None:
             del os.environ["CBSERVE_NATIVE_DECODE"]

@@ -2,6 +2,7 @@
 [--dtype auto|float32|bfloat16|float16|int8] [--model-impl auto|cbserve|transformers|null]
 [--null-step-ms MS] [--null-step-us-per-token US] [--null-eos-probability P]
 [--num-kv-blocks N | --kv-cache-memory BYTES] [--block-size 16] [--threads N]
+[--kv-cache-dtype auto|float32|float16|bfloat16]
 [--attention-backend auto|torch|cpu|flash_attn] [--device auto|cpu|cuda:0] [--metrics-port PORT]
 [--grace-period 30] [--log-level info]
 

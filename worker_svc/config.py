@@ -24,6 +24,12 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q4_1")
 # so that the scheduler's capacity can be measured without a GPU (bench/scheduler_bench.py).
 MODEL_IMPLS = ("auto", "cbserve", "transformers", "null")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
+# The KV pool's element type (vLLM's --kv-cache-dtype): "auto" is the compute path's
+# activation dtype. A 16-bit pool holds twice the tokens in the same memory and halves
+# what a decode's attention reads; float32 stays the reference.
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# flash-attn attends with the KV cache in the query's dtype, which is 16-bit.
+FLASH_KV_DTYPES = ("auto", "float16", "bfloat16")
 # Default pool when neither a block count nor a byte budget is given: room for
 # 64 sequences of 512 tokens, which is about 1.5 GB in float32 for the default model.
 DEFAULT_KV_TOKENS = 64 * 512
@@ -85,6 +91,15 @@ class WorkerConfig:
         forwarded_by=(SERVE,),
         metavar="BYTES",
         help="KV pool size in bytes (2G, 512MiB, ...); exclusive with --num-kv-blocks",
+    )
+    kv_cache_dtype: str = flag(
+        "auto",
+        choices=KV_CACHE_DTYPES,
+        forwarded_by=(SERVE, BENCH),
+        help="KV pool element type: auto is the compute path's (float32 on the CPU paths); "
+        "float16 holds twice the tokens in the same --kv-cache-memory and halves what "
+        "decode attention reads, rounding K/V to 11 significant bits; bfloat16 is read "
+        "by the torch attention path only",
     )
     attention_backend: str = flag(
         "auto",
@@ -187,6 +202,7 @@ class WorkerConfig:
                 f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                 f"got {self.attention_backend!r}"
             )
+        self._check_kv_cache_dtype()
         if self.model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
         if self.compile and self.model_impl == "transformers":
@@ -212,6 +228,29 @@ class WorkerConfig:
             raise ValueError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert (client certificates need TLS)")
+
+    def _check_kv_cache_dtype(self) -> None:
+        kv = self.kv_cache_dtype
+        if kv not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {kv!r}")
+        if self.attention_backend == "flash_attn":
+            # Its kernels take q, k and v in one 16-bit dtype: a float32 pool, or a pool
+            # in the other 16-bit type than the model's, cannot be read by them.
+            if kv not in FLASH_KV_DTYPES:
+                raise ValueError(
+                    f"kv_cache_dtype {kv} cannot be read by attention backend flash_attn "
+                    "(16-bit, the model's dtype); use --kv-cache-dtype auto"
+                )
+            if kv != "auto" and self.dtype in ("float16", "bfloat16") and kv != self.dtype:
+                raise ValueError(
+                    f"attention backend flash_attn needs the KV cache in the model's dtype "
+                    f"{self.dtype}, got --kv-cache-dtype {kv}; use --kv-cache-dtype auto"
+                )
+        if self.attention_backend == "cpu" and kv == "bfloat16":
+            raise ValueError(
+                "attention backend cpu reads float32 or float16 KV caches, not bfloat16; "
+                "use --kv-cache-dtype float16, or --attention-backend torch"
+            )
 
     def _check_null_model(self) -> None:
         null_flags = {

@@ -6,6 +6,10 @@ kernels take as `k_cache`/`v_cache`, and its flat view
 `[num_blocks * block_size, kv_heads, head_dim]` is indexed by slot
 (`block_id * block_size + offset`) by the torch backend. The worker never picks
 a block id; it only checks that the ids it is given are in range.
+
+The pool's element type is the worker's --kv-cache-dtype: the compute dtype by default,
+or a 16-bit type that holds twice the tokens in the same bytes. The attention backends
+convert K/V to it when they write and back to the query's dtype when they read.
 """
 
 from __future__ import annotations
@@ -14,6 +18,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+
+# --kv-cache-dtype's explicit choices (worker_svc/config.py KV_CACHE_DTYPES, less "auto").
+KV_CACHE_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def kv_cache_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
+    """The pool's element type for --kv-cache-dtype `name`: "auto" is the compute dtype."""
+    if name == "auto":
+        return compute_dtype
+    if name not in KV_CACHE_TORCH_DTYPES:
+        raise ValueError(f"unknown kv cache dtype {name!r}")
+    return KV_CACHE_TORCH_DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.float16` -> "float16", as the flags spell it."""
+    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -30,6 +55,8 @@ class KVPoolSpec:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.dtype.is_floating_point:
+            raise ValueError(f"the KV pool holds floating-point values, not {self.dtype}")
 
     @property
     def bytes_per_block(self) -> int:
@@ -78,6 +105,14 @@ class KVPool:
     @property
     def num_bytes(self) -> int:
         return self.cache.numel() * self.cache.element_size()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.spec.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.spec.dtype)
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of one layer, each `[num_blocks, block_size, kv_heads, head_dim]`."""

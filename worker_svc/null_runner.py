@@ -32,7 +32,7 @@ import torch
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.config import WorkerConfig
-from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.kv_pool import KVPool, KVPoolSpec, kv_cache_dtype
 from worker_svc.model_runner import ModelRunner, record_sample
 from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
 from worker_svc.prompt_logprobs import prompt_rows
@@ -196,14 +196,14 @@ def build_null_worker(config: WorkerConfig):
     from worker_svc.startup import Worker, pool_blocks
 
     model, vocabulary = read_null_model(config)
-    # float32 as the real worker's default pool, so that --kv-cache-memory gives
-    # the same block count as it would there.
+    # The real worker's pool dtype (float32 on the CPU paths unless --kv-cache-dtype
+    # says otherwise), so that --kv-cache-memory gives the same block count as there.
     spec = KVPoolSpec(
         num_layers=model.num_layers,
         num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim,
         block_size=config.block_size,
-        dtype=torch.float32,
+        dtype=kv_cache_dtype(config.kv_cache_dtype, torch.float32),
     )
     pool = NullKVPool(spec, pool_blocks(config, spec))
     step_time = StepTimeModel(config.null_step_ms, config.null_step_us_per_token)

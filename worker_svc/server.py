@@ -240,7 +240,7 @@ def ready_line(
         f"worker ready on {config.host}:{port} model={d.model_name} dtype={d.dtype} "
         f"model_impl={d.model_impl} device={d.device} processor={d.processor!r} "
         f"threads={worker.threads} kv_blocks={d.num_kv_blocks} block_size={d.block_size} "
-        f"backend={d.attention_backend}"
+        f"backend={d.attention_backend} kv_cache_dtype={worker.runner.pool.dtype_name}"
         + (" compiled=torch.compile" if config.compile else "")
         + (f" metrics_port={metrics_port}" if metrics_port is not None else "")
     )

@@ -17,7 +17,7 @@ from worker_svc.attention import select_backend
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
 from worker_svc.compute.selection import select_path
 from worker_svc.config import DEFAULT_KV_TOKENS, WorkerConfig
-from worker_svc.kv_pool import KVPool, KVPoolSpec
+from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, resolve_device
 from worker_svc.model_runner import ModelRunner
 
@@ -72,15 +72,21 @@ def build_worker(config: WorkerConfig) -> Worker:
         # silently differ from the model's own attention past the window.
         log.warning("sliding_window_ignored", sliding_window=sliding)
     processor = _processor(device)
+    kv_dtype = kv_cache_dtype(config.kv_cache_dtype, loaded.dtype)
     backend, why = select_backend(
-        config.attention_backend, device, loaded.dtype, config.block_size, loaded.head_dim
+        config.attention_backend,
+        device,
+        loaded.dtype,
+        config.block_size,
+        loaded.head_dim,
+        kv_dtype=kv_dtype,
     )
     spec = KVPoolSpec(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,
         head_dim=loaded.head_dim,
         block_size=config.block_size,
-        dtype=loaded.dtype,
+        dtype=kv_dtype,
     )
     pool = KVPool(spec, pool_blocks(config, spec), device)
     log.info(
@@ -98,6 +104,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         backend_choice=why,
         kv_blocks=pool.num_blocks,
         kv_bytes=pool.num_bytes,
+        kv_cache_dtype=dtype_name(kv_dtype),
     )
     description = worker_pb2.WorkerDescription(
         model_name=loaded.name,

@@ -19,14 +19,16 @@ def run_module(*argv: str) -> str:
     return done.stdout
 
 
-def test_attention_profile_times_both_paths_and_they_agree():
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+def test_attention_profile_times_both_paths_and_they_agree(kv_dtype):
     out = run_module(
         "bench.attention_profile", "--batch", "5", "--context", "3:70",
         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--block-size", "4",
-        "--repeats", "1",
+        "--repeats", "1", "--kv-cache-dtype", kv_dtype,
     )  # fmt: skip
-    assert re.search(r"^torch +batch=5 context=3\.\.70 .* ms/layer$", out, re.MULTILINE)
-    assert re.search(r"^cpu +batch=5 context=3\.\.70 .* ms/layer$", out, re.MULTILINE)
+    for path in ("torch", "cpu"):
+        line = rf"^{path} +{kv_dtype} pool, batch=5 context=3\.\.70 .* ms/layer$"
+        assert re.search(line, out, re.MULTILINE)
     difference = float(out.rsplit(":", 1)[1])
     assert difference < 1e-4
 

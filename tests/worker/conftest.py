@@ -56,19 +56,22 @@ def build_runner(
     block_size: int = 16,
     seed: int = 0,
     backend: AttentionBackend | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> ModelRunner:
     """A fresh runner (own pool, empty state) over a shared model; by default with the
-    attention backend a worker picks here (the CPU kernel where it builds)."""
+    attention backend a worker picks here (the CPU kernel where it builds), and a pool
+    in the model's dtype (`kv_dtype`: the worker's --kv-cache-dtype)."""
+    kv_dtype = kv_dtype or loaded.dtype
     if backend is None:
         backend, _ = select_backend(
-            "auto", loaded.device, loaded.dtype, block_size, loaded.head_dim
+            "auto", loaded.device, loaded.dtype, block_size, loaded.head_dim, kv_dtype
         )
     spec = KVPoolSpec(
         num_layers=loaded.num_layers,
         num_kv_heads=loaded.num_kv_heads,
         head_dim=loaded.head_dim,
         block_size=block_size,
-        dtype=loaded.dtype,
+        dtype=kv_dtype,
     )
     return ModelRunner(loaded, KVPool(spec, num_blocks), backend, Sampler(seed=seed))
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bench.accuracy import GATE_PPL_RATIO, GATE_REPLIES, REPLY_TOKENS
+from bench.kv_suffix import split_kv_suffix
 from cbserve.cli import main
 
 
@@ -29,3 +30,11 @@ def test_python_m_bench_accuracy():
 
 def test_the_gate_is_the_issues():
     assert (GATE_PPL_RATIO, GATE_REPLIES, REPLY_TOKENS) == (1.01, 12, 12)
+
+
+def test_a_path_names_its_kv_pool_after_a_plus():
+    assert split_kv_suffix("q4_1") == ("q4_1", "auto")
+    assert split_kv_suffix("q4_1+kv16") == ("q4_1", "float16")
+    assert split_kv_suffix("float32+kvbf16") == ("float32", "bfloat16")
+    with pytest.raises(ValueError, match=r"\+kv16"):
+        split_kv_suffix("q4_1+fp8")

@@ -49,9 +49,10 @@ def q4_1():
     return loaded
 
 
-def prefill(loaded, contexts=CONTEXTS, seed=0):
-    """A runner whose sequences have computed their prompts and sampled one token each."""
-    runner = build_runner(loaded, num_blocks=64, block_size=BLOCK_SIZE)
+def prefill(loaded, contexts=CONTEXTS, seed=0, kv_dtype=None):
+    """A runner whose sequences have computed their prompts and sampled one token each,
+    over a pool of `kv_dtype` (default the model's: float32)."""
+    runner = build_runner(loaded, num_blocks=64, block_size=BLOCK_SIZE, kv_dtype=kv_dtype)
     rng = random.Random(seed)
     free = list(range(runner.pool.num_blocks))
     rng.shuffle(free)
@@ -81,7 +82,7 @@ def prefilled_state(q4_1):
 def prefilled(loaded, state):
     """A fresh runner in the prefilled state."""
     cache, sequences = state
-    runner = build_runner(loaded, num_blocks=64, block_size=BLOCK_SIZE)
+    runner = build_runner(loaded, num_blocks=64, block_size=BLOCK_SIZE, kv_dtype=cache.dtype)
     runner.pool.cache.copy_(cache)
     runner.sequences = copy.deepcopy(sequences)
     return runner
@@ -104,7 +105,7 @@ def decode_step(runner, seq_ids):
     return ids, positions, context
 
 
-_PYTHON_STEPS: dict = {}  # (seq_ids, rows) -> the Python forward's logits and pool
+_PYTHON_STEPS: dict = {}  # (seq_ids, rows, pool dtype) -> the Python forward's logits, pool
 
 
 def python_and_native(loaded, state, native, seq_ids, sample_rows):
@@ -113,7 +114,7 @@ def python_and_native(loaded, state, native, seq_ids, sample_rows):
     runner = prefilled(loaded, state)
     ids, positions, context = decode_step(runner, seq_ids)
     before = runner.pool.cache.clone()
-    key = (tuple(seq_ids), tuple(sample_rows.tolist()))
+    key = (tuple(seq_ids), tuple(sample_rows.tolist()), before.dtype)
     if key not in _PYTHON_STEPS:
         model = loaded.model
         saved, model.native_decode = model.native_decode, None
@@ -133,10 +134,10 @@ def uses_vnni(native, rows):
     return native.vnni_from_m > 0 and rows >= native.vnni_from_m
 
 
-def assert_close_logits(native, python, vnni=False):
+def assert_close_logits(native, python, vnni=False, rtol=None):
     assert native.shape == python.shape
     error = (native - python).abs().max() / python.abs().max()
-    assert error < TOLERANCES[vnni][0], f"relative error {error:.2e}"
+    assert error < (rtol or TOLERANCES[vnni][0]), f"relative error {error:.2e}"
     assert torch.equal(native.argmax(-1), python.argmax(-1))
 
 
@@ -168,7 +169,7 @@ def test_batch16_on_the_vnni_kernel_in_both_paths(q4_1, prefilled_state):
         pytest.skip("no AVX-512 VNNI kernel here")
     saved = [p.vnni_from_m for p in projections]
     seq_ids, rows = list(range(16)), torch.arange(16)
-    key = (tuple(seq_ids), tuple(rows.tolist()))
+    key = (tuple(seq_ids), tuple(rows.tolist()), torch.float32)
     _PYTHON_STEPS.pop(key, None)
     try:
         for projection in projections:

@@ -1,7 +1,10 @@
 """The CPU paged-attention backends (torch, and torch with the C decode kernel) against
-plain dense causal SDPA on random tensors."""
+plain dense causal SDPA on random tensors; over a 16-bit pool (--kv-cache-dtype), against
+dense SDPA on the K/V rounded to the pool's dtype."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -22,6 +25,15 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 16, 4
 # The C kernel is built here on first use; a machine without a C compiler fails these
 # tests with the reason instead of skipping them.
 BACKENDS = [TorchAttentionBackend, CpuAttentionBackend]
+# Each backend with the pool dtypes it reads (the C kernel: float32 and float16).
+BACKEND_POOLS = [
+    pytest.param(backend, dtype, id=f"{backend.name}-{str(dtype).removeprefix('torch.')}")
+    for backend, dtypes in (
+        (TorchAttentionBackend, (torch.float32, torch.float16, torch.bfloat16)),
+        (CpuAttentionBackend, (torch.float32, torch.float16)),
+    )
+    for dtype in dtypes
+]
 
 
 def dense_reference(q, k, v):
@@ -33,12 +45,21 @@ def dense_reference(q, k, v):
 
 
 class Sequence:
-    def __init__(self, length: int, blocks: list[int], gen: torch.Generator):
+    def __init__(
+        self,
+        length: int,
+        blocks: list[int],
+        gen: torch.Generator,
+        kv_dtype: torch.dtype = torch.float32,
+    ):
         self.q = torch.randn(length, HEADS, HEAD_DIM, generator=gen)
         self.k = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
         self.v = torch.randn(length, KV_HEADS, HEAD_DIM, generator=gen)
         self.blocks = blocks
-        self.expected = dense_reference(self.q, self.k, self.v)
+        # What a pool of kv_dtype holds, read back in float32: every chunk attends to
+        # these, a fresh prefill's own K/V included (torch_backend.as_stored).
+        stored_k, stored_v = (x.to(kv_dtype).float() for x in (self.k, self.v))
+        self.expected = dense_reference(self.q, stored_k, stored_v)
 
 
 def run_step(backend, pool, chunks):
@@ -59,11 +80,11 @@ def run_step(backend, pool, chunks):
     return out.split(list(layout.query_lens))
 
 
-@pytest.mark.parametrize("backend_class", BACKENDS)
+@pytest.mark.parametrize(("backend_class", "kv_dtype"), BACKEND_POOLS)
 @pytest.mark.parametrize(("seed", "decodes_first"), [(0, False), (1, True)])
-def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first, backend_class):
+def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first, backend_class, kv_dtype):
     gen = torch.Generator().manual_seed(seed)
-    spec = KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, torch.float32)
+    spec = KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, kv_dtype)
     pool = KVPool(spec, 64)
     # Scattered, non-contiguous block ids, in no particular order.
     free = torch.randperm(64, generator=gen).tolist()
@@ -71,12 +92,13 @@ def test_mixed_prefill_chunks_and_decodes_match_dense(seed, decodes_first, backe
     def blocks(n_tokens):
         return [free.pop() for _ in range(-(-n_tokens // BLOCK))]
 
-    a = Sequence(23, blocks(23), gen)  # chunk 0..15, then chunk 16..22 (offset > 0)
-    b = Sequence(10, blocks(10), gen)  # prefill 0..8, then a decode at 9
-    c = Sequence(30, blocks(30), gen)  # prefill 0..28, then a decode at 29
-    d = Sequence(5, blocks(5), gen)  # joins in step 2 with a whole fresh prefill
-    e = Sequence(13, blocks(13), gen)  # chunk 0..2, then 3..12 (not block-aligned)
-    f = Sequence(2, blocks(2), gen)  # one-token "prefill", then a decode
+    stored_as = functools.partial(Sequence, kv_dtype=kv_dtype)
+    a = stored_as(23, blocks(23), gen)  # chunk 0..15, then chunk 16..22 (offset > 0)
+    b = stored_as(10, blocks(10), gen)  # prefill 0..8, then a decode at 9
+    c = stored_as(30, blocks(30), gen)  # prefill 0..28, then a decode at 29
+    d = stored_as(5, blocks(5), gen)  # joins in step 2 with a whole fresh prefill
+    e = stored_as(13, blocks(13), gen)  # chunk 0..2, then 3..12 (not block-aligned)
+    f = stored_as(2, blocks(2), gen)  # one-token "prefill", then a decode
 
     backend = backend_class()
     step1 = [(a, 0, 16), (b, 0, 9), (c, 0, 29), (e, 0, 3), (f, 0, 1)]
@@ -101,6 +123,20 @@ def test_writes_land_in_the_given_slots():
     torch.testing.assert_close(k_cache[5], seq.k[:4])
     torch.testing.assert_close(v_cache[2, :2], seq.v[4:])
     assert pool.layer(0)[0].abs().sum() == 0  # other layers untouched
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.bfloat16])
+def test_a_16_bit_pool_holds_the_kv_rounded_to_nearest(kv_dtype):
+    pool = KVPool(KVPoolSpec(1, KV_HEADS, HEAD_DIM, BLOCK, kv_dtype), 4)
+    seq = Sequence(6, [3, 1], torch.Generator().manual_seed(4))
+    backend = TorchAttentionBackend()
+    meta = backend.build_metadata(BatchLayout((6,), (6,), ((3, 1),), BLOCK), torch.device("cpu"))
+    out = backend.forward(0, seq.q, seq.k, seq.v, pool, meta, HEAD_DIM**-0.5)
+    assert out.dtype == torch.float32  # the query's, not the pool's
+    k_cache, v_cache = pool.layer(0)
+    assert k_cache.dtype == kv_dtype
+    assert torch.equal(k_cache[3], seq.k[:4].to(kv_dtype))
+    assert torch.equal(v_cache[1, :2], seq.v[4:].to(kv_dtype))
 
 
 @pytest.mark.parametrize("backend_class", BACKENDS)

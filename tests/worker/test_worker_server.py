@@ -101,7 +101,7 @@ def test_ready_line_and_describe(worker):
     _, port, line, channel = worker
     assert line.startswith(f"worker ready on 127.0.0.1:{port} model=")
     # float32 on the CPU: the C decode kernel (it builds wherever the tests run).
-    assert "kv_blocks=32 block_size=16 backend=cpu" in line
+    assert "kv_blocks=32 block_size=16 backend=cpu kv_cache_dtype=float32" in line
     description = worker_pb2_grpc.WorkerStub(channel).Describe(pb.DescribeRequest(), timeout=10)
     assert description.num_kv_blocks == 32 and description.block_size == 16
     assert description.vocab_size == 49152 and description.max_model_len == 8192

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from worker_svc.attention.base import AttentionBackend, BatchLayout, PagedAttentionContext
-from worker_svc.attention.cpu_backend import CpuAttentionBackend
+from worker_svc.attention.cpu_backend import CpuAttentionBackend, kernel_cache_unsupported_reason
 from worker_svc.attention.cpu_kernel import cpu_kernel_unsupported_reason
 from worker_svc.attention.flash_backend import flash_attn_unsupported_reason
 from worker_svc.attention.torch_backend import TorchAttentionBackend
@@ -34,20 +34,27 @@ class BackendUnavailableError(RuntimeError):
 
 
 def select_backend(
-    requested: str, device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int
+    requested: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> tuple[AttentionBackend, str]:
     """The backend to use, and why it was chosen (for the start-up log).
 
     "auto" takes flash-attn when every one of its constraints holds, else the
     CPU kernel when it builds and fits, else torch; naming "flash_attn" or
     "cpu" explicitly fails instead of falling back. "torch" is the reference.
+    `dtype` is the model's compute dtype, `kv_dtype` the pool's (default: the same).
     """
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
     if requested == "torch":
         return TorchAttentionBackend(), "requested"
     if requested not in ("auto", "flash_attn", "cpu"):
         raise ValueError(f"unknown attention backend {requested!r}")
     flash_reason = (
-        flash_attn_unsupported_reason(device, dtype, block_size, head_dim)
+        flash_attn_unsupported_reason(device, dtype, block_size, head_dim, kv_dtype)
         if requested != "cpu"
         else None
     )
@@ -64,6 +71,7 @@ def select_backend(
 
         return FlashAttentionBackend(), "auto"
     cpu_reason = cpu_kernel_unsupported_reason(device, dtype)
+    cpu_reason = cpu_reason or kernel_cache_unsupported_reason(kv_dtype)
     if requested == "cpu":
         if cpu_reason is not None:
             raise BackendUnavailableError(f"attention backend cpu unavailable: {cpu_reason}")

@@ -6,6 +6,9 @@ kernel (kernels/paged_decode.c) reads each sequence's blocks where they lie and
 only up to its own length, so a batch of chat-length contexts costs what its
 tokens cost. Prefill chunks keep the torch path: a chunk's many queries make
 SDPA's kernels efficient, and its gather is paid once for all of them.
+
+The kernel reads float32 pools and float16 ones (--kv-cache-dtype float16, half the
+bytes a decode reads); a bfloat16 pool keeps the torch backend.
 """
 
 from __future__ import annotations
@@ -15,8 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from worker_svc.attention.base import BatchLayout
-from worker_svc.attention.cpu_kernel import paged_decode_attention
+from worker_svc.attention.cpu_kernel import CACHE_DTYPES, paged_decode_attention
 from worker_svc.attention.torch_backend import TorchAttentionBackend, decode_token_positions
+
+
+def kernel_cache_unsupported_reason(kv_dtype: torch.dtype) -> str | None:
+    """None when the kernel reads a pool of this dtype (--kv-cache-dtype), else why not."""
+    if kv_dtype not in CACHE_DTYPES:
+        return f"the CPU kernel reads float32 or float16 KV caches, not {kv_dtype}"
+    return None
 
 
 @dataclass(frozen=True)

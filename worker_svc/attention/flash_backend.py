@@ -8,7 +8,8 @@ layer: flash-attn's causal mask is bottom-right aligned, which is exactly
 Constraints of upstream flash-attn 2.x, checked at start-up by
 `flash_attn_unsupported_reason` so that the worker fails before serving:
 - a CUDA device of compute capability 8.0 or newer (Ampere+);
-- float16 or bfloat16 (no float32 kernels);
+- float16 or bfloat16 (no float32 kernels), the KV cache in the same dtype as the
+  model (--kv-cache-dtype auto, or the model's own);
 - paged KV needs a block size divisible by 256 (`flash_api.cpp`:
   "Paged KV cache block size must be divisible by 256"); the scheduler's default
   of 16 therefore selects the torch backend unless the block size is raised;
@@ -31,7 +32,11 @@ FLASH_BLOCK_SIZE_MULTIPLE = 256
 
 
 def flash_attn_unsupported_reason(
-    device: torch.device, dtype: torch.dtype, block_size: int, head_dim: int
+    device: torch.device,
+    dtype: torch.dtype,
+    block_size: int,
+    head_dim: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> str | None:
     """Why flash-attn cannot serve this configuration, or None when it can."""
     try:
@@ -44,6 +49,9 @@ def flash_attn_unsupported_reason(
         return "flash_attn needs compute capability 8.0 or newer"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"flash_attn needs float16 or bfloat16, got {dtype}"
+    if kv_dtype is not None and kv_dtype != dtype:
+        # Its kernels take the cache in the query's dtype: no conversion on the read.
+        return f"flash_attn needs the KV cache in the model's dtype {dtype}, got {kv_dtype}"
     if block_size % FLASH_BLOCK_SIZE_MULTIPLE:
         return (
             f"flash_attn's paged KV needs a block size divisible by "

@@ -13,6 +13,8 @@ Per layer: K/V of the step's tokens are written into their pool slots, then
 
 Gathers go by whole blocks (`index_select` on the block dimension): on CPU that
 is about 3x faster than gathering single slots, and the mask hides the tail.
+A pool of another dtype than the model's (--kv-cache-dtype) is written rounded to
+it and read back in the query's dtype.
 The runner packs decodes first, longest context first, so that each group's
 queries and outputs are one slice.
 """
@@ -93,9 +95,24 @@ def group_decodes(context_lens: dict[int, int], block_size: int) -> list[list[in
     return groups
 
 
-def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """`[num_blocks, bs, kv_heads, d]` -> the given blocks' slots `[n * bs, kv_heads, d]`."""
-    return cache.index_select(0, block_ids).flatten(0, 1)
+def _gather_blocks(
+    cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """`[num_blocks, bs, kv_heads, d]` -> the given blocks' slots `[n * bs, kv_heads, d]`,
+    in the query's dtype (SDPA takes q, k and v in one)."""
+    return cache.index_select(0, block_ids).flatten(0, 1).to(dtype)
+
+
+def as_stored(fresh: torch.Tensor, pool_dtype: torch.dtype) -> torch.Tensor:
+    """Fresh K/V as a later read of the pool returns them: rounded to the pool's dtype.
+
+    A prefill chunk with no earlier context attends to its own K/V without reading the
+    pool; rounding them as the pool stores them keeps its logits independent of how a
+    prompt was chunked or what prefix was cached (a float16 pool otherwise gives the
+    first chunk exact K/V and the later ones rounded K/V)."""
+    if pool_dtype in (fresh.dtype, torch.float32):  # float32 holds 16-bit values exactly
+        return fresh
+    return fresh.to(pool_dtype).to(fresh.dtype)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -164,8 +181,9 @@ class TorchAttentionBackend(AttentionBackend):
         num_tokens, num_heads, head_dim = query.shape
         k_cache, v_cache = pool.layer(layer_idx)
         k_slots, v_slots = pool.layer_slots(layer_idx)
-        k_slots.index_copy_(0, metadata.slot_mapping, key)
-        v_slots.index_copy_(0, metadata.slot_mapping, value)
+        # A pool of another dtype (--kv-cache-dtype) stores K/V rounded to it.
+        k_slots.index_copy_(0, metadata.slot_mapping, key.to(pool.dtype))
+        v_slots.index_copy_(0, metadata.slot_mapping, value.to(pool.dtype))
 
         out = query.new_empty((num_tokens, num_heads, head_dim))
         for dec in metadata.decodes:
@@ -175,14 +193,14 @@ class TorchAttentionBackend(AttentionBackend):
             chunk = slice(seg.start, seg.start + seg.length)
             q = query[chunk].transpose(0, 1).unsqueeze(0)
             if seg.block_ids is None:
-                k = key[chunk].transpose(0, 1).unsqueeze(0)
-                v = value[chunk].transpose(0, 1).unsqueeze(0)
+                k = as_stored(key[chunk], pool.dtype).transpose(0, 1).unsqueeze(0)
+                v = as_stored(value[chunk], pool.dtype).transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(
                     q, k, v, is_causal=True, scale=scale, enable_gqa=True
                 )
             else:
-                k = _gather_blocks(k_cache, seg.block_ids).transpose(0, 1).unsqueeze(0)
-                v = _gather_blocks(v_cache, seg.block_ids).transpose(0, 1).unsqueeze(0)
+                k = _gather_blocks(k_cache, seg.block_ids, q.dtype).transpose(0, 1).unsqueeze(0)
+                v = _gather_blocks(v_cache, seg.block_ids, q.dtype).transpose(0, 1).unsqueeze(0)
                 o = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=seg.mask, scale=scale, enable_gqa=True
                 )
@@ -204,8 +222,8 @@ class TorchAttentionBackend(AttentionBackend):
         # KV head become that head's "query positions" (a decode has no
         # causal structure among them), so K/V keep their kv_heads.
         q = queries.reshape(d, num_kv_heads, -1, head_dim)
-        k = _gather_blocks(k_cache, dec.block_ids).view(d, -1, num_kv_heads, head_dim)
-        v = _gather_blocks(v_cache, dec.block_ids).view(d, -1, num_kv_heads, head_dim)
+        k = _gather_blocks(k_cache, dec.block_ids, q.dtype).view(d, -1, num_kv_heads, head_dim)
+        v = _gather_blocks(v_cache, dec.block_ids, q.dtype).view(d, -1, num_kv_heads, head_dim)
         o = F.scaled_dot_product_attention(
             q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=dec.mask, scale=scale
         )

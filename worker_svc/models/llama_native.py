@@ -47,6 +47,9 @@ SCHEDULES = {"dynamic": 0, "static": 1}
 BARRIER_SPIN = 2000
 
 _I64, _F64, _PTR = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+# The pool element types the step writes and attends over (llama_decode.c's KV_FLOAT*):
+# float32, the reference, and float16 (--kv-cache-dtype float16).
+KV_DTYPES = {torch.float32: 0, torch.float16: 1}
 
 
 class _Model(ctypes.Structure):
@@ -72,6 +75,7 @@ class _Batch(ctypes.Structure):
         *((name, _PTR) for name in ("block_tables", "context_lens")),
         ("max_blocks", _I64),
         ("kv_cache", _PTR),
+        ("kv_dtype", _I64),
         ("num_blocks", _I64),
         ("block_size", _I64),
         ("sample_rows", _PTR),
@@ -188,6 +192,7 @@ class NativeDecode:
             context_lens=lens.data_ptr(),
             max_blocks=tables.shape[1],
             kv_cache=cache.data_ptr(),
+            kv_dtype=KV_DTYPES[cache.dtype],
             num_blocks=attention.pool.num_blocks,
             block_size=attention.pool.block_size,
             sample_rows=sample_rows.data_ptr(),
@@ -212,7 +217,7 @@ class NativeDecode:
 
 def _plain_decodes(attention: PagedAttentionContext, num_tokens: int):
     """The step's KernelDecodes when every one of its tokens is a decode attended by the
-    CPU kernel over a float32 pool, in flat-batch order; else None."""
+    CPU kernel over a float32 or float16 pool, in flat-batch order; else None."""
     if not isinstance(attention.backend, CpuAttentionBackend):
         return None
     metadata, pool = attention.metadata, attention.pool
@@ -222,6 +227,6 @@ def _plain_decodes(attention: PagedAttentionContext, num_tokens: int):
     if not isinstance(decodes.tokens, slice) or decodes.tokens != slice(0, num_tokens):
         return None
     cache = pool.cache
-    if cache.dtype != torch.float32 or cache.device.type != "cpu" or not cache.is_contiguous():
+    if cache.dtype not in KV_DTYPES or cache.device.type != "cpu" or not cache.is_contiguous():
         return None
     return decodes

@@ -9,7 +9,9 @@
  * Every token is a decode: token t is the last of sequence t, whose K/V so far lie in
  * the pool's blocks block_tables[t] and whose context (this token included) is
  * context_lens[t] long. Its K/V go to pool slot slot_mapping[t], as the Python backends
- * write them, so a later step or prefill reads them unchanged.
+ * write them, so a later step or prefill reads them unchanged. A float16 pool
+ * (--kv-cache-dtype float16) gets them rounded to nearest even, as torch's .half() rounds
+ * them on the Python path, and is read by the paged-decode kernel's float16 loop.
  *
  * The projections are the block kernel's own panels (compute/kernels/qblock_gemm.c) and
  * the attention is the paged-decode kernel's own loop (attention/kernels/paged_decode.c):
@@ -33,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../attention/kernels/half_convert.h"
 #include "../../attention/kernels/paged_decode.h"
 #include "../../compute/kernels/qblock_gemm.h"
 #include "../../compute/kernels/qblock_vnni.h"
@@ -42,6 +45,7 @@
 enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
 enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
 enum { LOOPS_PER_LAYER = 5 };
+enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
 
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
  * one tensor; every array is contiguous. */
@@ -65,7 +69,8 @@ struct llama_decode_batch {
     const int32_t *block_tables;                         /* [T, max_blocks] */
     const int32_t *context_lens;                         /* [T] */
     int64_t max_blocks;
-    float *kv_cache; /* [layers, 2, num_blocks, block_size, kv_heads, head_dim] */
+    void *kv_cache; /* [layers, 2, num_blocks, block_size, kv_heads, head_dim] */
+    int64_t kv_dtype; /* KV_FLOAT32 or KV_FLOAT16 */
     int64_t num_blocks, block_size;
     const int64_t *sample_rows; /* [S] rows of T */
     int64_t num_samples;
@@ -112,22 +117,32 @@ static void attend_item(const struct llama_decode_model *m, const struct llama_d
                         float *attended_row, float *scores)
 {
     const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
-    const int64_t token_stride = m->num_kv_heads * d;
-    const int64_t layer_floats = b->num_blocks * b->block_size * token_stride;
+    const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
+    const int64_t layer_elements = b->num_blocks * block_stride;
     const float *cos = m->cos + b->positions[t] * (d / 2), *sin = m->sin + b->positions[t] * (d / 2);
     float *q = qkv_row + kv_head * group * d;
     float *k = qkv_row + (m->num_heads + kv_head) * d;
     const float *v = qkv_row + (m->num_heads + m->num_kv_heads + kv_head) * d;
     rotate(q, group, d, cos, sin);
     rotate(k, 1, d, cos, sin);
-    float *k_cache = b->kv_cache + 2 * layer * layer_floats, *v_cache = k_cache + layer_floats;
-    int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
-    memcpy(k_cache + slot_offset, k, sizeof(float) * d);
-    memcpy(v_cache + slot_offset, v, sizeof(float) * d);
-    paged_decode_item(q, k_cache, v_cache, b->block_tables + t * b->max_blocks,
-                      b->context_lens[t], attended_row + kv_head * group * d, scores, group, d,
-                      b->block_size, token_stride, b->block_size * token_stride, kv_head * d,
-                      (float)m->scale);
+    const int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
+    const int64_t first = 2 * layer * layer_elements; /* this layer's K, then its V */
+    const int32_t *table = b->block_tables + t * b->max_blocks;
+    float *out = attended_row + kv_head * group * d;
+    const float scale = (float)m->scale;
+    if (b->kv_dtype == KV_FLOAT16) {
+        uint16_t *k_cache = (uint16_t *)b->kv_cache + first, *v_cache = k_cache + layer_elements;
+        float_row_to_half(k, k_cache + slot_offset, d);
+        float_row_to_half(v, v_cache + slot_offset, d);
+        paged_decode_item_f16(q, k_cache, v_cache, table, b->context_lens[t], out, scores, group,
+                              d, b->block_size, token_stride, block_stride, kv_head * d, scale);
+    } else {
+        float *k_cache = (float *)b->kv_cache + first, *v_cache = k_cache + layer_elements;
+        memcpy(k_cache + slot_offset, k, sizeof(float) * d);
+        memcpy(v_cache + slot_offset, v, sizeof(float) * d);
+        paged_decode_item(q, k_cache, v_cache, table, b->context_lens[t], out, scores, group, d,
+                          b->block_size, token_stride, block_stride, kv_head * d, scale);
+    }
 }
 
 static void run_layer(const struct llama_decode_model *m, const struct llama_decode_batch *b,
@@ -215,6 +230,8 @@ int llama_decode_step(const struct llama_decode_model *m, const struct llama_dec
         return -1;
     const int64_t T = b->num_tokens, H = m->hidden, I = m->intermediate, S = b->num_samples;
     if (T <= 0 || S < 0 || H % 32 || I % 32 || m->head_dim % 2 || m->num_heads % m->num_kv_heads)
+        return -2;
+    if (b->kv_dtype != KV_FLOAT32 && b->kv_dtype != KV_FLOAT16)
         return -2;
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t q_width = m->num_heads * m->head_dim;

@@ -1,0 +1,126 @@
+"""The q4_1 path's native decode step over a float16 KV pool (--kv-cache-dtype float16)
+against the Python forward over the same pool: logits, the K/V written, greedy tokens,
+every kernel variant; and the README's question answered as float32 answers it.
+
+The set-up is tests/worker/test_native_decode.py's (its helpers, a float16 pool). Both
+paths round the new K/V to float16 to nearest even (torch's .half(), half_convert.h).
+The step's inputs to that rounding differ from the Python forward's by the norms' order
+of summation (about 6e-6 on values up to 20), which can put a value on the other side of
+a rounding boundary: one float16 step, 2**-10 of the value. Such a flip in one layer
+moves every later layer's inputs by about 1e-5 of their size (measured on this model:
+logits within 3.8e-5 of the largest, later layers' K/V up to two steps apart plus
+4.5e-4); still 91-95% of the written elements are bit-identical, where a conversion
+that truncated instead of rounding would differ in about half."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.defaults import default_model_path, packaged_gguf_path
+from tests.worker.test_native_decode import (
+    CONTEXTS,
+    TOLERANCES,
+    _Counting,
+    assert_close_logits,
+    greedy_tokens,
+    prefill,
+    python_and_native,
+    uses_vnni,
+)
+from worker_svc.attention import CpuAttentionBackend
+from worker_svc.compute.qblock import supported_variants
+from worker_svc.model_loader import load_model
+from worker_svc.models.llama_native import NativeDecode
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(packaged_gguf_path() is None, reason="no packaged GGUF"),
+]
+
+HALF_STEP = 2**-10  # float16's spacing relative to a value (11 significant bits)
+# About 5x the measured 3.8e-5, and below the 4.4e-4 between a float16 and a float32
+# pool (tests/worker/test_kv_cache_dtype.py): a step that read another pool fails it.
+LOGITS_RTOL = 2e-4
+KV_STEPS, KV_ATOL = 2 * HALF_STEP, 1e-3  # measured: two steps plus 4.5e-4
+IDENTICAL_AT_LEAST = 0.8
+
+
+@pytest.fixture(scope="module")
+def q4_1():
+    torch.set_num_threads(2)
+    loaded = load_model(default_model_path(), "q4_1", torch.device("cpu"))
+    if loaded.model.native_decode is None:
+        pytest.skip(f"native decode unavailable: {loaded.model.native_decode_status}")
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def prefilled_f16(q4_1):
+    runner = prefill(q4_1, kv_dtype=torch.float16)
+    assert runner.pool.dtype == torch.float16
+    assert isinstance(runner.backend, CpuAttentionBackend)  # the kernel reads float16
+    return runner.pool.cache.clone(), runner.sequences
+
+
+def written_slots(cache: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """[layers, K/V, blocks, block_size, kv_heads]: True where a step wrote a head's row."""
+    return (cache != before).any(-1)
+
+
+@pytest.mark.parametrize("seq_ids", [[1], list(range(16))], ids=["batch1", "batch16"])
+def test_logits_and_kv_equal_the_python_forwards(q4_1, prefilled_f16, seq_ids):
+    native = q4_1.model.native_decode
+    before, (py_logits, py_cache), (nat_logits, nat_cache) = python_and_native(
+        q4_1, prefilled_f16, native, seq_ids, torch.arange(len(seq_ids))
+    )
+    vnni = uses_vnni(native, len(seq_ids))  # its own distance from float activations
+    assert_close_logits(nat_logits, py_logits, rtol=max(LOGITS_RTOL, TOLERANCES[vnni][0]))
+    assert nat_cache.dtype == py_cache.dtype == torch.float16
+    shape = q4_1.model.shape
+    written = written_slots(py_cache, before)
+    assert int(written.sum()) == len(seq_ids) * shape.num_layers * 2 * shape.num_kv_heads
+    assert torch.equal(written_slots(nat_cache, before), written)
+    torch.testing.assert_close(nat_cache.float(), py_cache.float(), rtol=KV_STEPS, atol=KV_ATOL)
+    identical = ((nat_cache == py_cache) & (py_cache != before)).sum() / (py_cache != before).sum()
+    assert identical >= IDENTICAL_AT_LEAST, f"only {identical:.0%} of the K/V bit-identical"
+
+
+@pytest.mark.parametrize("variant", supported_variants())
+def test_every_kernel_variant(q4_1, prefilled_f16, variant):
+    native = NativeDecode(q4_1.model, variant=variant)
+    _, (py_logits, _), (nat_logits, _) = python_and_native(
+        q4_1, prefilled_f16, native, [0, 1, 2], torch.arange(3)
+    )
+    assert_close_logits(nat_logits, py_logits, rtol=LOGITS_RTOL)
+
+
+def test_greedy_tokens_equal_over_a_multi_step_decode(q4_1, prefilled_f16):
+    steps = 6
+    native = greedy_tokens(q4_1, prefilled_f16, steps)
+    saved, q4_1.model.native_decode = q4_1.model.native_decode, None
+    try:
+        python = greedy_tokens(q4_1, prefilled_f16, steps)
+    finally:
+        q4_1.model.native_decode = saved
+    assert len(native) == steps * len(CONTEXTS) and native == python
+
+
+def test_chat_reply_equals_float32s(q4_1, loaded_model):
+    """The README's question, greedy, 16 tokens: q4_1's native steps over a float16 pool
+    answer as float32 over a float32 pool does."""
+    from bench.accuracy_eval import greedy_replies
+    from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
+
+    tok = Tokenizer(default_model_path())
+    prompt = [tok.encode_chat([ChatTurn("user", "What is the capital of France?")])]
+    expected = greedy_replies(loaded_model, prompt, 16)
+    counting = _Counting(q4_1.model.native_decode)
+    q4_1.model.native_decode = counting
+    try:
+        reply = greedy_replies(q4_1, prompt, 16, kv_dtype=torch.float16)
+    finally:
+        q4_1.model.native_decode = counting.native
+    assert counting.ran == 15  # every step after the prefill, over the float16 pool
+    assert reply == expected
+    assert tok.decode(reply[0]).startswith("The capital of France is Paris.")
