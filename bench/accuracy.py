@@ -83,7 +83,7 @@ def evaluate(args) -> dict:
         started = time.perf_counter()
         path, kv_name = split_kv_suffix(name)
         loaded = load_model(model, path, torch.device("cpu"))
-        kv = kv_cache_dtype(kv_name, loaded.dtype)
+        kv = kv_cache_dtype(kv_name, loaded.dtype, loaded.compute_path)
         ppl = perplexity(loaded, texts, kv)
         nlls = chunk_nlls(loaded, chunks, scoring.first_scored, kv)
         chunked = Estimate.from_nlls(nlls)

@@ -55,7 +55,7 @@ def make_runner(
     --compile and --kv-cache-dtype."""
     device = torch.device("cpu")
     loaded = load_model(default_model_path(), dtype, device, compile=compile)
-    kv_dtype = kv_cache_dtype_of(kv_cache_dtype, loaded.dtype)
+    kv_dtype = kv_cache_dtype_of(kv_cache_dtype, loaded.dtype, loaded.compute_path)
     spec = KVPoolSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, kv_dtype)
     backend, _ = select_backend(
         attention, device, loaded.dtype, block_size, loaded.head_dim, kv_dtype

@@ -25,8 +25,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q4_1")
 MODEL_IMPLS = ("auto", "cbserve", "transformers", "null")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")
 # The KV pool's element type (vLLM's --kv-cache-dtype): "auto" is the compute path's
-# activation dtype. A 16-bit pool holds twice the tokens in the same memory and halves
-# what a decode's attention reads; float32 stays the reference.
+# activation dtype, but float16 for q4_1 on the CPU (kv_pool.AUTO_FLOAT16_PATHS). A
+# 16-bit pool holds twice the tokens in the same memory and halves what a decode's
+# attention reads; float32 stays the reference.
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 # flash-attn attends with the KV cache in the query's dtype, which is 16-bit.
 FLASH_KV_DTYPES = ("auto", "float16", "bfloat16")
@@ -96,7 +97,8 @@ class WorkerConfig:
         "auto",
         choices=KV_CACHE_DTYPES,
         forwarded_by=(SERVE, BENCH),
-        help="KV pool element type: auto is the compute path's (float32 on the CPU paths); "
+        help="KV pool element type: auto is the compute path's activation dtype, but float16 "
+        "for q4_1 on the CPU (as llama.cpp's default; it passes the same accuracy gate); "
         "float16 holds twice the tokens in the same --kv-cache-memory and halves what "
         "decode attention reads, rounding K/V to 11 significant bits; bfloat16 is read "
         "by the torch attention path only",

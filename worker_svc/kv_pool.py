@@ -27,9 +27,21 @@ KV_CACHE_TORCH_DTYPES = {
 }
 
 
-def kv_cache_dtype(name: str, compute_dtype: torch.dtype) -> torch.dtype:
-    """The pool's element type for --kv-cache-dtype `name`: "auto" is the compute dtype."""
+# Compute paths whose "auto" pool is float16 on the CPU. q4_1 is llama.cpp's arithmetic,
+# and like llama.cpp's (whose KV cache is float16 by default) its pool is 16-bit: it
+# passes the same accuracy gate as the float32 pool and halves what decode attention
+# reads (bench/RESULTS.md). The float32 path stays the reference, pool included.
+AUTO_FLOAT16_PATHS = ("q4_1",)
+
+
+def kv_cache_dtype(
+    name: str, compute_dtype: torch.dtype, compute_path: str = "", device_type: str = "cpu"
+) -> torch.dtype:
+    """The pool's element type for --kv-cache-dtype `name`: "auto" is the compute dtype,
+    but float16 for the paths in AUTO_FLOAT16_PATHS on the CPU."""
     if name == "auto":
+        if compute_path in AUTO_FLOAT16_PATHS and device_type == "cpu":
+            return torch.float16
         return compute_dtype
     if name not in KV_CACHE_TORCH_DTYPES:
         raise ValueError(f"unknown kv cache dtype {name!r}")

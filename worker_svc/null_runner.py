@@ -196,8 +196,8 @@ def build_null_worker(config: WorkerConfig):
     from worker_svc.startup import Worker, pool_blocks
 
     model, vocabulary = read_null_model(config)
-    # The real worker's pool dtype (float32 on the CPU paths unless --kv-cache-dtype
-    # says otherwise), so that --kv-cache-memory gives the same block count as there.
+    # The float32 paths' pool dtype (unless --kv-cache-dtype says otherwise), so that
+    # --kv-cache-memory gives the same block count as a float32 worker's.
     spec = KVPoolSpec(
         num_layers=model.num_layers,
         num_kv_heads=model.num_kv_heads,

@@ -72,7 +72,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         # silently differ from the model's own attention past the window.
         log.warning("sliding_window_ignored", sliding_window=sliding)
     processor = _processor(device)
-    kv_dtype = kv_cache_dtype(config.kv_cache_dtype, loaded.dtype)
+    kv_dtype = kv_cache_dtype(config.kv_cache_dtype, loaded.dtype, loaded.compute_path, device.type)
     backend, why = select_backend(
         config.attention_backend,
         device,

@@ -107,6 +107,20 @@ def test_a_worker_with_a_float16_pool():
     assert worker.description.num_kv_blocks == 2 * (budget // float32_block)
 
 
+def test_the_q4_1_worker_takes_a_float16_pool_by_default():
+    """--kv-cache-dtype auto on the q4_1 path: float16, read by the native step."""
+    config = WorkerConfig(
+        model=default_model_path(), dtype="q4_1", kv_cache_memory=16 << 20, threads=2
+    )
+    worker = build_worker(config)
+    assert worker.runner.pool.cache.dtype == torch.float16
+    assert worker.description.attention_backend == "cpu"
+    float32 = build_worker(
+        WorkerConfig(model=default_model_path(), dtype="float32", kv_cache_memory=16 << 20)
+    )
+    assert float32.runner.pool.cache.dtype == torch.float32  # the reference stays float32
+
+
 def test_a_null_worker_sizes_its_pool_as_a_float16_worker_would():
     from worker_svc.null_runner import build_null_worker
 

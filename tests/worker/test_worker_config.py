@@ -87,8 +87,13 @@ def test_kv_cache_dtypes_a_backend_reads_are_accepted(settings):
     assert WorkerConfig(model="m", **settings).kv_cache_dtype == settings["kv_cache_dtype"]
 
 
-def test_auto_is_the_compute_dtype():
+def test_auto_is_the_compute_dtype_but_float16_for_q4_1_on_the_cpu():
     assert kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert kv_cache_dtype("auto", torch.float32, "float32", "cpu") == torch.float32
+    assert kv_cache_dtype("auto", torch.float32, "int8", "cpu") == torch.float32
+    assert kv_cache_dtype("auto", torch.float32, "q4_1", "cpu") == torch.float16
+    assert kv_cache_dtype("auto", torch.float32, "q4_1", "cuda") == torch.float32
+    assert kv_cache_dtype("float32", torch.float32, "q4_1", "cpu") == torch.float32
     assert kv_cache_dtype("float16", torch.float32) == torch.float16
 
 
