@@ -25,7 +25,7 @@ for a token needs the token before, which only the scheduler's matcher can say.
 A free function over the plan, the running requests and the block manager:
 the scheduler calls it on a one-step plan it has just built (so each decode
 already counts its first computed token and one pending sample) and takes the
-tokens one step at a time when the result comes (Scheduler._take_tokens).
+tokens one step at a time when the result comes (token_intake.take_tokens).
 """
 
 from __future__ import annotations

@@ -43,17 +43,12 @@ its mask in the plan; its matcher takes each token the request accepts and
 nothing else, and is rebuilt from the output tokens if it ever disagrees (a
 recompute after a preemption or on another worker checks that).
 
-A constrained request whose grammar, after a token, allows nothing but EOS takes
-that EOS at once, without the step that could only sample it, and ends with STOP:
-the tokens, text and finish reason vLLM gives after sampling the forced EOS, also
-below min_tokens (where vLLM lets the EOS through, as banning it would leave no
-token to sample) and with ignore_eos (past an EOS the grammar allows only more EOS).
-A token that completes the grammar on max_tokens ends with LENGTH, as in vLLM.
+How a step's tokens are taken (stops, logprobs, a grammar's forced EOS):
+token_intake.py.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable, Sequence
 
@@ -62,6 +57,7 @@ import grpc
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.deadlines import DeadlineHeap
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
 from scheduler_svc.core.plan import (
     ContinuingSequence,
@@ -83,13 +79,9 @@ from scheduler_svc.core.request import (
     RequestStatus,
 )
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.output.output_processor import token_logprob
+from scheduler_svc.core.token_intake import take_tokens
 from scheduler_svc.output.stop_checker import StopChecker
-from scheduler_svc.structured.scheduling import (
-    add_allowed_tokens,
-    forced_token_logprob,
-    off_grammar_error,
-)
+from scheduler_svc.structured.scheduling import add_allowed_tokens
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale) and whether it samples.
@@ -121,8 +113,7 @@ class Scheduler:
         self.queue = AdmissionQueue(config, self.block_manager, self.stats)
         # Unfinished requests, for abort by id, with their token stop rules.
         self._requests: dict[str, Request] = {}
-        # (deadline, seq_id, request) of the requests with a deadline, soonest first.
-        self._deadlines: list[tuple[float, int, Request]] = []
+        self._deadlines = DeadlineHeap()
         self._stop_checkers: dict[str, StopChecker] = {}
         # Sequences the worker must drop, sent with the next plan.
         self._finished_seq_ids: list[int] = []
@@ -177,8 +168,7 @@ class Scheduler:
         self._stop_checkers[request.request_id] = StopChecker(
             request.sampling, self._eos_token_ids, self.max_model_len
         )
-        if request.deadline is not None:
-            heapq.heappush(self._deadlines, (request.deadline, request.seq_id, request))
+        self._deadlines.push(request)
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """Drops a request wherever it is; a no-op for unknown or finished ids. `reason`
@@ -299,13 +289,8 @@ class Scheduler:
         request.seen_by_worker = True
 
     def _expire_deadlines(self) -> None:
-        # A heap, not a pass over every request: a step at 512 running requests must not
-        # pay for each one's deadline. Requests that finished or left stay in it until
-        # their deadline comes up, and are skipped then.
-        now = self._clock()
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, request = heapq.heappop(self._deadlines)
-            if self._requests.get(request.request_id) is request:
+        for request in self._deadlines.pop_expired(self._clock()):
+            if self._requests.get(request.request_id) is request:  # else it left already
                 where = "waiting" if request.status is RequestStatus.WAITING else "running"
                 self._fail(
                     request,
@@ -350,70 +335,29 @@ class Scheduler:
     def _take_tokens(
         self, request: Request, indices: list[int], result: StepOutput
     ) -> RequestOutput | None:
-        """Takes a request's tokens of a step (one per step of its plan, at these indices
-        of result.token_ids) in order, up to the one that finishes it, as one output; None
-        if its first token broke its grammar (the request failed).
-
-        Runs once per request per step at every batch size: plain locals, no
-        per-token objects but the token's logprob when asked."""
-        stop_checker = self._stop_checkers[request.request_id]
-        output_ids = request.output_token_ids
-        num_prompt = len(request.prompt_token_ids)
-        new_token_ids: list[int] = []
-        logprobs: list = []
-        wants_logprobs = request.sampling.logprobs > 0
-        reason = None
-        for index in indices:
-            token_id = result.token_ids[index]
-            if request.structured is not None and not request.structured.advance(token_id):
-                # Only a worker that ignored the mask sends such a token: never stream it.
-                self._fail(request, off_grammar_error(request, token_id))
-                break
-            output_ids.append(token_id)
-            new_token_ids.append(token_id)
-            request.num_pending_samples -= 1
-            if wants_logprobs:
-                logprob = token_logprob(request, token_id, result.logprobs.get(index))
-                if logprob is not None:
-                    logprobs.append(logprob)
-            reason = stop_checker.check(token_id, len(output_ids), num_prompt)
-            if reason is None and request.structured is not None and request.structured.must_end:
-                reason = self._take_forced_eos(request, new_token_ids, logprobs)
-            if reason is not None:
-                # The tokens after it (later steps of a multi-step plan, or the next plan
-                # already in flight) were computed past its end: never streamed.
-                self._finish(request, reason)
-                break
-        if not new_token_ids:
+        """A request's tokens of a step (token_intake.py) as one output, the request
+        ended if they end it; None if it has none (its first token broke its grammar)."""
+        taken = take_tokens(
+            request, indices, result, self._stop_checkers[request.request_id], self._eos_token_ids
+        )
+        if taken.error is not None:
+            self._fail(request, taken.error)
+        elif taken.finish_reason is not None:
+            self._finish(request, taken.finish_reason)
+        if not taken.token_ids:
             return None
         request.sampled_since_admission = True
         output = RequestOutput(
             request.request_id,
-            new_token_ids,
+            taken.token_ids,
             "",
-            logprobs,
-            reason,
-            num_prompt,
-            len(output_ids),
+            taken.logprobs,
+            taken.finish_reason,
+            len(request.prompt_token_ids),
+            len(request.output_token_ids),
             request.cached_prompt_tokens,
         )
         return attach_prompt_logprobs(request, output)
-
-    def _take_forced_eos(
-        self, request: Request, new_token_ids: list[int], logprobs: list
-    ) -> FinishReason | None:
-        """A constrained request whose grammar allows only EOS next takes that EOS now,
-        as the step it would cost could only sample it, and ends with STOP."""
-        if not self._eos_token_ids:
-            return None
-        eos = self._eos_token_ids[0]
-        request.structured.advance(eos)
-        request.output_token_ids.append(eos)
-        new_token_ids.append(eos)
-        if request.sampling.logprobs > 0:
-            # The masked distribution's: the one allowed token has probability 1.
-            logprobs.append(forced_token_logprob(eos))
-        return FinishReason.STOP
 
     def _fail(self, request: Request, error: RequestError) -> None:
         request.error = error

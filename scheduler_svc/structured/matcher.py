@@ -1,7 +1,7 @@
 """One request's position in its grammar, kept in step with its accepted tokens.
 
 The matcher has consumed exactly the request's output tokens: the scheduler
-advances it with each token it appends (Scheduler._take_tokens) and never with a
+advances it with each token it appends (token_intake.take_tokens) and never with a
 token it drops (a result for a preempted or finished request). `sync` checks that
 and rebuilds from the output tokens if not, so a request recomputed on any worker
 (after a preemption, or moved after a worker loss) masks from the right state.

@@ -68,6 +68,25 @@ static uint16_t load_u16(const uint8_t *p)
     return v;
 }
 
+/* Every half's float value, filled when the library loads. A block's scale and
+ * minimum are read from here rather than converted with F16C: _cvtsh_ss and the
+ * broadcast of its result cost 2 uops each on the shuffle port (port 5 on Intel),
+ * which the nibble unpacking and the table lookups already saturate at M = 1, while
+ * a broadcast from memory is a load. The values the blocks use are few (scales of
+ * one model), so the lines they touch stay in L1. */
+static float half_values[1 << 16];
+
+__attribute__((constructor)) static void fill_half_values(void)
+{
+    for (uint32_t h = 0; h < (1u << 16); h++)
+        half_values[h] = half_to_float((uint16_t)h);
+}
+
+INLINE float half_value(const uint8_t *p)
+{
+    return half_values[load_u16(p)];
+}
+
 /* ---- plain C ------------------------------------------------------------------ */
 
 static void dequant_plain(int format, const uint8_t *row, int64_t k, float *out)
@@ -110,8 +129,8 @@ AVX2_TARGET static void dequant_avx2(int format, const uint8_t *row, int64_t k, 
     for (int64_t b = 0; b < k / QK; b++, out += QK) {
         if (format == FORMAT_Q4_1) {
             const uint8_t *blk = row + b * Q4_1_BYTES;
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
-            __m256 m = _mm256_set1_ps(_cvtsh_ss(load_u16(blk + 2)));
+            __m256 d = _mm256_set1_ps(half_value(blk));
+            __m256 m = _mm256_set1_ps(half_value(blk + 2));
             __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4));
             __m256i lo8 = _mm256_cvtepu8_epi32(q), hi8 = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8));
             __m256i nib = _mm256_set1_epi32(0x0f);
@@ -121,7 +140,7 @@ AVX2_TARGET static void dequant_avx2(int format, const uint8_t *row, int64_t k, 
                 _mm256_storeu_ps(out + 8 * p, _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(parts[p]), m));
         } else {
             const uint8_t *blk = row + b * Q8_0_BYTES;
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+            __m256 d = _mm256_set1_ps(half_value(blk));
             for (int p = 0; p < 4; p++) {
                 __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * p)));
                 _mm256_storeu_ps(out + 8 * p, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
@@ -182,8 +201,8 @@ AVX2_TARGET static void tile_avx2(const float *w, int64_t rows, const float *x, 
 AVX512_TARGET INLINE void q4_1_regs_avx512(const uint8_t *blk, __m512 *lo, __m512 *hi)
 {
     const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(load_u16(blk))), levels,
-                                   _mm512_set1_ps(_cvtsh_ss(load_u16(blk + 2))));
+    __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(half_value(blk)), levels,
+                                   _mm512_set1_ps(half_value(blk + 2)));
     __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 4)));
     *lo = _mm512_permutexvar_ps(q, table);
     *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
@@ -200,7 +219,7 @@ AVX512_TARGET static void dequant_avx512(int format, const uint8_t *row, int64_t
             _mm512_storeu_ps(out + 16, hi);
         } else {
             const uint8_t *blk = row + b * Q8_0_BYTES;
-            __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
+            __m512 d = _mm512_set1_ps(half_value(blk));
             for (int p = 0; p < 2; p++) {
                 __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * p)));
                 _mm512_storeu_ps(out + 16 * p, _mm512_mul_ps(d, _mm512_cvtepi32_ps(q)));
@@ -257,7 +276,7 @@ AVX512_TARGET INLINE void block_regs_avx512(const uint8_t *blk, const int FORMAT
     if (FORMAT == FORMAT_Q4_1) {
         q4_1_regs_avx512(blk, lo, hi);
     } else {
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
+        __m512 d = _mm512_set1_ps(half_value(blk));
         *lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
                                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)))));
         *hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(
