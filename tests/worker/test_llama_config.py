@@ -118,16 +118,21 @@ def test_an_invalid_llama_config_is_refused_with_the_field_named(tmp_path, chang
 
 @pytest.mark.process
 @pytest.mark.model
-def test_loading_the_own_forward_imports_no_transformers():
-    """What a worker on the own forward pays at every start: transformers (and the
-    torch._dynamo it imports) is not on that path."""
+def test_the_own_forward_and_the_null_model_load_without_transformers():
+    """What a worker on the own forward, or a null one, pays at every start:
+    transformers (and the torch._dynamo it imports) is not on either path."""
     code = (
         "import sys, torch;"
         "from common.defaults import default_model_path;"
+        "from worker_svc.config import WorkerConfig;"
         "from worker_svc.model_loader import load_model;"
+        "from worker_svc.null_runner import read_null_model;"
+        "model, vocabulary = read_null_model("
+        "WorkerConfig(model=default_model_path(), model_impl='null'));"
+        "print(model.vocab_size, vocabulary.eos_token_id, 'transformers' in sys.modules);"
         "loaded = load_model(default_model_path(), 'float32', torch.device('cpu'));"
         "print(loaded.model_impl, 'transformers' in sys.modules)"
     )
     # A fresh interpreter: this test process imports transformers for other tests.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["cbserve", "False"]
+    assert out.stdout.split() == ["49152", "2", "False", "cbserve", "False"]
