@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import TYPE_CHECKING
 
 import structlog
 
 from common.errors import StartupError
-from scheduler_svc.api.http.serve import HttpFront
 from scheduler_svc.config import EdgeConfig, ProcessConfig
 from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
 from scheduler_svc.workers.pool import WorkerPool
+
+if TYPE_CHECKING:
+    from scheduler_svc.api.http.serve import HttpFront
 
 log = structlog.get_logger("scheduler_svc")
 
@@ -35,6 +38,10 @@ async def start_http(
     """The OpenAI-compatible HTTP front, when --http-port is set (scheduler_svc/api/http)."""
     if not edge.http_port:
         return None
+    # Imported here: fastapi and uvicorn are about 40% of the scheduler's imports, and
+    # a scheduler without --http-port (the tests' stacks, the split core) needs neither.
+    from scheduler_svc.api.http.serve import HttpFront
+
     front = HttpFront(service, edge, host, reuse_port=reuse_port)
     try:
         await front.start()

@@ -5,7 +5,8 @@ Accepts a local Hugging Face directory or a `.gguf` file; never reaches a hub
 (`local_files_only`), because the service runs offline. The own forwards read the
 weights themselves (safetensors, or the GGUF through the `gguf` package); the
 transformers fallback loads through `from_pretrained` with the paged attention
-registered.
+registered. A Llama directory's config is read without transformers
+(models/llama_config.py), so that a worker on the own forward never imports it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from worker_svc.compute.paths import PATHS, ComputePath
 from worker_svc.models import MODEL_IMPLS, own_model_class
 from worker_svc.models.dims import attention_dims
 from worker_svc.models.hf_model import TransformersCausalLM
+from worker_svc.models.llama_config import read_llama_config
 from worker_svc.models.weights import load_state_dict
 
 
@@ -33,7 +35,8 @@ class ModelLoadError(RuntimeError):
 class LoadedModel:
     # Called as model(input_ids [T], positions [T], attention context, sample_rows).
     model: nn.Module
-    config: Any  # the transformers text config
+    # The text config: a LlamaConfigFile for a Llama directory, else transformers' own.
+    config: Any
     # The directory or file name it was loaded from, as Describe reports it.
     name: str
     # Activations, attention and the KV cache; int8 projections keep float32 here.
@@ -79,20 +82,12 @@ def load_model(
     "float32"). `compile`: the own forward through torch.compile (models/compiled.py);
     it compiles at its first calls. Raises ModelLoadError with the reason when it
     cannot be served."""
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     compute_path = _as_path(compute)
     if model_impl not in MODEL_IMPLS:
         raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {model_impl!r}")
     model_path = Path(model_path)
     source, extra = _source(model_path)
-    try:
-        config = AutoConfig.from_pretrained(source, local_files_only=True, **extra)
-    except Exception as exc:  # transformers raises many types; the model path is what matters
-        raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
-    text_config = config.get_text_config()
+    text_config = _read_config(model_path, source, extra, model_impl)
     own, shape, why_not = _own_forward(text_config, model_impl)
     if own is None and compute_path.needs_own_forward:
         raise ModelLoadError(f"--dtype {compute_path.name} needs the own forward: {why_not}")
@@ -146,6 +141,30 @@ def release_freed_memory() -> None:
     malloc_trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None)  # glibc only
     if malloc_trim is not None:
         malloc_trim(0)
+
+
+def _read_config(model_path: Path, source: str, extra: dict, model_impl: str):
+    """The text config: a Llama directory's config.json read directly (no transformers
+    on the own forward's start path), anything else through transformers' AutoConfig."""
+    try:
+        if model_impl != "transformers" and (own := read_llama_config(model_path)) is not None:
+            return own
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
+    from transformers import AutoConfig
+
+    _quiet_transformers()
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True, **extra)
+    except Exception as exc:  # transformers raises many types; the model path is what matters
+        raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
+    return config.get_text_config()
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _as_path(compute: str | torch.dtype | ComputePath) -> ComputePath:
@@ -205,6 +224,7 @@ def _build_own(own, shape, model_path: Path, source: str, compute_path, dtype) -
 def _load_transformers(model_path: Path, source: str, extra: dict, dtype: torch.dtype) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
+    _quiet_transformers()
     try:
         return AutoModelForCausalLM.from_pretrained(
             source,

@@ -34,7 +34,10 @@ from cbserve.worker.v1 import worker_pb2
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, kv_cache_dtype
 from worker_svc.model_runner import ModelRunner, record_sample
+from worker_svc.models.dims import attention_dims
+from worker_svc.models.llama_config import read_llama_config
 from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
+from worker_svc.null_tokenizer import read_tokenizer_files
 from worker_svc.prompt_logprobs import prompt_rows
 from worker_svc.sequence import SequenceState
 from worker_svc.token_bitmask import allowed_ids
@@ -159,9 +162,9 @@ class NullRunner(ModelRunner):
 
 
 def read_null_model(config: WorkerConfig) -> tuple[NullModel, NullVocabulary]:
-    """The model's description and vocabulary from its config and tokenizer, no weights."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    """The model's description and vocabulary from its config and tokenizer, no weights.
+    A Llama directory with a plain tokenizer is read without transformers
+    (models/llama_config.py, null_tokenizer.py); anything else through it."""
     path = Path(config.model)
     if path.is_file() and path.suffix == ".gguf":
         source, extra = str(path.parent), {"gguf_file": path.name}
@@ -169,18 +172,25 @@ def read_null_model(config: WorkerConfig) -> tuple[NullModel, NullVocabulary]:
         source, extra = str(path), {}
     else:
         raise ValueError(f"cannot describe model {path}: not a .gguf file or a directory")
-    text_config = AutoConfig.from_pretrained(
-        source, local_files_only=True, **extra
-    ).get_text_config()
-    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **extra)
-    heads = text_config.num_attention_heads
+    text_config = read_llama_config(path)
+    tokenizer = read_tokenizer_files(path)
+    if text_config is None or tokenizer is None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        if text_config is None:
+            text_config = AutoConfig.from_pretrained(
+                source, local_files_only=True, **extra
+            ).get_text_config()
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **extra)
+    _, num_kv_heads, head_dim = attention_dims(text_config)
     model = NullModel(
         name=path.name,
         vocab_size=text_config.vocab_size,
         max_model_len=text_config.max_position_embeddings,
         num_layers=text_config.num_hidden_layers,
-        num_kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text_config, "head_dim", None) or text_config.hidden_size // heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
     )
     vocabulary = NullVocabulary(
         token_ids=ordinary_token_ids(tokenizer),

@@ -15,6 +15,7 @@ from cbserve.client import Client
 from cbserve.local_stack import free_port
 from common.defaults import default_model_path
 from scheduler_svc.api.tokenizer import Tokenizer
+from tests.integration.liveness import WORKER_ARGS, WORKER_TIMEOUT_S, bring_back_workers
 from tests.integration.prompts import mixed_prompts
 from tests.integration.stacks import running_stacks, started_stack, stop_stack, wait_until_idle
 from tests.reference_cache import GreedyReference, greedy_outputs
@@ -80,6 +81,28 @@ def pool_stack():
     )
     yield running
     stop_stack(running)
+
+
+@pytest.fixture(scope="session")
+def two_worker_stack():
+    """Two one-thread workers, each serving its own /metrics, whose scheduler finds a
+    lost one within WORKER_TIMEOUT_S: one stack for the modules that kill or stop them
+    (test_structured_faults, test_worker_faults) and for test_multi_worker. Tests take
+    it through `two_workers`, which first brings back what a test before left down."""
+    running = started_stack(
+        num_workers=2,
+        worker_args=WORKER_ARGS,
+        worker_metrics_ports=[0, 0],
+        scheduler_args=["--worker-timeout", str(WORKER_TIMEOUT_S)],
+    )
+    yield running
+    stop_stack(running)
+
+
+@pytest.fixture
+def two_workers(two_worker_stack):
+    bring_back_workers(two_worker_stack)
+    return two_worker_stack
 
 
 @pytest.fixture

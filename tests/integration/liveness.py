@@ -18,6 +18,10 @@ from cbserve.local_stack import ChildProcess, LocalStack
 from tests import waiting
 
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
+# The workers of the fault tests: one thread each (two processes spinning in OpenMP on
+# two cores are many times slower), a small pool; and how soon a lost one is found.
+WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
+WORKER_TIMEOUT_S = 3.0
 LOSS_CAUSES = ("disconnected", "keepalive", "step_timeout", "protocol")
 FAULT_WAIT_S = 120.0
 # Restarted workers are started from this one thread, alive as long as the tests: a
@@ -49,6 +53,20 @@ def restart_worker(stack: LocalStack, index: int) -> None:
     old.stop(signal.SIGKILL)
     stack.workers[index] = _LAUNCHER.submit(ChildProcess, old.name, old.argv).result()
     stack.workers[index].wait_ready()
+
+
+def bring_back_workers(stack: LocalStack) -> None:
+    """Restarts every worker of the stack that a test before left dead, resumes any it
+    left stopped, and waits until the scheduler has each of them connected."""
+    for index, worker in enumerate(stack.workers):
+        if worker.process.poll() is not None:
+            restart_worker(stack, index)
+        else:
+            worker.process.send_signal(signal.SIGCONT)
+    wait_until(
+        "every worker connected",
+        lambda: all(worker_connected(stack, f"{stack.host}:{port}") for port in stack.worker_ports),
+    )
 
 
 def requests_recomputed(stack: LocalStack) -> float:

@@ -3,15 +3,14 @@ to the worker that holds its prefix.
 
 Which worker served a request is read from the scheduler's per-worker metrics
 (cbserve_worker_requests_total{worker=...}) and from each worker's own /metrics.
-Workers run one thread each: two processes spin-waiting in OpenMP on two cores
-are many times slower.
+The stack is the session's `two_workers` (conftest.py), which the fault tests share:
+workers of one thread each (two processes spin-waiting in OpenMP on two cores are many
+times slower), both connected when a test starts.
 """
 
 from __future__ import annotations
 
 import asyncio
-
-import pytest
 
 from cbserve.client import AsyncClient, Client
 from cbserve.local_stack import LocalStack
@@ -24,14 +23,7 @@ from tests.integration.ops import (
     worker_metrics_url,
 )
 
-WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def two_workers():
-    with LocalStack(num_workers=2, worker_args=WORKER_ARGS, worker_metrics_ports=[0, 0]) as stack:
-        yield stack
 
 
 def _addresses(stack: LocalStack) -> list[str]:

@@ -6,7 +6,8 @@ tokens they had (Scheduler.take_unfinished / adopt); their matcher must be rebui
 from those tokens, so the first mask there continues the text instead of starting
 the grammar again (which would put a second "{" in the reply) or trusting a state
 that counted a token the lost worker never sent. The kill comes once every stream
-has a few tokens, by progress rather than by the clock, as in test_worker_faults.
+has a few tokens, by progress rather than by the clock, as in test_worker_faults, on
+the same two workers (the session's `two_workers`, conftest.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import signal
 
 import grpc
 import jsonschema
-import pytest
 
 from cbserve.local_stack import LocalStack
 from cbserve.v1 import generation_pb2 as pb
@@ -26,8 +26,6 @@ from tests.integration.liveness import requests_recomputed, wait_until, worker_c
 from tests.integration.stacks import wait_until_idle
 from tests.integration.test_structured_outputs import SCHEMAS
 
-WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
-WORKER_TIMEOUT_S = 3.0
 MAX_TOKENS = 64
 AFTER_TOKENS = 3
 # A reply of at least ~20 tokens, so that it is mid-way when the kill comes.
@@ -45,16 +43,6 @@ LONG_SCHEMA = {
     "additionalProperties": False,
 }
 WORK = [LONG_SCHEMA, LONG_SCHEMA, *SCHEMAS[:8]]
-
-
-@pytest.fixture(scope="module")
-def two_workers():
-    with LocalStack(
-        num_workers=2,
-        worker_args=WORKER_ARGS,
-        scheduler_args=["--worker-timeout", str(WORKER_TIMEOUT_S)],
-    ) as stack:
-        yield stack
 
 
 def request(index: int, schema: dict) -> pb.GenerateRequest:

@@ -30,6 +30,8 @@ from cbserve.client import AsyncClient
 from cbserve.local_stack import LocalStack
 from tests.integration.liveness import (
     GREEDY,
+    WORKER_ARGS,
+    WORKER_TIMEOUT_S,
     Outcome,
     losses,
     requests_recomputed,
@@ -42,9 +44,7 @@ from tests.integration.liveness import (
 from tests.integration.stacks import wait_until_idle
 from tests.waiting import wait_until_async
 
-WORKER_TIMEOUT_S = 3.0
 SLACK_S = 1.5
-WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
 GREEDY_TOKENS = 16
 DEADLINE_S = 120.0
 PROMPTS = [

@@ -21,17 +21,15 @@ import pytest
 
 from cbserve.client import AsyncClient, Client
 from cbserve.local_stack import LocalStack
-from tests.integration.liveness import restart_worker
+from tests.integration.liveness import WORKER_ARGS, bring_back_workers, restart_worker
 from tests.waiting import wait_until
 
-WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
 GREEDY = {"temperature": 0.0, "ignore_eos": True}
 MAX_TOKENS = 24
 PROMPTS = [
     f"Request {index}: tell a short story about a {animal}."
     for index, animal in enumerate(["cat", "dog", "fox", "owl", "bee", "elk"])
 ]
-WORKER_TIMEOUT_S = 3.0
 # Long enough for a killed worker to be restarted (it loads the model) within it.
 WAIT_TIMEOUT_S = 15.0
 # For the requests that must outwait it: a few seconds prove the wait as well as 15.
@@ -120,18 +118,11 @@ async def _stream_all(address: str, fault, after_tokens: int = 3):
 
 
 @pytest.fixture(scope="module")
-def two_workers():
-    with LocalStack(
-        num_workers=2,
-        worker_args=WORKER_ARGS,
-        scheduler_args=["--worker-timeout", str(WORKER_TIMEOUT_S)],
-    ) as stack:
-        yield stack
-
-
-@pytest.fixture(scope="module")
-def reference(two_workers):
-    return _reference(two_workers)
+def reference(two_worker_stack):
+    """On the session's two workers (conftest.py), which test_structured_faults kills
+    too: `two_workers` brings back what a test before left down."""
+    bring_back_workers(two_worker_stack)
+    return _reference(two_worker_stack)
 
 
 def test_a_killed_workers_requests_finish_on_the_other_with_the_same_tokens(two_workers, reference):

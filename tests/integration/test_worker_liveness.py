@@ -25,6 +25,8 @@ from cbserve.local_stack import ChildProcess, LocalStack, free_port
 from tests.integration.blackhole import BlackholeProxy
 from tests.integration.liveness import (
     GREEDY,
+    WORKER_ARGS,
+    WORKER_TIMEOUT_S,
     losses,
     requests_recomputed,
     restart_worker,
@@ -34,11 +36,9 @@ from tests.integration.liveness import (
 )
 from tests.integration.stacks import wait_until_idle
 
-WORKER_TIMEOUT_S = 3.0
 # Scrapes every 50 ms, a busy 2-core machine: what a measured detection time may
 # exceed --worker-timeout by.
 SLACK_S = 1.5
-WORKER_ARGS = ["--dtype", "float32", "--threads", "1", "--num-kv-blocks", "256"]
 MAX_TOKENS = 24
 PROMPTS = [f"Request {index}: describe a {thing} in one line." for index, thing in enumerate(
     ["river", "lamp", "cloud", "train", "chair", "storm", "violin", "garden",
