@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from worker_svc.huge_pages import advise_huge_pages
+
 # --kv-cache-dtype's explicit choices (worker_svc/config.py KV_CACHE_DTYPES, less "auto").
 KV_CACHE_TORCH_DTYPES = {
     "float32": torch.float32,
@@ -95,20 +97,20 @@ class KVPool:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.spec = spec
         self.num_blocks = num_blocks
-        # Zeros, not empty: attention multiplies masked-out slots by a zero
-        # weight, and uninitialised memory may hold NaN, which survives that.
-        self.cache = torch.zeros(
-            (
-                spec.num_layers,
-                2,
-                num_blocks,
-                spec.block_size,
-                spec.num_kv_heads,
-                spec.head_dim,
-            ),
-            dtype=spec.dtype,
-            device=device,
+        shape = (
+            spec.num_layers,
+            2,
+            num_blocks,
+            spec.block_size,
+            spec.num_kv_heads,
+            spec.head_dim,
         )
+        self.cache = torch.empty(shape, dtype=spec.dtype, device=device)
+        # Huge pages before the first write (huge_pages.py): blocks are read scattered.
+        self.huge_pages = advise_huge_pages(self.cache)
+        # Zeros, not garbage: attention multiplies masked-out slots by a zero weight,
+        # and uninitialised memory may hold NaN, which survives that.
+        self.cache.zero_()
 
     @property
     def block_size(self) -> int:

@@ -233,13 +233,20 @@ def greedy_tokens(loaded, state, steps):
 STEPS = 6
 
 
-def test_greedy_tokens_equal_over_a_multi_step_decode(q4_1, prefilled_state):
-    native = greedy_tokens(q4_1, prefilled_state, STEPS)
+def greedy_native_and_python(q4_1, prefilled, steps: int) -> tuple[list[int], list[int]]:
+    """The greedy tokens of a multi-step decode from the same state, native steps, then
+    the Python forward (the native step detached for the second run)."""
+    native = greedy_tokens(q4_1, prefilled, steps)
     saved, q4_1.model.native_decode = q4_1.model.native_decode, None
     try:
-        python = greedy_tokens(q4_1, prefilled_state, STEPS)
+        python = greedy_tokens(q4_1, prefilled, steps)
     finally:
         q4_1.model.native_decode = saved
+    return native, python
+
+
+def test_greedy_tokens_equal_over_a_multi_step_decode(q4_1, prefilled_state):
+    native, python = greedy_native_and_python(q4_1, prefilled_state, STEPS)
     assert len(native) == STEPS * len(CONTEXTS) and native == python
 
 

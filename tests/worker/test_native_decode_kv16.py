@@ -23,7 +23,7 @@ from tests.worker.test_native_decode import (
     TOLERANCES,
     _Counting,
     assert_close_logits,
-    greedy_tokens,
+    greedy_native_and_python,
     prefill,
     python_and_native,
     uses_vnni,
@@ -97,12 +97,7 @@ def test_every_kernel_variant(q4_1, prefilled_f16, variant):
 
 def test_greedy_tokens_equal_over_a_multi_step_decode(q4_1, prefilled_f16):
     steps = 6
-    native = greedy_tokens(q4_1, prefilled_f16, steps)
-    saved, q4_1.model.native_decode = q4_1.model.native_decode, None
-    try:
-        python = greedy_tokens(q4_1, prefilled_f16, steps)
-    finally:
-        q4_1.model.native_decode = saved
+    native, python = greedy_native_and_python(q4_1, prefilled_f16, steps)
     assert len(native) == steps * len(CONTEXTS) and native == python
 
 
