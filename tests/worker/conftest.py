@@ -44,6 +44,17 @@ def reference_model():
 
 
 @pytest.fixture(scope="session")
+def q4_1() -> LoadedModel:
+    """The default model on the q4_1 path with its native decode step (the native-step
+    tests detach and restore `model.native_decode` around what they compare)."""
+    torch.set_num_threads(2)
+    loaded = load_model(default_model_path(), "q4_1", torch.device("cpu"))
+    if loaded.model.native_decode is None:
+        pytest.skip(f"native decode unavailable: {loaded.model.native_decode_status}")
+    return loaded
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     from transformers import AutoTokenizer
 

@@ -20,7 +20,6 @@ from tests.worker.conftest import build_runner
 from worker_svc.attention import BatchLayout, PagedAttentionContext
 from worker_svc.compute.qblock import supported_variants
 from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
-from worker_svc.model_loader import load_model
 from worker_svc.models.llama_native import NativeDecode, native_decode_disabled_reason
 from worker_svc.models.llama_qblock import attach_native_decode
 
@@ -38,15 +37,6 @@ BLOCK_SIZE = 16
 # can round an activation to its neighbouring level (measured: 9e-5 and 1.5e-3, the
 # size of the VNNI path's own distance from float activations, 1.2e-4 and 2.4e-3).
 TOLERANCES = {False: (1e-5, 1e-4), True: (5e-4, 1e-2)}  # by VNNI: logits rtol, KV atol
-
-
-@pytest.fixture(scope="module")
-def q4_1():
-    torch.set_num_threads(2)
-    loaded = load_model(default_model_path(), "q4_1", torch.device("cpu"))
-    if loaded.model.native_decode is None:
-        pytest.skip(f"native decode unavailable: {loaded.model.native_decode_status}")
-    return loaded
 
 
 def prefill(loaded, contexts=CONTEXTS, seed=0, kv_dtype=None):

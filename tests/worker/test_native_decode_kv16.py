@@ -30,7 +30,6 @@ from tests.worker.test_native_decode import (
 )
 from worker_svc.attention import CpuAttentionBackend
 from worker_svc.compute.qblock import supported_variants
-from worker_svc.model_loader import load_model
 from worker_svc.models.llama_native import NativeDecode
 
 pytestmark = [
@@ -44,15 +43,6 @@ HALF_STEP = 2**-10  # float16's spacing relative to a value (11 significant bits
 LOGITS_RTOL = 2e-4
 KV_STEPS, KV_ATOL = 2 * HALF_STEP, 1e-3  # measured: two steps plus 4.5e-4
 IDENTICAL_AT_LEAST = 0.8
-
-
-@pytest.fixture(scope="module")
-def q4_1():
-    torch.set_num_threads(2)
-    loaded = load_model(default_model_path(), "q4_1", torch.device("cpu"))
-    if loaded.model.native_decode is None:
-        pytest.skip(f"native decode unavailable: {loaded.model.native_decode_status}")
-    return loaded
 
 
 @pytest.fixture(scope="module")
