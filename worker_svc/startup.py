@@ -15,6 +15,7 @@ import torch
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import select_backend
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
+from worker_svc.compute.model_shapes import read_projection_shapes
 from worker_svc.compute.selection import select_path
 from worker_svc.config import DEFAULT_KV_TOKENS, WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
@@ -54,7 +55,12 @@ def build_worker(config: WorkerConfig) -> Worker:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     path, path_choice = select_path(
-        config.dtype, device.type, cpu_flags(), own_forward=config.model_impl != "transformers"
+        config.dtype,
+        device.type,
+        cpu_flags(),
+        own_forward=config.model_impl != "transformers",
+        # auto times its candidates on these shapes at a CPU's first start (compute/auto_choice.py).
+        shapes=read_projection_shapes(config.model) if config.dtype == "auto" else None,
     )
     loaded = load_model(config.model, path, device, config.model_impl, compile=config.compile)
     if config.compile:

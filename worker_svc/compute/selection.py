@@ -1,11 +1,13 @@
 """Which compute path a worker runs: `--dtype auto` takes the fastest this CPU has.
 
-"Fastest" comes from measurements kept in the repo (compute.measured, printed by
-`python -m bench.kernel_bench`), matched to this CPU by its flags: the most
-specific measured CPU whose flags this one has decides the order. A CPU unlike
-any measured one gets the paths in the order of the generic rule below. Flags
-alone would mislead: on a Zen 3, float32 beats emulated bfloat16 by 6-25x, and
-torch's weight-only int8/int4 kernels ran at 2-5 GFLOP/s on a Zen 5.
+"Fastest" is measured on this CPU, on the model's projection shapes, at the first
+start and then cached (compute/auto_choice.py), when the caller passes the shapes
+(the worker does). The measurements kept in the repo (compute.measured, printed by
+`python -m bench.kernel_bench`), matched to this CPU by its flags, give the order the
+candidates are tried in and break near-ties; without shapes they alone decide. A CPU
+unlike any measured one gets the generic order below as its seed. Flags alone would
+mislead: on a Zen 3, float32 beats emulated bfloat16 by 6-25x, and torch's
+weight-only int8/int4 kernels ran at 2-5 GFLOP/s on a Zen 5.
 
 A path named explicitly is taken or refused, never swapped: forcing one the CPU
 lacks fails at start with one line naming the missing feature.
@@ -14,6 +16,7 @@ lacks fails at start with one line naming the missing feature.
 from __future__ import annotations
 
 from worker_svc.compute.measured import MEASURED, MeasuredCpu
+from worker_svc.compute.model_shapes import ProjectionShapes
 from worker_svc.compute.paths import PATHS, ComputePath
 
 # For CPUs like no measured one, and after a measured CPU's own ranking for the paths
@@ -46,9 +49,18 @@ def path_order(flags: frozenset[str]) -> tuple[list[str], str]:
 
 
 def select_path(
-    requested: str, device_type: str, flags: frozenset[str], own_forward: bool = True
+    requested: str,
+    device_type: str,
+    flags: frozenset[str],
+    own_forward: bool = True,
+    shapes: ProjectionShapes | None = None,
+    cpu: str | None = None,
 ) -> tuple[ComputePath, str]:
-    """The path to run and why (for the ready log). Raises ComputePathUnavailableError."""
+    """The path to run and why (for the ready log). Raises ComputePathUnavailableError.
+
+    `shapes`: the model's projections; with them, `auto` on a CPU times its candidates
+    (or reads the cached choice). `cpu`: the CPU's model name for the cache key
+    (default: this machine's; tests pass a made-up one with made-up flags)."""
     if requested != "auto":
         if requested not in PATHS:
             raise ValueError(f"unknown dtype {requested!r}; choose from {sorted(PATHS)}")
@@ -60,12 +72,20 @@ def select_path(
     if device_type == "cuda":
         return PATHS["bfloat16"], "auto (CUDA: bfloat16)"
     order, source = path_order(flags)
-    for name in order:
-        if not PATHS[name].auto_eligible:
-            continue
-        if _problem(PATHS[name], device_type, flags, own_forward) is None:
-            return PATHS[name], f"auto ({source})"
-    return PATHS["float32"], "auto (fallback)"
+    candidates = [
+        name
+        for name in order
+        if PATHS[name].auto_eligible and _problem(PATHS[name], device_type, flags, own_forward) is None
+    ]
+    if not candidates:
+        return PATHS["float32"], "auto (fallback)"
+    if shapes is None:
+        return PATHS[candidates[0]], f"auto ({source})"
+    from worker_svc.compute.auto_choice import measured_choice
+    from worker_svc.compute.cpu_features import cpu_name
+
+    choice = measured_choice(candidates, shapes, flags, cpu or cpu_name())
+    return PATHS[choice.path], choice.describe()
 
 
 def _problem(path: ComputePath, device_type: str, flags: frozenset[str], own: bool) -> str | None:
