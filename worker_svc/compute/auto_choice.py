@@ -30,6 +30,7 @@ from worker_svc.compute.path_timing import StepTime, TimingPlan, time_paths
 log = structlog.get_logger("worker_svc.compute")
 
 TIE_MARGIN = 0.05
+DEFAULT_PLAN = TimingPlan()
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def measured_choice(
     shapes: ProjectionShapes,
     flags: frozenset[str],
     cpu: str,
-    plan: TimingPlan = TimingPlan(),
+    plan: TimingPlan = DEFAULT_PLAN,
 ) -> MeasuredChoice:
     """`candidates` in the table's order; the chosen one, from the cache or timed now."""
     candidates = _buildable(candidates)

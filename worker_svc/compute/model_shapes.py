@@ -3,7 +3,7 @@
 `--dtype auto` times the candidate compute paths on these shapes (compute/path_timing.py)
 before the model is loaded, so they come from the cheapest source there is: a
 directory's config.json (plain JSON, no transformers), or a GGUF file's metadata
-(the `gguf` reader maps the file and reads its header; no tensor is touched).
+(its header, read directly; no tensor is touched).
 Anything else, or a file that lacks a key, gives None, and the choice falls back to
 the measured table (compute/measured.py): a worker never fails to start over this.
 """
@@ -11,6 +11,7 @@ the measured table (compute/measured.py): a worker never fails to start over thi
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,31 +91,73 @@ def _from_config(config: dict[str, Any]) -> ProjectionShapes:
 
 
 def _from_gguf(path: Path) -> ProjectionShapes:
-    from gguf import GGUFReader
-
-    fields = GGUFReader(path).fields
-
-    def value(key: str):
-        field = fields[key]
-        return field.contents()
-
-    arch = value("general.architecture")
-    hidden = int(value(f"{arch}.embedding_length"))
-    heads = int(value(f"{arch}.attention.head_count"))
-    kv_key = f"{arch}.attention.head_count_kv"
-    kv_heads = int(value(kv_key)) if kv_key in fields else heads
-    dim_key = f"{arch}.attention.key_length"
-    head_dim = int(value(dim_key)) if dim_key in fields else hidden // heads
-    vocab_key = f"{arch}.vocab_size"
-    if vocab_key in fields:
-        vocab = int(value(vocab_key))
-    else:
-        vocab = len(fields["tokenizer.ggml.tokens"].data)
+    fields = read_gguf_numbers(path)
+    arch = fields["general.architecture"]
+    hidden = fields[f"{arch}.embedding_length"]
+    heads = fields[f"{arch}.attention.head_count"]
+    kv_heads = fields.get(f"{arch}.attention.head_count_kv", heads)
+    head_dim = fields.get(f"{arch}.attention.key_length", hidden // heads)
+    vocab = fields.get(f"{arch}.vocab_size", fields.get("tokenizer.ggml.tokens"))
     return ProjectionShapes(
         hidden=hidden,
-        intermediate=int(value(f"{arch}.feed_forward_length")),
+        intermediate=fields[f"{arch}.feed_forward_length"],
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
         vocab=vocab,
-        layers=int(value(f"{arch}.block_count")),
+        layers=fields[f"{arch}.block_count"],
     )
+
+
+# GGUF's metadata value types: the struct format of each fixed-size one.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?"}
+_SCALARS |= {10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_gguf_numbers(path: Path) -> dict[str, Any]:
+    """A GGUF file's metadata: scalars and strings by key, arrays as their length.
+
+    Read from the header directly (GGUF v2/v3, little-endian): the `gguf` package's
+    reader decodes every array too (a 49,152-token vocabulary and its merges), about
+    3 s here, for a handful of numbers needed at each start."""
+    with path.open("rb") as file:
+        if file.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        (version,) = struct.unpack("<I", file.read(4))
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is not read here")
+        _tensors, count = struct.unpack("<QQ", file.read(16))
+        fields: dict[str, Any] = {}
+        for _ in range(count):
+            key = _string(file)
+            (kind,) = struct.unpack("<I", file.read(4))
+            if kind == _ARRAY:
+                item_kind, length = struct.unpack("<IQ", file.read(12))
+                _skip(file, item_kind, length)
+                fields[key] = length
+            else:
+                fields[key] = _value(file, kind)
+        return fields
+
+
+def _string(file) -> str:
+    (length,) = struct.unpack("<Q", file.read(8))
+    return file.read(length).decode("utf-8", errors="replace")
+
+
+def _value(file, kind: int):
+    if kind == _STRING:
+        return _string(file)
+    fmt = "<" + _SCALARS[kind]
+    return struct.unpack(fmt, file.read(struct.calcsize(fmt)))[0]
+
+
+def _skip(file, kind: int, length: int) -> None:
+    if kind in _SCALARS:
+        file.seek(length * struct.calcsize(_SCALARS[kind]), 1)
+    elif kind == _STRING:
+        for _ in range(length):
+            (size,) = struct.unpack("<Q", file.read(8))
+            file.seek(size, 1)
+    else:  # arrays of arrays: not in any model's shapes
+        raise ValueError(f"nested GGUF array of type {kind}")

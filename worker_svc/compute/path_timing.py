@@ -166,10 +166,11 @@ class _PathUnderTest:
 
 
 def time_paths(
-    paths: list[str], shapes: ProjectionShapes, plan: TimingPlan = TimingPlan()
+    paths: list[str], shapes: ProjectionShapes, plan: TimingPlan | None = None
 ) -> dict[str, StepTime]:
     """Each path's projection time per decode step on `shapes`, measured here, on the
     calling thread's torch thread count. Raises what building a path's kernel raises."""
+    plan = plan or TimingPlan()
     cache = plan.cache_bytes or last_level_cache_bytes()
     under_test = [_PathUnderTest(path, shapes, cache) for path in paths]
     started = time.perf_counter()

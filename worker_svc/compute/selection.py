@@ -75,7 +75,8 @@ def select_path(
     candidates = [
         name
         for name in order
-        if PATHS[name].auto_eligible and _problem(PATHS[name], device_type, flags, own_forward) is None
+        if PATHS[name].auto_eligible
+        and _problem(PATHS[name], device_type, flags, own_forward) is None
     ]
     if not candidates:
         return PATHS["float32"], "auto (fallback)"
