@@ -17,10 +17,13 @@ import logging
 import os
 import sys
 
+import structlog
+
 from common import parent_watch
 from common.cli_config import FlagError, add_flags, build
 from common.logging import configure_logging
 from worker_svc.config import WorkerConfig, parse_bytes
+from worker_svc.wait_policy import apply_wait_policy
 
 __all__ = ["build_parser", "config_from_args", "main", "parse_bytes"]
 
@@ -51,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except FlagError as error:
         parser.error(str(error))
     configure_logging(config.log_level)
+    # Before torch loads libgomp, which reads it once (worker_svc/wait_policy.py).
+    policy, source = apply_wait_policy()
+    structlog.get_logger("worker_svc").info("openmp_wait_policy", policy=policy, source=source)
     from worker_svc.server import run
 
     return run(config, config.metrics_port, config.grace_period_s)

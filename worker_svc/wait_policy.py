@@ -1,0 +1,48 @@
+"""The worker's OpenMP wait policy: how long an idle thread spins before it sleeps.
+
+libgomp's default spins about 300,000 times (a few hundred microseconds) at every
+barrier and at the end of every parallel region, which assumes the cores belong to
+the process. A worker rarely has its cores to itself (a second worker, the
+scheduler, a benchmark client, a build on the same machine), and a thread that spins
+through its time slice while its partner waits for a core makes the whole step wait:
+measured by `python -m bench.wait_policy` (README, "OpenMP wait policy"), a bounded
+spin keeps a decode step near its idle time beside a busy process, where the
+default made it several times slower, and costs little when the machine is idle.
+
+libgomp reads these variables once, when it is loaded (with torch), so they are set
+at the worker process's start, before anything imports torch; a value the user set
+(either variable) is left alone, as is a process that already loaded torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+
+POLICY_VARIABLES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    # Tens of microseconds of spinning: enough to catch the next operator's region on
+    # an idle machine, short enough not to burn a competitor's time slice.
+    environment: dict[str, str] = field(default_factory=lambda: {"GOMP_SPINCOUNT": "10000"})
+
+
+DEFAULT_POLICY = WaitPolicy()
+
+
+def apply_wait_policy(
+    environ: MutableMapping[str, str] = os.environ, policy: WaitPolicy = DEFAULT_POLICY
+) -> tuple[dict[str, str], str]:
+    """Sets the policy's variables where the user set none of them; returns what is in
+    effect and where it comes from (for the start log)."""
+    chosen = {name: environ[name] for name in POLICY_VARIABLES if name in environ}
+    if chosen:
+        return chosen, "set by the user"
+    if "torch" in sys.modules:
+        return {}, "libgomp already loaded: its defaults"
+    environ.update(policy.environment)
+    return dict(policy.environment), "the worker's default (bench/wait_policy.py)"
