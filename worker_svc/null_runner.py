@@ -34,8 +34,7 @@ from cbserve.worker.v1 import worker_pb2
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, kv_cache_dtype
 from worker_svc.model_runner import ModelRunner, record_sample
-from worker_svc.models.dims import attention_dims
-from worker_svc.models.llama_config import read_llama_config
+from worker_svc.models.config_file import attention_dims, read_declared_config
 from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
 from worker_svc.null_tokenizer import read_tokenizer_files
 from worker_svc.prompt_logprobs import prompt_rows
@@ -163,8 +162,8 @@ class NullRunner(ModelRunner):
 
 def read_null_model(config: WorkerConfig) -> tuple[NullModel, NullVocabulary]:
     """The model's description and vocabulary from its config and tokenizer, no weights.
-    A Llama directory with a plain tokenizer is read without transformers
-    (models/llama_config.py, null_tokenizer.py); anything else through it."""
+    A declared architecture's directory with a plain tokenizer is read without
+    transformers (models/config_file.py, null_tokenizer.py); anything else through it."""
     path = Path(config.model)
     if path.is_file() and path.suffix == ".gguf":
         source, extra = str(path.parent), {"gguf_file": path.name}
@@ -172,7 +171,8 @@ def read_null_model(config: WorkerConfig) -> tuple[NullModel, NullVocabulary]:
         source, extra = str(path), {}
     else:
         raise ValueError(f"cannot describe model {path}: not a .gguf file or a directory")
-    text_config = read_llama_config(path)
+    declared = read_declared_config(path)
+    text_config = declared[0] if declared else None
     tokenizer = read_tokenizer_files(path)
     if text_config is None or tokenizer is None:
         from transformers import AutoConfig, AutoTokenizer

@@ -61,16 +61,6 @@ def build_worker(config: WorkerConfig) -> Worker:
         started = time.perf_counter()
         loaded.model.warm_up(loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         log.info("forward_compiled", seconds=round(time.perf_counter() - started, 1))
-    text_config = loaded.config
-    sliding = getattr(text_config, "sliding_window", None)
-    layer_types = getattr(text_config, "layer_types", None) or []
-    # Qwen2-style configs carry a window they do not use (use_sliding_window=False).
-    if sliding and (
-        "sliding_attention" in layer_types or getattr(text_config, "use_sliding_window", True)
-    ):
-        # The paged backends attend over the whole context; say so rather than
-        # silently differ from the model's own attention past the window.
-        log.warning("sliding_window_ignored", sliding_window=sliding)
     processor = _processor(device)
     kv_dtype = kv_cache_dtype(config.kv_cache_dtype, loaded.dtype, loaded.compute_path, device.type)
     backend, why = select_backend(

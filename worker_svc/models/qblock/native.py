@@ -1,6 +1,7 @@
-"""The q4_1 own forward's decode steps in one native call (kernels/llama_decode.c).
+"""The q4_1 own forward's decode steps in one native call (kernels/decode_step.c).
 
-A decode step of the Python forward (models/llama.py on QBlockLinear projections) is
+A decode step of the Python forward (models/forward/decoder.py on QBlockLinear
+projections) is
 ~600 small torch operators and a ctypes call per layer for attention: at batch 1 they
 cost more than the projections themselves. Where a step's tokens are all decodes and
 attention is the CPU backend's paged pool, `NativeDecode` runs every layer, the final
@@ -34,7 +35,7 @@ KERNELS = Path(__file__).with_name("kernels")
 STEP_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
 ACTIVATION_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
 PARTS = (
-    (KERNELS / "llama_decode.c", STEP_FLAGS),
+    (KERNELS / "decode_step.c", STEP_FLAGS),
     (KERNELS / "llama_activation.c", ACTIVATION_FLAGS),
     (qblock.SOURCE, qblock.COMPILE_FLAGS),
     (qblock.VNNI_SOURCE, qblock.COMPILE_FLAGS),
@@ -47,27 +48,28 @@ SCHEDULES = {"dynamic": 0, "static": 1}
 BARRIER_SPIN = 2000
 
 _I64, _F64, _PTR = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
-# The pool element types the step writes and attends over (llama_decode.c's KV_FLOAT*):
+# The pool element types the step writes and attends over (decode_step.c's KV_FLOAT*):
 # float32, the reference, and float16 (--kv-cache-dtype float16).
 KV_DTYPES = {torch.float32: 0, torch.float16: 1}
 
 
 class _Model(ctypes.Structure):
-    """struct llama_decode_model."""
+    """struct decode_model."""
 
     _fields_ = [
         *((name, _I64) for name in ("hidden", "intermediate", "num_layers", "num_heads")),
         *((name, _I64) for name in ("num_kv_heads", "head_dim", "vocab")),
         ("eps", _F64),
         ("scale", _F64),
-        *((name, _PTR) for name in ("embed", "final_norm", "cos", "sin", "lm_head")),
+        *((name, _PTR) for name in ("embed", "final_norm", "lm_head")),
         ("lm_head_format", _I64),
         *((name, _PTR) for name in ("norms", "projections", "formats")),
+        *((name, _PTR) for name in ("rope_tables", "windows", "qkv_biases", "qk_norms")),
     ]
 
 
 class _Batch(ctypes.Structure):
-    """struct llama_decode_batch."""
+    """struct decode_batch."""
 
     _fields_ = [
         ("num_tokens", _I64),
@@ -88,15 +90,33 @@ class _Batch(ctypes.Structure):
 @functools.cache
 def load_decode_kernel() -> ctypes.CDLL:
     """The compiled step; KernelUnavailableError says why not."""
-    lib = build_and_load_parts("llama_decode", PARTS, LINK_FLAGS)
-    lib.llama_decode_step.restype = ctypes.c_int
-    lib.llama_decode_step.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Batch)]
+    lib = build_and_load_parts("decode_step", PARTS, LINK_FLAGS)
+    lib.decode_step.restype = ctypes.c_int
+    lib.decode_step.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Batch)]
     return lib
 
 
-def native_decode_disabled_reason() -> str | None:
+# What the step computes of what an architecture may declare (DecoderSpec.features):
+# Llama, Mistral, Qwen2 and Qwen3 run natively. Gemma 3's post-norms, GELU-tanh and
+# scaled embedding are not written yet: its decode steps take the Python forward.
+NATIVE_FEATURES = frozenset(
+    {
+        "q/k/v biases",
+        "per-head q/k norms",
+        "(1 + w) norms",  # the model holds the float32 multiplier, 1 already added
+        "sliding-window layers",
+        "rope scaling",
+        "two rope bases",
+    }
+)
+
+
+def native_decode_disabled_reason(spec=None) -> str | None:
+    """None when the native step runs this model's decodes, else why not."""
     if os.environ.get("CBSERVE_NATIVE_DECODE", "1") == "0":
         return "CBSERVE_NATIVE_DECODE=0"
+    if spec is not None and (missing := spec.unsupported(NATIVE_FEATURES)):
+        return f"the native step does not compute {', '.join(missing)} ({spec.architecture})"
     try:
         load_decode_kernel()
     except KernelUnavailableError as exc:
@@ -105,7 +125,7 @@ def native_decode_disabled_reason() -> str | None:
 
 
 class NativeDecode:
-    """A q4_1 LlamaForCausalLM's weights, as the native step reads them: prepared once,
+    """A q4_1 DecoderForCausalLM's weights, as the native step reads them: prepared once,
     kept alive by the model (the structure holds their addresses)."""
 
     def __init__(
@@ -115,8 +135,11 @@ class NativeDecode:
         schedule: str = "dynamic",
         barrier_spin: int = BARRIER_SPIN,
     ):
-        shape = model.shape
-        if model.rotary.cos.dtype != torch.float32 or model.embed_tokens.dtype != torch.float32:
+        spec = model.spec
+        if (
+            model.rotaries[0].cos.dtype != torch.float32
+            or model.embed_tokens.dtype != torch.float32
+        ):
             raise ValueError("the native decode step computes in float32 only")
         self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
         self.barrier_spin = barrier_spin
@@ -131,7 +154,7 @@ class NativeDecode:
         ]
         self._norms = torch.tensor(
             [
-                [layer.input_norm.weight.data_ptr(), layer.post_attention_norm.weight.data_ptr()]
+                [layer.attn_norm.weight.data_ptr(), layer.mlp_norm.weight.data_ptr()]
                 for layer in layers
             ],
             dtype=torch.int64,
@@ -142,26 +165,50 @@ class NativeDecode:
         self._formats = torch.tensor(
             [[p.format.code for p in row] for row in projections], dtype=torch.int64
         )
+        self._per_layer_tables(model)
         self._model = model  # owns every tensor whose address the structure holds
         self._struct = _Model(
-            hidden=shape.hidden_size,
-            intermediate=shape.intermediate_size,
-            num_layers=shape.num_layers,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
+            hidden=spec.hidden_size,
+            intermediate=spec.intermediate_size,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
             vocab=model.lm_head.out_features,
-            eps=shape.rms_norm_eps,
+            eps=spec.rms_norm_eps,
             scale=layers[0].scale,
             embed=model.embed_tokens.data_ptr(),
             final_norm=model.norm.weight.data_ptr(),
-            cos=model.rotary.cos.data_ptr(),
-            sin=model.rotary.sin.data_ptr(),
             lm_head=model.lm_head.blocks.data_ptr(),
             lm_head_format=model.lm_head.format.code,
             norms=self._norms.data_ptr(),
             projections=self._projections.data_ptr(),
             formats=self._formats.data_ptr(),
+            rope_tables=self._rope_tables.data_ptr(),
+            windows=self._windows.data_ptr(),
+            qkv_biases=self._qkv_biases.data_ptr(),
+            qk_norms=self._qk_norms.data_ptr(),
+        )
+
+    def _per_layer_tables(self, model) -> None:
+        """What the declaration varies by layer, as the step's address tables (0: none)."""
+        layers = model.layers
+
+        def address(tensor) -> int:
+            return 0 if tensor is None else tensor.data_ptr()
+
+        rotaries = [model.rotaries[model.layer_rope[i]] for i in range(len(layers))]
+        self._rope_tables = torch.tensor(
+            [[rotary.cos.data_ptr(), rotary.sin.data_ptr()] for rotary in rotaries],
+            dtype=torch.int64,
+        )
+        self._windows = torch.tensor([layer.window or 0 for layer in layers], dtype=torch.int64)
+        self._qkv_biases = torch.tensor(
+            [address(layer.qkv_proj.bias) for layer in layers], dtype=torch.int64
+        )
+        self._qk_norms = torch.tensor(
+            [[address(_weight(layer.q_norm)), address(_weight(layer.k_norm))] for layer in layers],
+            dtype=torch.int64,
         )
 
     def __call__(
@@ -204,15 +251,17 @@ class NativeDecode:
             vnni_from_m=self.vnni_from_m,
             spin=self.barrier_spin,
         )
-        status = load_decode_kernel().llama_decode_step(
-            ctypes.byref(self._struct), ctypes.byref(batch)
-        )
+        status = load_decode_kernel().decode_step(ctypes.byref(self._struct), ctypes.byref(batch))
         if status == -4:
             return None  # OpenMP gave fewer threads than asked: the Python path runs it
         if status != 0:
             reasons = {-1: "kernel variant not supported here", -2: "unsupported shape"}
-            raise RuntimeError(f"llama_decode_step: {reasons.get(status, 'out of memory')}")
+            raise RuntimeError(f"decode_step: {reasons.get(status, 'out of memory')}")
         return logits
+
+
+def _weight(norm) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
 
 
 def _plain_decodes(attention: PagedAttentionContext, num_tokens: int):

@@ -1,10 +1,11 @@
-"""A Llama GGUF's projection and head weights as their own quantized blocks (not
-dequantized), fused and reordered as the own forward uses them.
+"""A GGUF's projection and head weights as their own quantized blocks (not
+dequantized), fused and reordered as the own forward uses them, named by the
+architecture's declaration.
 
 Rows of a block format are independent (blocks run along K), so the fused QKV and
 gate/up are the byte rows of their parts stacked, and the rotary reordering of q and
-k (weights._undo_rope_permute) is a permutation of byte rows. Tensors in a format the
-kernel has no code for are read dequantized and requantized to Q8_0 at load.
+k (checkpoint.weights.undo_rope_permute, llama only) is a permutation of byte rows.
+Tensors in a format the kernel has no code for are read dequantized and requantized to Q8_0 at load.
 
 Which GGUF belongs to a converted float directory is checked, not assumed: its
 dequantized blocks must equal the directory's float32 weights bit for bit
@@ -20,27 +21,19 @@ import numpy as np
 import torch
 
 from worker_svc.compute.qblock import FORMATS, Q8_0, QK, BlockFormat, dequantize, quantize
-from worker_svc.models.gguf_index import GgufIndex, TensorInfo, read_index
-from worker_svc.models.weights import _undo_rope_permute
+from worker_svc.models.checkpoint.gguf_index import GgufIndex, TensorInfo, read_index
+from worker_svc.models.checkpoint.weights import undo_rope_permute
+from worker_svc.models.declaration import Architecture
 
 # One weight as the kernel takes it: (blocks [N, bytes], format, K).
 Blocks = tuple[torch.Tensor, BlockFormat, int]
 
+# The fused projections of the own forward, by the roles of their parts.
 _PARTS = {
-    "qkv": ("attn_q", "attn_k", "attn_v"),
-    "o": ("attn_output",),
-    "gate_up": ("ffn_gate", "ffn_up"),
-    "down": ("ffn_down",),
-}
-# transformers' names of the same weights, for checking against a float state dict.
-_HF = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "qkv": ("q", "k", "v"),
+    "o": ("o",),
+    "gate_up": ("gate", "up"),
+    "down": ("down",),
 }
 
 
@@ -76,9 +69,15 @@ def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
     return quantize(torch.from_numpy(values), Q8_0), Q8_0, k
 
 
-def read_gguf_blocks(path: str | Path, layers=None) -> GgufBlocks:
+def gguf_architecture(path: str | Path) -> str:
+    """The file's `general.architecture` ("llama", "qwen3", ...)."""
+    return str(read_index(path).metadata["general.architecture"])
+
+
+def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) -> GgufBlocks:
     """All layers' projections (or only `layers`), the LM head and the embedding."""
     index = read_index(path)
+    gguf_names, hf_names = architecture.gguf_names, architecture.hf_names
     meta, tensors = index.metadata, index.tensors
     arch = meta["general.architecture"]
     heads = int(meta[f"{arch}.attention.head_count"])
@@ -90,19 +89,20 @@ def read_gguf_blocks(path: str | Path, layers=None) -> GgufBlocks:
         for name, parts in _PARTS.items():
             pieces = []
             for part in parts:
-                blocks, fmt, k = _tensor_blocks(index, tensors[f"blk.{layer}.{part}.weight"])
-                if part in ("attn_q", "attn_k"):
-                    blocks = _undo_rope_permute(blocks, heads if part == "attn_q" else kv_heads)
+                info = tensors[gguf_names[part].format(i=layer)]
+                blocks, fmt, k = _tensor_blocks(index, info)
+                if architecture.gguf_permutes_qk and part in ("q", "k"):
+                    blocks = undo_rope_permute(blocks, heads if part == "q" else kv_heads)
                 pieces.append((blocks, fmt, k))
-            names = [f"model.layers.{layer}.{_HF[part]}.weight" for part in parts]
+            names = [hf_names[part].format(i=layer) for part in parts]
             fused[name] = _fuse(pieces, names, out.parts)
         out.layers[layer] = fused
-    out.embedding = _tensor_blocks(index, tensors["token_embd.weight"])
-    head = tensors.get("output.weight")
+    out.embedding = _tensor_blocks(index, tensors[gguf_names["embed"]])
+    head = tensors.get(gguf_names["lm_head"])
     out.lm_head = _tensor_blocks(index, head) if head is not None else out.embedding
-    out.parts["model.embed_tokens.weight"] = out.embedding
+    out.parts[hf_names["embed"]] = out.embedding
     if head is not None:
-        out.parts["lm_head.weight"] = out.lm_head
+        out.parts[hf_names["lm_head"]] = out.lm_head
     return out
 
 

@@ -1,5 +1,6 @@
-"""Turns a float32 own Llama forward into the block-quantized path (`--dtype q4_1`):
-every projection and the LM head multiply float32 activations by quantized blocks.
+"""Turns a float32 own forward (any declared architecture) into the block-quantized path
+(`--dtype q4_1`): every projection and the LM head multiply float32 activations by
+quantized blocks; biases stay float32 and are added to the product.
 
 Where the weights come from decides what they are:
 - a `.gguf` file: its own blocks (SmolLM2's: Q4_1 projections, a Q8_0 tied head), so
@@ -23,8 +24,16 @@ import torch
 
 from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
-from worker_svc.models.checkpoint_tensors import CheckpointTensors
-from worker_svc.models.gguf_blocks import GgufBlocks, blocks_match_state, read_gguf_blocks
+from worker_svc.errors import ModelLoadError
+from worker_svc.models.checkpoint.tensors import CheckpointTensors
+from worker_svc.models.declaration import Architecture, DecoderSpec
+from worker_svc.models.forward.decoder import DecoderForCausalLM
+from worker_svc.models.qblock.gguf_blocks import (
+    GgufBlocks,
+    blocks_match_state,
+    gguf_architecture,
+    read_gguf_blocks,
+)
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _GGUF_KEYS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
@@ -43,14 +52,16 @@ def candidate_gguf(model_path: Path) -> Path | None:
 
 
 def find_blocks(
-    model_path: Path, state: Mapping[str, torch.Tensor]
+    model_path: Path, architecture: Architecture, state: Mapping[str, torch.Tensor]
 ) -> tuple[GgufBlocks | None, str]:
     """The GGUF blocks to run and where they come from, or None and why not. `state` may
     read its tensors lazily (CheckpointTensors): they are compared one at a time."""
     gguf = candidate_gguf(model_path)
     if gguf is None or not gguf.is_file():
         return None, "no GGUF file for this model"
-    blocks = read_gguf_blocks(gguf)
+    if gguf_architecture(gguf) != architecture.gguf_architecture:
+        return None, f"{gguf.name} holds another architecture"
+    blocks = read_gguf_blocks(gguf, architecture)
     if model_path.suffix == ".gguf":
         return blocks, f"{gguf.name}'s own blocks"
     mismatch = blocks_match_state(blocks, state)
@@ -64,15 +75,15 @@ def to_qblock(model, blocks: GgufBlocks | None) -> None:
     try:
         load_qblock_kernel()  # here, at load, not at the first step
     except KernelUnavailableError as exc:
-        from worker_svc.model_loader import ModelLoadError
-
         raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
     for index, layer in enumerate(model.layers):
         for name in _PROJECTIONS:
+            bias = getattr(layer, name).bias
             if blocks is not None:
-                projection = QBlockLinear(*blocks.layers[index][_GGUF_KEYS[name]])
+                projection = QBlockLinear(*blocks.layers[index][_GGUF_KEYS[name]], bias=bias)
             else:
-                projection = QBlockLinear.from_float(getattr(layer, name).weight.data, Q8_0)
+                weight = getattr(layer, name).weight.data
+                projection = QBlockLinear.from_float(weight, Q8_0, bias=bias)
             setattr(layer, name, projection)  # the float32 weight goes with the old module
     # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
     if blocks is not None:
@@ -109,25 +120,34 @@ class _SkeletonState(Mapping[str, torch.Tensor]):
         return len(self._checkpoint)
 
 
-def build_qblock(own, shape, checkpoint: CheckpointTensors, model_path: Path, dtype):
+def build_qblock(
+    architecture: Architecture,
+    spec: DecoderSpec,
+    checkpoint: CheckpointTensors,
+    model_path: Path,
+    dtype,
+    norms_offset_applied: bool = False,
+) -> DecoderForCausalLM:
     """The own forward on blocks; `model.qblock_source` says which weights it runs.
 
     With the GGUF's blocks, the float32 projections are only read one at a time to check
     them (a float directory) and never built; a float-only model is built in float32
     (each tensor read once) and quantized to Q8_0 projection by projection."""
-    blocks, source = find_blocks(model_path, checkpoint)
-    model = own(shape, _SkeletonState(checkpoint, blocks is not None), "float32", dtype)
+    blocks, source = find_blocks(model_path, architecture, checkpoint)
+    skeleton = _SkeletonState(checkpoint, blocks is not None)
+    model = DecoderForCausalLM(architecture, spec, skeleton, "float32", dtype, norms_offset_applied)
     to_qblock(model, blocks)
     model.qblock_source = source if blocks is not None else f"Q8_0 quantized at load ({source})"
     attach_native_decode(model)
     return model
 
 
-def attach_native_decode(model) -> None:
-    """Decode steps in one native call where its kernel builds (models/llama_native.py);
-    `model.native_decode_status` says whether, or why not."""
-    from worker_svc.models.llama_native import NativeDecode, native_decode_disabled_reason
+def attach_native_decode(model: DecoderForCausalLM) -> None:
+    """Decode steps in one native call where its kernel builds and computes every
+    feature the architecture declares (models/qblock/native.py); else the Python
+    forward, which computes all of them. `model.native_decode_status` says which."""
+    from worker_svc.models.qblock.native import NativeDecode, native_decode_disabled_reason
 
-    reason = native_decode_disabled_reason()
+    reason = native_decode_disabled_reason(model.spec)
     model.native_decode = NativeDecode(model) if reason is None else None
     model.native_decode_status = "native decode steps" if reason is None else f"off: {reason}"

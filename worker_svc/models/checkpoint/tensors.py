@@ -23,8 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker_svc.models.gguf_index import GgufIndex, read_index
-from worker_svc.models.weights import _hf_name, _undo_rope_permute
+from worker_svc.models.checkpoint.gguf_index import GgufIndex, read_index
+from worker_svc.models.checkpoint.weights import (
+    gguf_to_hf_names,
+    hf_name,
+    qk_heads,
+    undo_rope_permute,
+)
+from worker_svc.models.declaration import Architecture
 
 # Safetensors dtype names -> (numpy dtype to read, torch dtype to view as).
 _SAFETENSORS_DTYPES = {
@@ -46,10 +52,16 @@ class _Located:
 class CheckpointTensors(Mapping[str, torch.Tensor]):
     """name -> float tensor, read on each access (callers keep what they need)."""
 
-    def __init__(self, checkpoint: Path, num_heads: int, num_kv_heads: int):
-        self._heads = {"q_proj": num_heads, "k_proj": num_kv_heads}
+    def __init__(
+        self, checkpoint: Path, architecture: Architecture, num_heads: int, num_kv_heads: int
+    ):
+        self._heads: dict[str, int] = {}  # name -> heads to un-permute by (llama's GGUF q/k)
         if checkpoint.suffix == ".gguf":
-            self._located = _locate_gguf(read_index(checkpoint))
+            self._located, roles = _locate_gguf(read_index(checkpoint), architecture)
+            for name, role in roles.items():
+                heads = qk_heads(architecture, role, num_heads, num_kv_heads)
+                if heads:
+                    self._heads[name] = heads
         else:
             files = sorted(checkpoint.glob("*.safetensors"))
             if not files:
@@ -83,9 +95,8 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
         rows = int(np.prod(where.shape[:-1]))
         values = gguf.quants.dequantize(raw.reshape(rows, -1), kind)
         weight = torch.from_numpy(np.asarray(values, dtype=np.float32).reshape(where.shape))
-        projection = name.rsplit(".", 2)[-2]  # "...self_attn.q_proj.weight" -> "q_proj"
-        if projection in self._heads:
-            weight = _undo_rope_permute(weight, self._heads[projection])
+        if name in self._heads:
+            weight = undo_rope_permute(weight, self._heads[name])
         return weight
 
 
@@ -108,18 +119,23 @@ def _locate_safetensors(file: Path) -> dict[str, _Located]:
     return located
 
 
-def _locate_gguf(index: GgufIndex) -> dict[str, _Located]:
+def _locate_gguf(
+    index: GgufIndex, architecture: Architecture
+) -> tuple[dict[str, _Located], dict[str, str]]:
+    """Where each tensor lies, under transformers' names, and each name's role."""
     import gguf
 
-    located = {}
+    table = gguf_to_hf_names(architecture)
+    located, roles = {}, {}
     for info in index.tensors.values():
-        name = _hf_name(info.name)
-        if name is None:
+        named = hf_name(info.name, table)
+        if named is None:
             continue
+        name, roles[name] = named
         block, size = gguf.constants.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(info.ggml_type)]
         elements = int(np.prod(info.shape))
         shape = tuple(int(d) for d in reversed(info.shape))  # GGUF lists innermost first
         located[name] = _Located(
             index.path, info.offset, shape, f"gguf:{info.ggml_type}", elements // block * size
         )
-    return located
+    return located, roles

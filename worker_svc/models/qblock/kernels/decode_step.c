@@ -1,4 +1,4 @@
-/* A whole decode step of the Llama forward (worker_svc/models/llama.py) on GGUF blocks,
+/* A whole decode step of the own forward (worker_svc/models/forward/decoder.py) on GGUF blocks,
  * in one call and one OpenMP parallel region: for every layer RMSNorm, the fused QKV
  * projection, rotary, K/V written into the paged pool, paged decode attention (GQA),
  * o_proj and its residual, RMSNorm, gate/up, SiLU * up, down and its residual; then the
@@ -49,21 +49,25 @@ enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
 
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
  * one tensor; every array is contiguous. */
-struct llama_decode_model {
+struct decode_model {
     int64_t hidden, intermediate, num_layers, num_heads, num_kv_heads, head_dim, vocab;
     double eps, scale;
     const float *embed;      /* [vocab, hidden] */
     const float *final_norm; /* [hidden] */
-    const float *cos, *sin;  /* [max_positions, head_dim / 2] */
     const uint8_t *lm_head;  /* [vocab] rows of blocks */
     int64_t lm_head_format;
     const int64_t *norms;       /* [layers][NORMS] addresses of float [hidden] */
     const int64_t *projections; /* [layers][PROJS] addresses of block rows */
     const int64_t *formats;     /* [layers][PROJS] */
+    /* What the architecture's declaration varies by layer (models/declaration.py). */
+    const int64_t *rope_tables; /* [layers][2] addresses of cos, sin [positions, d / 2] */
+    const int64_t *windows;     /* [layers] sliding window, 0 for full attention */
+    const int64_t *qkv_biases;  /* [layers] address of float [qkv width], 0: none */
+    const int64_t *qk_norms;    /* [layers][2] addresses of float [head_dim], 0: none */
 };
 
 /* One step. */
-struct llama_decode_batch {
+struct decode_batch {
     int64_t num_tokens;
     const int64_t *token_ids, *positions, *slot_mapping; /* [T] */
     const int32_t *block_tables;                         /* [T, max_blocks] */
@@ -98,6 +102,12 @@ static void rms_norm_rows(const float *x, const int64_t *rows, int64_t count, co
         rms_norm(x + (rows ? rows[i] : i) * n, weight, n, eps, out + i * n);
 }
 
+static void add_row(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
 /* x[heads][d] in place: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), torch's order. */
 static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const float *sin)
 {
@@ -112,19 +122,38 @@ static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const f
 
 /* Token t's kv head h: rotary on its query heads and its key, K/V into the pool, then
  * attention over the sequence's blocks. */
-static void attend_item(const struct llama_decode_model *m, const struct llama_decode_batch *b,
+static void attend_item(const struct decode_model *m, const struct decode_batch *b,
                         int64_t layer, int64_t t, int64_t kv_head, float *qkv_row,
                         float *attended_row, float *scores)
 {
     const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
     const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
     const int64_t layer_elements = b->num_blocks * block_stride;
-    const float *cos = m->cos + b->positions[t] * (d / 2), *sin = m->sin + b->positions[t] * (d / 2);
-    float *q = qkv_row + kv_head * group * d;
-    float *k = qkv_row + (m->num_heads + kv_head) * d;
-    const float *v = qkv_row + (m->num_heads + m->num_kv_heads + kv_head) * d;
+    const int64_t q_at = kv_head * group * d, k_at = (m->num_heads + kv_head) * d;
+    const int64_t v_at = (m->num_heads + m->num_kv_heads + kv_head) * d;
+    float *q = qkv_row + q_at, *k = qkv_row + k_at, *v = qkv_row + v_at;
+    /* This item's parts of the projection's bias (Qwen2), then the per-head norms
+     * (Qwen3, Gemma 3), then rotary: the Python forward's order. */
+    const float *bias = (const float *)m->qkv_biases[layer];
+    if (bias) {
+        add_row(q, bias + q_at, group * d);
+        add_row(k, bias + k_at, d);
+        add_row(v, bias + v_at, d);
+    }
+    const float *q_norm = (const float *)m->qk_norms[layer * 2];
+    if (q_norm) {
+        const float *k_norm = (const float *)m->qk_norms[layer * 2 + 1], eps = (float)m->eps;
+        for (int64_t g = 0; g < group; g++)
+            rms_norm(q + g * d, q_norm, d, eps, q + g * d);
+        rms_norm(k, k_norm, d, eps, k);
+    }
+    const int64_t half = d / 2, position = b->positions[t];
+    const float *cos = (const float *)m->rope_tables[layer * 2] + position * half;
+    const float *sin = (const float *)m->rope_tables[layer * 2 + 1] + position * half;
     rotate(q, group, d, cos, sin);
     rotate(k, 1, d, cos, sin);
+    const int64_t len = b->context_lens[t], window = m->windows[layer];
+    const int64_t first = window > 0 && len > window ? len - window : 0;
     const int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
     const int64_t first = 2 * layer * layer_elements; /* this layer's K, then its V */
     const int32_t *table = b->block_tables + t * b->max_blocks;
@@ -134,18 +163,18 @@ static void attend_item(const struct llama_decode_model *m, const struct llama_d
         uint16_t *k_cache = (uint16_t *)b->kv_cache + first, *v_cache = k_cache + layer_elements;
         float_row_to_half(k, k_cache + slot_offset, d);
         float_row_to_half(v, v_cache + slot_offset, d);
-        paged_decode_item_f16(q, k_cache, v_cache, table, b->context_lens[t], out, scores, group,
+        paged_decode_item_f16(q, k_cache, v_cache, table, first, len, out, scores, group,
                               d, b->block_size, token_stride, block_stride, kv_head * d, scale);
     } else {
         float *k_cache = (float *)b->kv_cache + first, *v_cache = k_cache + layer_elements;
         memcpy(k_cache + slot_offset, k, sizeof(float) * d);
         memcpy(v_cache + slot_offset, v, sizeof(float) * d);
-        paged_decode_item(q, k_cache, v_cache, table, b->context_lens[t], out, scores, group, d,
+        paged_decode_item(q, k_cache, v_cache, table, first, len, out, scores, group, d,
                           b->block_size, token_stride, block_stride, kv_head * d, scale);
     }
 }
 
-static void run_layer(const struct llama_decode_model *m, const struct llama_decode_batch *b,
+static void run_layer(const struct decode_model *m, const struct decode_batch *b,
                       int variant, int64_t layer, const struct scratch *s,
                       const struct thread_scratch *ts, struct member *me)
 {
@@ -190,7 +219,7 @@ static void run_layer(const struct llama_decode_model *m, const struct llama_dec
     share_end(me);
 }
 
-static int64_t longest_context(const struct llama_decode_batch *b)
+static int64_t longest_context(const struct decode_batch *b)
 {
     int64_t longest = 1;
     for (int64_t t = 0; t < b->num_tokens; t++)
@@ -199,7 +228,7 @@ static int64_t longest_context(const struct llama_decode_batch *b)
 }
 
 /* One thread's part of the whole step, inside the parallel region. */
-static void run_step(const struct llama_decode_model *m, const struct llama_decode_batch *b,
+static void run_step(const struct decode_model *m, const struct decode_batch *b,
                      int variant, const struct scratch *s, int layers_vnni, int head_vnni,
                      int64_t rows, int64_t max_k, struct step_team *team)
 {
@@ -223,7 +252,7 @@ static void run_step(const struct llama_decode_model *m, const struct llama_deco
 /* Returns 0; -1 for a variant this CPU cannot run, -2 for a shape the step does not
  * handle, -3 when its scratch could not be allocated, -4 when OpenMP gave it fewer
  * threads than asked (nothing computed). */
-int llama_decode_step(const struct llama_decode_model *m, const struct llama_decode_batch *b)
+int decode_step(const struct decode_model *m, const struct decode_batch *b)
 {
     const int variant = qblock_resolve_variant((int)b->variant);
     if (variant < 0)

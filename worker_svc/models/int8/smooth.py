@@ -1,4 +1,4 @@
-"""Turns a float32 own Llama forward into the int8 path (SmoothQuant folding, then
+"""Turns a float32 own forward (Llama layout only) into the int8 path (SmoothQuant folding, then
 fbgemm int8 projections).
 
 Per-token int8 activations lose the small channels of a token that also carries a
@@ -21,21 +21,19 @@ import torch
 
 from worker_svc.attention.torch_backend import scratch_context
 from worker_svc.compute.linear import DenseLinear, Int8Linear
-from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.models.forward.decoder import DecoderForCausalLM
 
 # SmoothQuant's migration strength: 0.5 splits the range evenly between the two.
 ALPHA = 0.5
 CALIBRATION_TOKENS = 256
 
 
-def quantize_to_int8(model: LlamaForCausalLM) -> None:
+def quantize_to_int8(model: DecoderForCausalLM) -> None:
     """In place: smooth every projection input, then make every projection int8."""
     input_max = _calibrate(model)
     for index, layer in enumerate(model.layers):
-        _smooth_into_norm(layer.input_norm.weight, layer.qkv_proj, input_max[(index, "qkv")])
-        _smooth_into_norm(
-            layer.post_attention_norm.weight, layer.gate_up_proj, input_max[(index, "gate_up")]
-        )
+        _smooth_into_norm(layer.attn_norm.weight, layer.qkv_proj, input_max[(index, "qkv")])
+        _smooth_into_norm(layer.mlp_norm.weight, layer.gate_up_proj, input_max[(index, "gate_up")])
         _smooth_down(layer, input_max[(index, "down")])
         _smooth_output(layer, input_max[(index, "o")])
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
@@ -87,7 +85,7 @@ def _smooth_output(layer, activation_max) -> None:
 
 
 @torch.inference_mode()
-def _calibrate(model: LlamaForCausalLM) -> dict:
+def _calibrate(model: DecoderForCausalLM) -> dict:
     """Per input channel, the largest |activation| each projection sees on one prompt."""
     seen: dict = {}
     hooks = []
@@ -109,9 +107,9 @@ def _calibrate(model: LlamaForCausalLM) -> dict:
             hooks.append(module.register_forward_pre_hook(record((index, key))))
     hooks.append(model.lm_head.register_forward_pre_hook(record("lm_head")))
     try:
-        ids = _calibration_ids(model.shape.vocab_size)
+        ids = _calibration_ids(model.spec.vocab_size)
         t = len(ids)
-        shape = model.shape
+        shape = model.spec
         context = scratch_context(
             shape.num_layers, shape.num_kv_heads, shape.head_dim, torch.float32, (t,)
         )

@@ -37,18 +37,23 @@ _STEP: list[PagedAttentionContext] = []
 
 @torch.library.custom_op("cbserve::attention", mutates_args=())
 def _attention_op(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_idx: int, scale: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer_idx: int,
+    scale: float,
+    window: int,
 ) -> torch.Tensor:
     # The K/V pool is written inside (not declared as mutated: the pool is not an
     # input of the graph); the layers' data dependence keeps the calls in order.
     context = _STEP[-1]
     return context.backend.forward(
-        layer_idx, query, key, value, context.pool, context.metadata, scale
+        layer_idx, query, key, value, context.pool, context.metadata, scale, window or None
     )
 
 
 @_attention_op.register_fake
-def _(query, key, value, layer_idx, scale):
+def _(query, key, value, layer_idx, scale, window):
     return query.new_empty(query.shape)
 
 
@@ -57,8 +62,9 @@ class _OpBackend:
 
     name = "compiled"
 
-    def forward(self, layer_idx, query, key, value, pool, metadata, scale):
-        return torch.ops.cbserve.attention(query, key, value, layer_idx, scale)
+    def forward(self, layer_idx, query, key, value, pool, metadata, scale, window=None):
+        # 0 for no window: a custom op's int argument cannot be None.
+        return torch.ops.cbserve.attention(query, key, value, layer_idx, scale, window or 0)
 
 
 _TRACED_CONTEXT = PagedAttentionContext(_OpBackend(), None, None)  # type: ignore[arg-type]
