@@ -24,9 +24,9 @@ import warnings
 import torch
 
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
-from worker_svc.compute.linear import make_projection
+from worker_svc.compute.projections import make_projection
 from worker_svc.compute.paths import PATHS
-from worker_svc.models.dims import attention_dims
+from worker_svc.models.config_file import attention_dims
 
 
 def projection_shapes(config) -> dict[str, tuple[int, int, int]]:

@@ -26,7 +26,7 @@ import torch
 from bench.measure_dtype import make_runner
 from bench.step_profile import set_up, step_plan
 from worker_svc.compute.cpu_features import cpu_name
-from worker_svc.models.llama_native import BARRIER_SPIN, SCHEDULES, NativeDecode
+from worker_svc.models.qblock.native import BARRIER_SPIN, SCHEDULES, NativeDecode
 
 
 def _spin() -> None:

@@ -33,12 +33,13 @@ from worker_svc.compute.qblock import (
     supported_variants,
     vnni_matmul,
 )
-from worker_svc.models.gguf_blocks import read_gguf_blocks
+from worker_svc.models.architectures import load_architecture
+from worker_svc.models.qblock.gguf_blocks import read_gguf_blocks
 
 
 def shapes_from_gguf(path) -> dict[str, tuple]:
     """name -> (blocks, format, K, count per step), from the GGUF's layer 0 and head."""
-    blocks = read_gguf_blocks(path, layers=(0,))
+    blocks = read_gguf_blocks(path, load_architecture("llama"), layers=(0,))
     layer = blocks.layers[0]
     count = blocks.num_layers
     return {

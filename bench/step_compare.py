@@ -11,7 +11,7 @@ attention and sampling included, as bench/step_profile.py times it. The CPU, its
 load average at the start and the end are printed beside the figures.
 
 `q4_1-python` is the q4_1 path with its native decode step off (CBSERVE_NATIVE_DECODE=0,
-models/llama_native.py): `--dtypes q4_1,q4_1-python` compares the two. `q4_1+kv16` is
+models/qblock/native.py): `--dtypes q4_1,q4_1-python` compares the two. `q4_1+kv16` is
 the q4_1 path over a float16 KV pool (--kv-cache-dtype float16; bench/kv_suffix.py):
 `--dtypes q4_1,q4_1+kv16` compares the pools; `q4_1+kv16-python` combines both.
 """

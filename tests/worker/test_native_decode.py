@@ -1,4 +1,4 @@
-"""The q4_1 path's native decode step (models/llama_native.py) against the Python forward
+"""The q4_1 path's native decode step (models/qblock/native.py) against the Python forward
 it replaces: logits, the K/V it writes into the pool, and greedy tokens in the runner.
 
 Contexts of 5, 37 and 70 tokens in blocks of 16 tokens (one, three and five blocks, each
@@ -20,8 +20,8 @@ from tests.worker.conftest import build_runner
 from worker_svc.attention import BatchLayout, PagedAttentionContext
 from worker_svc.compute.qblock import supported_variants
 from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
-from worker_svc.models.llama_native import NativeDecode, native_decode_disabled_reason
-from worker_svc.models.llama_qblock import attach_native_decode
+from worker_svc.models.qblock.native import NativeDecode, native_decode_disabled_reason
+from worker_svc.models.qblock.build import attach_native_decode
 
 pytestmark = [
     pytest.mark.model,
@@ -284,7 +284,7 @@ def test_chat_reply_equals_float32s(q4_1, loaded_model):
 
 
 def test_without_the_kernel_the_python_forward_runs(q4_1, monkeypatch):
-    import worker_svc.models.llama_native as llama_native
+    import worker_svc.models.qblock.native as llama_native
 
     def unavailable():
         raise llama_native.KernelUnavailableError("no C compiler (test)")

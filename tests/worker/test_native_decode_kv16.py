@@ -30,7 +30,7 @@ from tests.worker.test_native_decode import (
 )
 from worker_svc.attention import CpuAttentionBackend
 from worker_svc.compute.qblock import supported_variants
-from worker_svc.models.llama_native import NativeDecode
+from worker_svc.models.qblock.native import NativeDecode
 
 pytestmark = [
     pytest.mark.model,

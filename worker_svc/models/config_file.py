@@ -100,7 +100,13 @@ def attention_dims(config) -> tuple[int, int, int]:
     config leaves the last two out (no GQA; hidden_size split evenly over the heads)."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return heads, kv_heads, getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None and isinstance(heads, int) and heads > 0 and config.hidden_size % heads:
+        raise ValueError(
+            f"hidden_size ({config.hidden_size}) is not a multiple of "
+            f"num_attention_heads ({heads}) and no head_dim is given"
+        )
+    return heads, kv_heads, head_dim or config.hidden_size // heads
 
 
 def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:

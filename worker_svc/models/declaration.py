@@ -98,12 +98,20 @@ class DecoderSpec:
     attn_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("head_dim", "vocab_size", "max_positions"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "max_positions",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.rms_norm_eps, float) or self.rms_norm_eps <= 0:
+            raise ValueError(f"rms_norm_eps must be a positive number, got {self.rms_norm_eps!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_heads}) is not a multiple of "
