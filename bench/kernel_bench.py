@@ -24,8 +24,8 @@ import warnings
 import torch
 
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
-from worker_svc.compute.projections import make_projection
 from worker_svc.compute.paths import PATHS
+from worker_svc.compute.projections import make_projection
 from worker_svc.models.config_file import attention_dims
 
 

@@ -20,8 +20,8 @@ from tests.worker.conftest import build_runner
 from worker_svc.attention import BatchLayout, PagedAttentionContext
 from worker_svc.compute.qblock import supported_variants
 from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
-from worker_svc.models.qblock.native import NativeDecode, native_decode_disabled_reason
 from worker_svc.models.qblock.build import attach_native_decode
+from worker_svc.models.qblock.native import NativeDecode, native_decode_disabled_reason
 
 pytestmark = [
     pytest.mark.model,
@@ -144,7 +144,7 @@ def test_logits_and_kv_equal_the_python_forwards(q4_1, prefilled_state, seq_ids)
     assert_close_logits(nat_logits, py_logits, vnni)
     written = py_cache != before
     # Every layer's K and V of each new token, and nothing else.
-    shape = q4_1.model.shape
+    shape = q4_1.model.spec
     assert int(written.sum()) == len(seq_ids) * shape.num_layers * 2 * shape.num_kv_heads * 64
     assert torch.equal(nat_cache != before, written)
     torch.testing.assert_close(nat_cache, py_cache, rtol=0, atol=TOLERANCES[vnni][1])

@@ -67,7 +67,7 @@ def test_logits_and_kv_equal_the_python_forwards(q4_1, prefilled_f16, seq_ids):
     vnni = uses_vnni(native, len(seq_ids))  # its own distance from float activations
     assert_close_logits(nat_logits, py_logits, rtol=max(LOGITS_RTOL, TOLERANCES[vnni][0]))
     assert nat_cache.dtype == py_cache.dtype == torch.float16
-    shape = q4_1.model.shape
+    shape = q4_1.model.spec
     written = written_slots(py_cache, before)
     assert int(written.sum()) == len(seq_ids) * shape.num_layers * 2 * shape.num_kv_heads
     assert torch.equal(written_slots(nat_cache, before), written)

@@ -60,8 +60,8 @@ def test_runs_the_ggufs_own_blocks(q4_1_model):
 
 def test_keeps_no_float32_projection_weight(q4_1_model):
     """The float32 tensors left are the embedding, the norms and the rotary tables: the
-    projections and the head were never built in float32 (llama_qblock._SkeletonState)."""
-    model, shape = q4_1_model.model, q4_1_model.model.shape
+    projections and the head were never built in float32 (qblock.build._SkeletonState)."""
+    model, shape = q4_1_model.model, q4_1_model.model.spec
     floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     assert not any(t.is_meta for t in floats)
     norms = (2 * shape.num_layers + 1) * shape.hidden_size

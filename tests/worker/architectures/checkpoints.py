@@ -80,6 +80,8 @@ def write_checkpoint(name: str, directory: Path, tokenizer_dir: Path | None = No
     model.save_pretrained(directory)
     if tokenizer_dir is not None:
         for file in tokenizer_dir.iterdir():
-            if file.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
+            if file.name.startswith(
+                ("tokenizer", "special_tokens", "generation_config", "chat_template")
+            ):
                 shutil.copy(file, directory / file.name)
     return directory

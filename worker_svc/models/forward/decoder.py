@@ -17,12 +17,12 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 from torch import nn
-from worker_svc.models.forward.layers import ACTIVATIONS, make_norm
-from worker_svc.models.forward.rope import RotaryEmbedding, apply_rotary
 
 from worker_svc.attention import PagedAttentionContext
 from worker_svc.compute.projections import make_projection
 from worker_svc.models.declaration import Architecture, DecoderSpec, LayerAttention
+from worker_svc.models.forward.layers import ACTIVATIONS, make_norm
+from worker_svc.models.forward.rope import RotaryEmbedding, apply_rotary
 
 
 class DecoderLayer(nn.Module):

@@ -8,8 +8,8 @@
 #include <omp.h>
 #include <stdint.h>
 
-#include "../../compute/kernels/qblock_gemm.h"
-#include "../../compute/kernels/qblock_vnni.h"
+#include "../../../compute/kernels/qblock_gemm.h"
+#include "../../../compute/kernels/qblock_vnni.h"
 
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 

@@ -35,10 +35,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/kernels/half_convert.h"
-#include "../../attention/kernels/paged_decode.h"
-#include "../../compute/kernels/qblock_gemm.h"
-#include "../../compute/kernels/qblock_vnni.h"
+#include "../../../attention/kernels/half_convert.h"
+#include "../../../attention/kernels/paged_decode.h"
+#include "../../../compute/kernels/qblock_gemm.h"
+#include "../../../compute/kernels/qblock_vnni.h"
 #include "decode_panels.h"
 #include "step_team.h"
 
@@ -155,18 +155,18 @@ static void attend_item(const struct decode_model *m, const struct decode_batch 
     const int64_t len = b->context_lens[t], window = m->windows[layer];
     const int64_t first = window > 0 && len > window ? len - window : 0;
     const int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
-    const int64_t first = 2 * layer * layer_elements; /* this layer's K, then its V */
+    const int64_t layer_at = 2 * layer * layer_elements; /* this layer's K, then its V */
     const int32_t *table = b->block_tables + t * b->max_blocks;
     float *out = attended_row + kv_head * group * d;
     const float scale = (float)m->scale;
     if (b->kv_dtype == KV_FLOAT16) {
-        uint16_t *k_cache = (uint16_t *)b->kv_cache + first, *v_cache = k_cache + layer_elements;
+        uint16_t *k_cache = (uint16_t *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
         float_row_to_half(k, k_cache + slot_offset, d);
         float_row_to_half(v, v_cache + slot_offset, d);
         paged_decode_item_f16(q, k_cache, v_cache, table, first, len, out, scores, group,
                               d, b->block_size, token_stride, block_stride, kv_head * d, scale);
     } else {
-        float *k_cache = (float *)b->kv_cache + first, *v_cache = k_cache + layer_elements;
+        float *k_cache = (float *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
         memcpy(k_cache + slot_offset, k, sizeof(float) * d);
         memcpy(v_cache + slot_offset, v, sizeof(float) * d);
         paged_decode_item(q, k_cache, v_cache, table, first, len, out, scores, group, d,
