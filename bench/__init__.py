@@ -1,1 +1,1 @@
-"""The serving benchmark (`cbserve bench`, bench.serve) and its baselines."""
+"""The serving benchmark (`cbserve bench`, bench.serving.serve) and its baselines."""

@@ -142,7 +142,7 @@ def _bench_options():
         if not (REPO_ROOT / "bench" / "serve.py").exists():
             return None
         sys.path.insert(0, str(REPO_ROOT))
-    from bench import options
+    from bench.serving import options
 
     return options
 
@@ -160,15 +160,15 @@ def package_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
-    # `bench scheduler` has flags of its own (bench/scheduler_config.py); `cbserve bench`'s
+    # `bench scheduler` has flags of its own (bench/scheduler/config.py); `cbserve bench`'s
     # parser stays the serving benchmark's, as before.
     if given[:2] == ["bench", "scheduler"] and _bench_options() is not None:
-        from bench.scheduler_bench import main as bench_scheduler
+        from bench.scheduler.run import main as bench_scheduler
 
         return bench_scheduler(given[2:], prog="cbserve bench scheduler")
     if given[:2] == ["bench", "accuracy"] and _bench_options() is not None:
         # Its own flags (in-process, no service): not the serving benchmark's.
-        from bench.accuracy import main as accuracy_main
+        from bench.accuracy.gate import main as accuracy_main
 
         return accuracy_main(given[2:])
     parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         return _info(args)
     if args.command == "bench":
-        from bench.serve import run
+        from bench.serving.serve import run
 
         return run(args, bench_options.recorded_command(["cbserve", *given]))
     from cbserve.launch import serve

@@ -1,4 +1,4 @@
-"""llama-perplexity's scoring rules (bench/accuracy_chunks.py), torch-free."""
+"""llama-perplexity's scoring rules (bench/accuracy/chunks.py), torch-free."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.accuracy_chunks import ChunkScoring, Estimate, chunked_table, compare_ids, per_chunk
+from bench.accuracy.chunks import ChunkScoring, Estimate, chunked_table, compare_ids, per_chunk
 
 
 def test_chunks_are_whole_n_ctx_runs_and_the_remainder_is_dropped():
@@ -95,7 +95,7 @@ def _replies_report(llamacpp: dict) -> dict:
 
 
 def test_the_replies_table_has_llama_servers_greedy_replies_when_built():
-    from bench.accuracy import table
+    from bench.accuracy.gate import table
 
     theirs = {"replies": [[1, 2], [3, 5]], "equal_replies": 1, "first_reply": "L'Etoile"}
     lines = table(_replies_report(theirs), 2).splitlines()

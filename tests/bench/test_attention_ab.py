@@ -1,4 +1,4 @@
-"""bench.attention_ab runs two kernel builds in turn and prints a row for each case."""
+"""bench.micro.attention_ab runs two kernel builds in turn and prints a row for each case."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from worker_svc.attention.cpu_kernel import load_kernel
 
 def test_a_build_against_itself_prints_every_case():
     build = load_kernel()._name
-    argv = [sys.executable, "-m", "bench.attention_ab", build, build]
+    argv = [sys.executable, "-m", "bench.micro.attention_ab", build, build]
     run = subprocess.run(
         [*argv, "--calls", "2", "--batch", "4", "--threads", "1"],
         capture_output=True,

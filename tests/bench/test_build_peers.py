@@ -1,4 +1,4 @@
-"""bench/build_llama_server.sh's cache check: both llama-server and llama-perplexity,
+"""bench/peers/build_llama_server.sh's cache check: both llama-server and llama-perplexity,
 or a rebuild. Fake binaries stand in for the real ones; PATH without cmake stops a
 rebuild at its first step, which says what is missing, so nothing is built here."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import llama_perplexity, llama_server
+from bench.peers import llama_perplexity, llama_server
 
 pytestmark = pytest.mark.process  # runs bash
 VERSION = llama_server.LLAMA_CPP_PYTHON_VERSION

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from bench.workload import random_requests
+from bench.serving.workload import random_requests
 
 pytestmark = pytest.mark.model
 
 
 def test_every_requested_token_is_timed_and_batches_run_one_after_another(model_dir, tokenizer):
     pytest.importorskip("transformers")
-    from bench import hf_baseline
+    from bench.peers import hf
 
     vocab = [i for i in range(1000, 5000) if i not in tokenizer.special_token_ids]
     requests = random_requests(3, 0, vocab, (4, 12), (2, 5))
-    timings, wall, info = hf_baseline.run(model_dir, "float32", requests, 2, progress=False)
+    timings, wall, info = hf.run(model_dir, "float32", requests, 2, progress=False)
 
     assert info["batch_size"] == 2 and wall > 0
     assert [t.output_tokens for t in timings] == [r.max_tokens for r in requests]

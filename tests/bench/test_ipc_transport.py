@@ -1,4 +1,4 @@
-"""bench.ipc_transport: the table's pure parts, and one tiny run of every candidate."""
+"""bench.transport.measure: the table's pure parts, and one tiny run of every candidate."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from bench.ipc_messages import CODECS
-from bench.ipc_transport import CANDIDATES, Row, Traffic, best_of, format_table, main
+from bench.transport.measure import CANDIDATES, Row, Traffic, best_of, format_table, main
+from bench.transport.messages import CODECS
 
 PACED = Traffic("outputs", 512, 0.005)
 

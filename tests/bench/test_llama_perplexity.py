@@ -1,4 +1,4 @@
-"""Reading llama-perplexity's output (bench/llama_perplexity.py), on a recorded run:
+"""Reading llama-perplexity's output (bench/peers/llama_perplexity.py), on a recorded run:
 no test runs the binary."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.llama_perplexity import PerplexityRun, parse_output, perplexity_argv
+from bench.peers.llama_perplexity import PerplexityRun, parse_output, perplexity_argv
 
 # The lines that matter from a real run (llama.cpp of llama-cpp-python 0.3.36, the
 # shipped SmolLM2 Q4_1 GGUF, the accuracy bench's held-out document, -c 512 -t 2), in

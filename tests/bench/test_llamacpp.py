@@ -10,11 +10,12 @@ import json
 import math
 import stat
 
-from bench import llama_server, llamacpp_baseline, results, serve
-from bench.metrics import RequestTiming
-from bench.openai_stream import StreamTally, completion_body, sse_data
-from bench.runner import ClientSettings
-from bench.workload import BenchRequest
+from bench.peers import llama_server, llamacpp
+from bench.peers.openai_stream import StreamTally, completion_body, sse_data
+from bench.serving import results, serve
+from bench.serving.metrics import RequestTiming
+from bench.serving.runner import ClientSettings
+from bench.serving.workload import BenchRequest
 
 REQUEST = BenchRequest(index=0, prompt_token_ids=[5, 6, 7], max_tokens=4, seed=11)
 
@@ -179,7 +180,7 @@ def test_requests_stream_over_http_and_are_timed_per_token():
         try:
             async with aiohttp.ClientSession() as session:
                 settings = ClientSettings(temperature=0.0, ignore_eos=True)
-                timing = await llamacpp_baseline.stream_one(session, url, REQUEST, settings)
+                timing = await llamacpp.stream_one(session, url, REQUEST, settings)
         finally:
             await runner.cleanup()
         return seen, timing
@@ -193,4 +194,4 @@ def test_requests_stream_over_http_and_are_timed_per_token():
 
 def test_missing_reports_the_build_step(tmp_path, monkeypatch):
     monkeypatch.setenv("CBSERVE_PEERS_CACHE", str(tmp_path))
-    assert llamacpp_baseline.missing() == llama_server.MISSING
+    assert llamacpp.missing() == llama_server.MISSING

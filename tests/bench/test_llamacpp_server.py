@@ -12,9 +12,10 @@ import math
 
 import pytest
 
-from bench import llama_server, llamacpp_baseline, metrics
-from bench.runner import ClientSettings
-from bench.workload import random_requests
+from bench.peers import llama_server, llamacpp
+from bench.serving import metrics
+from bench.serving.runner import ClientSettings
+from bench.serving.workload import random_requests
 
 # llama-server and a cbserve stack are processes on the model; without the binary, slow.
 pytestmark = [pytest.mark.process, pytest.mark.model]
@@ -33,7 +34,7 @@ def test_every_request_streams_exactly_its_tokens(model_dir, tokenizer, tmp_path
     vocab = [i for i in range(1000, 20000) if i not in tokenizer.special_token_ids]
     requests = random_requests(3, 7, vocab, (8, 40), OUTPUT_TOKENS)
     settings = ClientSettings(max_concurrency=2, progress=False)
-    (result,) = llamacpp_baseline.run_rates(requests, [math.inf], settings, 2, tmp_path)
+    (result,) = llamacpp.run_rates(requests, [math.inf], settings, 2, tmp_path)
 
     assert result.server["parallel"] == 2 and result.server["threads"] == 2
     assert result.server["model"].endswith(".gguf")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.metrics import (
+from bench.serving.metrics import (
     RequestTiming,
     meets_slos,
     parse_goodput,

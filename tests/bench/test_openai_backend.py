@@ -11,9 +11,10 @@ import threading
 
 import pytest
 
-from bench import openai_backend, options, serve
-from bench.runner import ClientSettings
-from bench.workload import BenchRequest
+from bench.peers import openai_backend
+from bench.serving import options, serve
+from bench.serving.runner import ClientSettings
+from bench.serving.workload import BenchRequest
 
 KEY = "test-key"
 MODEL = "served-model"
@@ -164,7 +165,7 @@ def test_the_recorded_command_hides_the_key():
 def test_the_front_comparison_runs_a_valid_bench_command_and_tabulates_ratios(tmp_path):
     import argparse
 
-    from bench import front_overhead
+    from bench.serving import front_overhead
 
     args = front_overhead._parser().parse_args(["--out-dir", str(tmp_path)])
     parser = argparse.ArgumentParser()

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench import options
+from bench.serving import options
 
 
 def parse(*argv):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench import plots
+from bench.serving import plots
 
 CURVES = {"cbserve": [(1.0, 100.0), (2.0, 180.0), (math.inf, 250.0)], "static": [(1.0, 60.0)]}
 SAMPLES = {"cbserve": [10.0, 20.0, 0.0, 35.0], "static": [40.0, 90.0]}

@@ -22,7 +22,7 @@ def run_module(*argv: str) -> str:
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
 def test_attention_profile_times_both_paths_and_they_agree(kv_dtype):
     out = run_module(
-        "bench.attention_profile", "--batch", "5", "--context", "3:70",
+        "bench.micro.attention_profile", "--batch", "5", "--context", "3:70",
         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--block-size", "4",
         "--repeats", "1", "--kv-cache-dtype", kv_dtype,
     )  # fmt: skip
@@ -35,7 +35,7 @@ def test_attention_profile_times_both_paths_and_they_agree(kv_dtype):
 
 def test_step_profile_runs_a_served_shaped_step(model_dir):
     out = run_module(
-        "bench.step_profile", "--batch", "3", "--context", "5:40", "--prefill", "20",
+        "bench.micro.step_profile", "--batch", "3", "--context", "5:40", "--prefill", "20",
         "--steps", "2", "--threads", "1",
     )  # fmt: skip
     line = out.strip().splitlines()[-1]
@@ -47,7 +47,7 @@ def test_step_profile_runs_a_served_shaped_step(model_dir):
 
 def test_measure_dtype_times_decode_and_prefill(model_dir):
     out = run_module(
-        "bench.measure_dtype", "--batch", "2", "--context", "10", "--prefill", "16",
+        "bench.micro.measure_dtype", "--batch", "2", "--context", "10", "--prefill", "16",
         "--steps", "1", "--threads", "1", "--dtypes", "float32",
     )  # fmt: skip
     line = out.strip().splitlines()[-1]
@@ -57,7 +57,7 @@ def test_measure_dtype_times_decode_and_prefill(model_dir):
 
 
 def test_detokenize_cost_compares_both_decoders(model_dir):
-    out = run_module("bench.detokenize_cost", "--repeats", "1", "--eos-run", "50")
+    out = run_module("bench.scheduler.detokenize_cost", "--repeats", "1", "--eos-run", "50")
     for decoder in ("IncrementalDetokenizer", "DecodeStream"):
         assert re.search(rf"^CJK \+ emoji +\d+ tokens +{decoder} +[\d.]+ us/token", out, re.M)
     assert "IncrementalDetokenizer ' ok'" in out.splitlines()[-1]

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.kernel_bench import projection_shapes
-from bench.roofline import Roofline, flops_per_token
+from bench.micro.kernels import projection_shapes
+from bench.serving.roofline import Roofline, flops_per_token
 
 SMOLLM2 = SimpleNamespace(
     num_attention_heads=9,

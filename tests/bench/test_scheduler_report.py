@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from bench.cpu_accounting import (
+from bench.scheduler.config import SchedulerBenchConfig
+from bench.scheduler.cpu_accounting import (
     CLOCK_TICKS,
     cpu_snapshot,
     cpu_used,
@@ -18,9 +19,7 @@ from bench.cpu_accounting import (
     per_1k,
     process_tree,
 )
-from bench.scheduler_bench import cpu_model
-from bench.scheduler_config import SchedulerBenchConfig
-from bench.scheduler_report import (
+from bench.scheduler.report import (
     Load,
     Measurement,
     capacity_table,
@@ -28,6 +27,7 @@ from bench.scheduler_report import (
     measurement_from_json,
     process_table,
 )
+from bench.scheduler.run import cpu_model
 
 
 def stat_line(pid: int, name: str, ppid: int, utime: int, stime: int) -> str:

@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from bench import llama_server, sweep, sweep_plots
+from bench.peers import llama_server
+from bench.serving import sweep, sweep_plots
 
 
 def args(*argv):
@@ -84,7 +85,7 @@ def test_the_plot_is_a_png(tmp_path):
 def test_a_sweep_with_llama_server_missing_fails_at_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CBSERVE_PEERS_CACHE", str(tmp_path / "empty"))
     assert sweep.main(["--out-dir", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().err.strip() == f"bench.sweep: {llama_server.MISSING}"
+    assert capsys.readouterr().err.strip() == f"bench.serving.sweep: {llama_server.MISSING}"
     assert not (tmp_path / "out").exists()
 
 
