@@ -1,1 +1,6 @@
-"""The serving benchmark (`cbserve bench`, bench.serving.serve) and its baselines."""
+"""cbserve's benchmarks, one sub-package by what each measures: serving (`cbserve
+bench`, its workload, client and report), peers (llama.cpp, transformers, any
+OpenAI-compatible server), scheduler (`cbserve bench scheduler`, null workers),
+accuracy (`cbserve bench accuracy`), micro (kernels and worker steps, in process) and
+transport (the core-to-API-process link). bench.commands is the subcommand table that
+`cbserve bench` and `python -m bench` share."""

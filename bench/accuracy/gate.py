@@ -165,8 +165,8 @@ def table(report: dict, threads: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="cbserve bench accuracy", description=__doc__)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.accuracy.gate") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--model", default=None, help="default: the converted SmolLM2")
     parser.add_argument("--paths", default=None, help="default: every path this CPU runs")
     parser.add_argument("--texts", type=int, default=16)

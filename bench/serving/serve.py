@@ -255,7 +255,14 @@ def run(args: argparse.Namespace, command: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    from bench.commands import listing
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.splitlines()[0],
+        epilog=listing("python -m bench"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     options.add_arguments(parser)
     argv = sys.argv[1:] if argv is None else argv
     return run(parser.parse_args(argv), options.recorded_command(["cbserve", "bench", *argv]))
