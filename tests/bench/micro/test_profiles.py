@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
 pytestmark = pytest.mark.process
 
 
-def run_module(*argv: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
-def test_attention_profile_times_both_paths_and_they_agree(kv_dtype):
+def test_attention_profile_times_both_paths_and_they_agree(kv_dtype, run_module):
     out = run_module(
         "bench.micro.attention_profile", "--batch", "5", "--context", "3:70",
         "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--block-size", "4",
@@ -33,7 +23,7 @@ def test_attention_profile_times_both_paths_and_they_agree(kv_dtype):
     assert difference < 1e-4
 
 
-def test_step_profile_runs_a_served_shaped_step(model_dir):
+def test_step_profile_runs_a_served_shaped_step(model_dir, run_module):
     out = run_module(
         "bench.micro.step_profile", "--batch", "3", "--context", "5:40", "--prefill", "20",
         "--steps", "2", "--threads", "1",
@@ -45,7 +35,7 @@ def test_step_profile_runs_a_served_shaped_step(model_dir):
     assert re.search(r"ms/step \(min [\d.]+\), \d+ decode tokens/s; set-up prefills", line)
 
 
-def test_measure_dtype_times_decode_and_prefill(model_dir):
+def test_measure_dtype_times_decode_and_prefill(model_dir, run_module):
     out = run_module(
         "bench.micro.measure_dtype", "--batch", "2", "--context", "10", "--prefill", "16",
         "--steps", "1", "--threads", "1", "--dtypes", "float32",
@@ -54,10 +44,3 @@ def test_measure_dtype_times_decode_and_prefill(model_dir):
     assert re.fullmatch(
         r"float32 +decode batch=2 ctx=10: +[\d.]+ ms/step +prefill 16 tokens: +[\d.]+ ms", line
     ), line
-
-
-def test_detokenize_cost_compares_both_decoders(model_dir):
-    out = run_module("bench.scheduler.detokenize_cost", "--repeats", "1", "--eos-run", "50")
-    for decoder in ("IncrementalDetokenizer", "DecodeStream"):
-        assert re.search(rf"^CJK \+ emoji +\d+ tokens +{decoder} +[\d.]+ us/token", out, re.M)
-    assert "IncrementalDetokenizer ' ok'" in out.splitlines()[-1]
