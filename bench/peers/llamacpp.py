@@ -10,7 +10,7 @@ earlier rate's prompts in its cache.
 
 The requests are the benchmark's own (the same prompt token ids and output lengths,
 greedy, EOS ignored), sent through its OpenAI-compatible /v1/completions with
-`stream: true` by the loop that drives cbserve (bench.serving.runner.drive), so TTFT, ITL
+`stream: true` by the loop that drives cbserve (bench.harness.runner.drive), so TTFT, ITL
 and throughput are measured the same way on both (bench.peers.openai_stream). The binary
 comes from `make bench-peers` (bench.peers.llama_server).
 """
@@ -22,12 +22,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.harness.arrivals import describe_rate
+from bench.harness.metrics import RequestTiming
+from bench.harness.runner import ClientSettings, RateResult, drive
+from bench.harness.workload import BenchRequest
 from bench.peers import llama_server
 from bench.peers.openai_stream import WARM_UP, completion_body, stream_completion
-from bench.serving.arrivals import describe_rate
-from bench.serving.metrics import RequestTiming
-from bench.serving.runner import ClientSettings, RateResult, drive
-from bench.serving.workload import BenchRequest
 
 SYSTEM = "llama.cpp"
 

@@ -3,7 +3,7 @@ OpenAI-compatible server's streaming /v1/completions, so that cbserve's HTTP fro
 llama-server or vLLM are measured by the same client loop as cbserve's gRPC API.
 
 The same requests as the gRPC backend sends (prompt token ids, max_tokens, greedy,
-`ignore_eos` where the server accepts it), driven by bench.serving.runner.drive, timed by
+`ignore_eos` where the server accepts it), driven by bench.harness.runner.drive, timed by
 bench.peers.openai_stream. One aiohttp session serves every rate and keeps its connections
 alive, as the gRPC backend keeps one channel: what is measured is the server, not TCP
 connection set-up. The column is named after the URL, and results.json records it.
@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bench.peers.openai_stream import WARM_UP, openai_completion_body, stream_completion
-from bench.serving.arrivals import describe_rate
-from bench.serving.results import Column, column_label
-from bench.serving.runner import (
+from bench.harness.arrivals import describe_rate
+from bench.harness.results import Column, column_label
+from bench.harness.runner import (
     ClientSettings,
     RateResult,
     Scrape,
@@ -25,6 +24,7 @@ from bench.serving.runner import (
     drive,
     safe_scrape,
 )
+from bench.peers.openai_stream import WARM_UP, openai_completion_body, stream_completion
 
 SYSTEM = "openai"
 

@@ -19,8 +19,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from bench.serving.metrics import RequestTiming
-from bench.serving.workload import BenchRequest
+from bench.harness.metrics import RequestTiming
+from bench.harness.workload import BenchRequest
 
 DONE = "[DONE]"
 # A few tokens outside the workload, so that the first timed request does not pay

@@ -4,7 +4,7 @@
   workers could make (a marker; none where the workers have no step time);
 - cpu.png: the scheduler's CPU seconds per 1k streamed tokens per load and front,
   against the bare streaming server's CPU per 1k messages at the same streams.
-Skipped (an empty list) without matplotlib, as bench/serving/plots.py does.
+Skipped (an empty list) without matplotlib, as bench/harness/plots.py does.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from bench.harness.plots import MISSING, pyplot
 from bench.scheduler.report import BARE, Measurement, floor_for
-from bench.serving.plots import MISSING, _pyplot
 
 
 def _grouped(rows: list[Measurement]) -> tuple[list[str], list[str]]:
@@ -89,7 +89,7 @@ def cpu(rows: list[Measurement], path: Path, plt) -> None:
 
 
 def write_plots(rows: list[Measurement], out_dir: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         print(MISSING)
         return []

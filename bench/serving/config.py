@@ -172,7 +172,7 @@ class BenchConfig:
             ("--random-output-len", self.random_output_len),
         ):
             _lengths(flag_name, lengths)
-        from bench.serving.metrics import parse_goodput
+        from bench.harness.metrics import parse_goodput
 
         parse_goodput(self.goodput)  # a ValueError naming the bad NAME:MS
 
@@ -192,7 +192,7 @@ class BenchConfig:
     @property
     def slos(self) -> dict[str, float]:
         """--goodput as {"ttft": ms, ...}."""
-        from bench.serving.metrics import parse_goodput
+        from bench.harness.metrics import parse_goodput
 
         return parse_goodput(self.goodput)
 
@@ -216,7 +216,7 @@ def _check_backend(config: BenchConfig) -> None:
 
 
 def _lengths(flag_name: str, text: str) -> tuple[int, int]:
-    from bench.serving.workload import parse_range
+    from bench.harness.workload import parse_range
 
     try:
         return parse_range(text)

@@ -19,9 +19,9 @@ import math
 import sys
 from pathlib import Path
 
+from bench.harness.metrics import percentile
+from bench.harness.workload import make_workload
 from bench.serving import options, serve
-from bench.serving.metrics import percentile
-from bench.serving.workload import make_workload
 from common.defaults import converted_model_dir
 
 BLOCK_SIZE = 16

@@ -24,8 +24,9 @@ import urllib.request
 
 import grpc
 
-from bench.serving import options, results
-from bench.serving.results import Column, column_label, rate_label
+from bench.harness import results
+from bench.harness.results import Column, column_label, rate_label
+from bench.serving import options
 
 
 def _url_scrape(url: str):
@@ -49,7 +50,7 @@ def _start_stack(stack_class, worker: list[str], scheduler: list[str]):
 
 
 def _cbserve_columns(args, requests, settings, system: str, batching: str | None) -> list[Column]:
-    from bench.serving.runner import run_rates
+    from bench.harness.runner import run_rates
     from cbserve.local_stack import LocalStack
 
     rates = args.request_rate
@@ -161,8 +162,8 @@ def _llamacpp_columns(args, requests, settings, errors: list[str]) -> list[Colum
 
 
 def run(args: argparse.Namespace, command: str) -> int:
-    from bench.serving.runner import ClientSettings, short_outputs
-    from bench.serving.workload import describe, make_workload
+    from bench.harness.runner import ClientSettings, short_outputs
+    from bench.harness.workload import describe, make_workload
     from common.defaults import converted_model_dir
 
     problem = options.check(args)
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     )
     print(table)
     if roofline is not None:
-        from bench.serving.metrics import summarize
+        from bench.harness.metrics import summarize
 
         served = {c.label: summarize(c.timings, c.wall_s)["output_throughput"] for c in columns}
         line = roofline.line(served)

@@ -64,7 +64,7 @@ class Point:
 
 
 def point(system: str, prompt_len: int, concurrency: int, timings, wall_s: float) -> Point:
-    from bench.serving.metrics import summarize
+    from bench.harness.metrics import summarize
 
     summary = summarize(timings, wall_s)
     return Point(
@@ -82,7 +82,7 @@ def point(system: str, prompt_len: int, concurrency: int, timings, wall_s: float
 
 
 def workload(args, vocab: list[int], prompt_len: int, concurrency: int):
-    from bench.serving.workload import random_requests
+    from bench.harness.workload import random_requests
 
     seed = args.seed * 1_000_003 + prompt_len * 1_009 + concurrency
     lengths = (prompt_len, prompt_len), (args.output_len, args.output_len)
@@ -96,13 +96,13 @@ def kv_blocks(args) -> int:
 
 
 def _settings(args, concurrency: int):
-    from bench.serving.runner import ClientSettings
+    from bench.harness.runner import ClientSettings
 
     return ClientSettings(max_concurrency=concurrency, seed=args.seed, progress=args.progress)
 
 
 def sweep_cbserve(args, vocab: list[int], threads: int) -> list[Point]:
-    from bench.serving.runner import run_rates
+    from bench.harness.runner import run_rates
     from cbserve.local_stack import LocalStack
 
     worker = ["--threads", str(threads), "--num-kv-blocks", str(kv_blocks(args))]
@@ -173,7 +173,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.serving import report, results, sweep_plots
+    from bench.harness import report, results
+    from bench.serving import sweep_plots
     from common.defaults import converted_model_dir
     from scheduler_svc.api.tokenizer import Tokenizer
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bench.serving.plots import MISSING, _pyplot
+from bench.harness.plots import MISSING, pyplot
 
 STYLES = {"cbserve": ("-", "o"), "llamacpp": ("--", "s")}
 NAMES = {"cbserve": "cbserve", "llamacpp": "llama.cpp"}
@@ -29,7 +29,7 @@ def curves(points) -> dict[tuple[str, int], list[tuple[int, float, float]]]:
 
 
 def write(path: Path, points, subtitle: str = "") -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         print(MISSING, file=sys.stderr)
         return []

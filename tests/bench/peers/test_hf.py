@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serving.workload import random_requests
+from bench.harness.workload import random_requests
 
 pytestmark = pytest.mark.model
 

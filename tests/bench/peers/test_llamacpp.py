@@ -10,12 +10,13 @@ import json
 import math
 import stat
 
+from bench.harness import results
+from bench.harness.metrics import RequestTiming
+from bench.harness.runner import ClientSettings
+from bench.harness.workload import BenchRequest
 from bench.peers import llama_server, llamacpp
 from bench.peers.openai_stream import StreamTally, completion_body, sse_data
-from bench.serving import results, serve
-from bench.serving.metrics import RequestTiming
-from bench.serving.runner import ClientSettings
-from bench.serving.workload import BenchRequest
+from bench.serving import serve
 
 REQUEST = BenchRequest(index=0, prompt_token_ids=[5, 6, 7], max_tokens=4, seed=11)
 

@@ -12,10 +12,10 @@ import math
 
 import pytest
 
+from bench.harness import metrics
+from bench.harness.runner import ClientSettings
+from bench.harness.workload import random_requests
 from bench.peers import llama_server, llamacpp
-from bench.serving import metrics
-from bench.serving.runner import ClientSettings
-from bench.serving.workload import random_requests
 
 # llama-server and a cbserve stack are processes on the model; without the binary, slow.
 pytestmark = [pytest.mark.process, pytest.mark.model]

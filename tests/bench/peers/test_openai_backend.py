@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
+from bench.harness.runner import ClientSettings
+from bench.harness.workload import BenchRequest
 from bench.peers import openai_backend
 from bench.serving import options, serve
-from bench.serving.runner import ClientSettings
-from bench.serving.workload import BenchRequest
 
 KEY = "test-key"
 MODEL = "served-model"

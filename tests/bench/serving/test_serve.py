@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from bench.harness.metrics import RequestTiming
+from bench.harness.runner import RateResult
 from bench.serving import serve
-from bench.serving.metrics import RequestTiming
-from bench.serving.runner import RateResult
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
 
@@ -58,7 +58,7 @@ def fakes(monkeypatch, model_dir):
     monkeypatch.setattr("cbserve.local_stack.LocalStack", FakeStack)
     monkeypatch.setattr(FakeStack, "starts", 0)
     monkeypatch.setattr(FakeStack, "stops", 0)
-    monkeypatch.setattr("bench.serving.runner.run_rates", fake_run_rates)
+    monkeypatch.setattr("bench.harness.runner.run_rates", fake_run_rates)
     return FakeStack
 
 

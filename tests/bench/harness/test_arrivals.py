@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.serving.arrivals import describe_rate, gamma_gaps, paced, send_offsets
+from bench.harness.arrivals import describe_rate, gamma_gaps, paced, send_offsets
 
 
 @pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])

@@ -7,14 +7,14 @@ import asyncio
 import grpc
 import pytest
 
-from bench.serving.runner import (
+from bench.harness.runner import (
     ClientSettings,
     counter_growth,
     drive,
     short_outputs,
     stream_one,
 )
-from bench.serving.workload import BenchRequest
+from bench.harness.workload import BenchRequest
 from cbserve.v1 import generation_pb2 as pb
 
 

@@ -1,7 +1,7 @@
 """The client side of a run: send the workload to a cbserve scheduler and time every token.
 
 One AsyncClient (one HTTP/2 channel) streams every request, as vLLM's benchmark shares
-one HTTP session. Requests are sent at their arrival offsets (bench.serving.arrivals); with
+one HTTP session. Requests are sent at their arrival offsets (bench.harness.arrivals); with
 --max-concurrency a semaphore holds back the rest, and a request's clock starts only
 when it is really sent, so TTFT does not include time queued inside this client.
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from bench.serving.arrivals import describe_rate, paced, send_offsets
-from bench.serving.metrics import RequestTiming
-from bench.serving.progress import Progress
-from bench.serving.workload import BenchRequest
+from bench.harness.arrivals import describe_rate, paced, send_offsets
+from bench.harness.metrics import RequestTiming
+from bench.harness.progress import Progress
+from bench.harness.workload import BenchRequest
 from cbserve.client import AsyncClient
 from cbserve.v1 import generation_pb2 as pb
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serving.workload import describe, make_workload, parse_range, random_requests
+from bench.harness.workload import describe, make_workload, parse_range, random_requests
 
 
 def test_parse_range():

@@ -6,8 +6,8 @@ import math
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from bench.serving.results import Column, step_split, summaries
-from bench.serving.runner import counter_growth
+from bench.harness.results import Column, step_split, summaries
+from bench.harness.runner import counter_growth
 from common.metrics import parse_samples
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.serving import plots
+from bench.harness import plots
 
 CURVES = {"cbserve": [(1.0, 100.0), (2.0, 180.0), (math.inf, 250.0)], "static": [(1.0, 60.0)]}
 SAMPLES = {"cbserve": [10.0, 20.0, 0.0, 35.0], "static": [40.0, 90.0]}
@@ -27,6 +27,6 @@ def test_no_throughput_curve_from_a_single_finite_rate(tmp_path):
 
 
 def test_without_matplotlib_plotting_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(plots, "_pyplot", lambda: None)
+    monkeypatch.setattr(plots, "pyplot", lambda: None)
     assert plots.write_plots(tmp_path, CURVES, SAMPLES, SAMPLES) == []
     assert "matplotlib is not installed" in capsys.readouterr().err

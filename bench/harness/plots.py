@@ -17,7 +17,9 @@ from pathlib import Path
 MISSING = "plots skipped: matplotlib is not installed (.venv/bin/pip install matplotlib)"
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot, drawing to files only; None where matplotlib is missing.
+    Every benchmark's plots (this run's, the sweep's, the scheduler's) start here."""
     try:
         import matplotlib
     except ImportError:
@@ -84,7 +86,7 @@ def write_plots(
     itls_ms: dict[str, list[float]],
 ) -> list[Path]:
     """Writes what applies; returns the files written. Prints why when it cannot."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         print(MISSING, file=sys.stderr)  # stdout carries only the table
         return []

@@ -16,10 +16,10 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.serving import sharegpt
+from bench.harness import sharegpt
 
 DATASETS = ("sharegpt", "random")
-# The old bench.serving.workload's lengths: short prompts, outputs up to the 256 cap.
+# The old bench.harness.workload's lengths: short prompts, outputs up to the 256 cap.
 RANDOM_INPUT_LEN = (16, 128)
 RANDOM_OUTPUT_LEN = (16, 256)
 

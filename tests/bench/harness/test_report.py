@@ -6,8 +6,8 @@ import io
 import json
 import math
 
-from bench.serving.progress import Progress
-from bench.serving.report import markdown_table, ratio, ratio_summary, write_json
+from bench.harness.progress import Progress
+from bench.harness.report import markdown_table, ratio, ratio_summary, write_json
 
 
 def summary(throughput: float, ttft_median: float) -> dict:
