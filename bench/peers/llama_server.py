@@ -165,7 +165,7 @@ class LlamaServer:
 
 
 def print_path(path: Path | None, missing: str) -> int:
-    """`python -m bench.<tool> path`: the cached binary on stdout, or what to run."""
+    """`python -m bench.peers.<tool> path`: the cached binary on stdout, or what to run."""
     print(path if path else missing, file=sys.stdout if path else sys.stderr)
     return 0 if path else 1
 
