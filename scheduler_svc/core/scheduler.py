@@ -16,7 +16,7 @@ The plan is a diff (vLLM's SchedulerOutput idea): a sequence the worker has
 not seen carries its tokens, sampling settings and block table; one it holds
 carries only how many tokens to compute and its new blocks.
 `update_from_output()` appends the sampled tokens, checks the stops that tokens
-alone decide (EOS, stop token ids, max_tokens, model length), registers newly full
+alone decide (EOS, stop token ids, max_tokens, model length: token_stops.py), registers newly full
 blocks in the prefix cache and frees what finished. Text (detokenizing, stop
 strings) is the edge's (output/text_stream.py): nothing here costs per character.
 
@@ -80,7 +80,7 @@ from scheduler_svc.core.request import (
 )
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.token_intake import take_tokens
-from scheduler_svc.output.stop_checker import StopChecker
+from scheduler_svc.core.token_stops import StopChecker
 from scheduler_svc.structured.scheduling import add_allowed_tokens
 
 # What a plan in flight asked of one request: the request, its num_preemptions when

@@ -13,6 +13,9 @@ the tokens, text and finish reason vLLM gives after sampling the forced EOS, als
 below min_tokens (where vLLM lets the EOS through, as banning it would leave no
 token to sample) and with ignore_eos (past an EOS the grammar allows only more EOS).
 A token that completes the grammar on max_tokens ends with LENGTH, as in vLLM.
+
+The stop rules themselves are token_stops.py's; text and stop strings never reach
+the core (output/text_stream.py at the edge).
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from scheduler_svc.core.plan import StepOutput
-from scheduler_svc.core.request import FinishReason, Request, RequestError
-from scheduler_svc.output.output_processor import token_logprob
-from scheduler_svc.output.stop_checker import StopChecker
+from scheduler_svc.core.plan import SampledLogprobs, StepOutput
+from scheduler_svc.core.request import FinishReason, Request, RequestError, TokenLogprob
+from scheduler_svc.core.token_stops import StopChecker
 from scheduler_svc.structured.scheduling import forced_token_logprob, off_grammar_error
 
 
@@ -70,6 +72,15 @@ def take_tokens(
         if reason is not None:
             return TakenTokens(new_token_ids, logprobs, reason, None)
     return TakenTokens(new_token_ids, logprobs, None, None)
+
+
+def token_logprob(
+    request: Request, token_id: int, entry: SampledLogprobs | None
+) -> TokenLogprob | None:
+    """The logprob entry a request's output carries for a sampled token, if it asked."""
+    if entry is None or request.sampling.logprobs == 0:
+        return None
+    return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)
 
 
 def take_forced_eos(
