@@ -1,8 +1,10 @@
 """Taking one request's sampled tokens of a step: append, logprobs, stops, grammar.
 
-The scheduler calls `take_tokens` once per request that sampled in a step's result;
-it appends the tokens to the request in order, up to the one that ends it, and says
-how it ends. Ending it (freeing blocks, telling the worker) stays the scheduler's.
+The scheduler calls `take_output` once per request that sampled in a step's result;
+`take_tokens` appends the tokens to the request in order, up to the one that ends
+it, and says how it ends; the request is then ended in the scheduler's table
+(request_table.py: blocks freed, the worker told) and the tokens become the output
+the edge streams (without text: the edge detokenizes).
 
 Runs once per request per step at every batch size: plain locals, no per-token
 objects but a token's logprob when it is asked for.
@@ -24,7 +26,15 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from scheduler_svc.core.plan import SampledLogprobs, StepOutput
-from scheduler_svc.core.request import FinishReason, Request, RequestError, TokenLogprob
+from scheduler_svc.core.prompt_logprobs import attach_prompt_logprobs
+from scheduler_svc.core.request import (
+    FinishReason,
+    Request,
+    RequestError,
+    RequestOutput,
+    TokenLogprob,
+)
+from scheduler_svc.core.request_table import RequestTable
 from scheduler_svc.core.token_stops import StopChecker
 from scheduler_svc.structured.scheduling import forced_token_logprob, off_grammar_error
 
@@ -36,6 +46,36 @@ class TakenTokens(NamedTuple):
     finish_reason: FinishReason | None
     # Set when a token broke the request's grammar: it fails, that token unstreamed.
     error: RequestError | None
+
+
+def take_output(
+    request: Request,
+    indices: list[int],
+    result: StepOutput,
+    requests: RequestTable,
+    eos_token_ids: Sequence[int],
+) -> RequestOutput | None:
+    """A request's tokens of a step as one output, the request ended if they end it;
+    None if it has none (its first token broke its grammar)."""
+    taken = take_tokens(request, indices, result, requests.stop_checker(request), eos_token_ids)
+    if taken.error is not None:
+        requests.fail(request, taken.error)
+    elif taken.finish_reason is not None:
+        requests.finish(request, taken.finish_reason)
+    if not taken.token_ids:
+        return None
+    request.sampled_since_admission = True
+    output = RequestOutput(
+        request.request_id,
+        taken.token_ids,
+        "",
+        taken.logprobs,
+        taken.finish_reason,
+        len(request.prompt_token_ids),
+        len(request.output_token_ids),
+        request.cached_prompt_tokens,
+    )
+    return attach_prompt_logprobs(request, output)
 
 
 def take_tokens(
