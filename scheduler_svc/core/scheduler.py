@@ -53,7 +53,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.core import handover
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
