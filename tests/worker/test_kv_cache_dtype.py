@@ -77,7 +77,7 @@ def test_decode_logits_near_the_float32_pools(loaded_model, float32_pool_logits,
 
 
 def test_the_readme_question_is_answered_as_with_a_float32_pool(loaded_model):
-    from bench.accuracy_eval import greedy_replies
+    from bench.accuracy.eval import greedy_replies
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
     tok = Tokenizer(default_model_path())

@@ -267,7 +267,7 @@ class _Counting:
 
 def test_chat_reply_equals_float32s(q4_1, loaded_model):
     """End to end through the runner: the README's question, greedy, 16 tokens."""
-    from bench.accuracy_eval import greedy_replies
+    from bench.accuracy.eval import greedy_replies
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
     tok = Tokenizer(default_model_path())

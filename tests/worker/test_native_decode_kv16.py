@@ -94,7 +94,7 @@ def test_greedy_tokens_equal_over_a_multi_step_decode(q4_1, prefilled_f16):
 def test_chat_reply_equals_float32s(q4_1, loaded_model):
     """The README's question, greedy, 16 tokens: q4_1's native steps over a float16 pool
     answer as float32 over a float32 pool does."""
-    from bench.accuracy_eval import greedy_replies
+    from bench.accuracy.eval import greedy_replies
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
     tok = Tokenizer(default_model_path())

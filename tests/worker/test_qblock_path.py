@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.accuracy_eval import greedy_replies, perplexity
+from bench.accuracy.eval import greedy_replies, perplexity
 from common.defaults import default_model_path, packaged_gguf_path
 from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 from worker_svc.compute.qblock import Q4_1, Q8_0

@@ -1,5 +1,5 @@
 """A checkpoint's tensors under transformers' names, each read from its file only when
-asked for, into memory of its own (models.weights reads them all at once).
+asked for, into memory of its own (checkpoint.weights reads them all at once).
 
 For a path that keeps few float32 weights (`--dtype q4_1`): it reads the embedding and
 the norms, and compares the projections with the GGUF's blocks one tensor at a time,
@@ -9,7 +9,7 @@ memory for as long as the map lives, the page cache does not.
 
 Safetensors: an 8-byte little-endian header length, a JSON header naming each tensor's
 dtype, shape and byte range, then the data. GGUF: located by models.gguf_index,
-dequantized by the `gguf` package, q/k reordered as models.weights does.
+dequantized by the `gguf` package, q/k reordered as checkpoint.weights does.
 """
 
 from __future__ import annotations
