@@ -22,7 +22,7 @@ from worker_svc.models.qblock.native import NATIVE_FEATURES, NativeDecode
 
 pytestmark = pytest.mark.model
 
-NATIVE = [name for name in ARCHITECTURES if name != "gemma3"]
+NATIVE = list(ARCHITECTURES)
 # The block kernel sums each row's dot product in its own order (blocks of 32, several
 # accumulators), torch's GEMM in another: float32 rounding, through 6 layers, on logits
 # of about +-5 (these random weights' scale).
@@ -74,13 +74,18 @@ def test_the_python_block_forward_computes_the_dequantized_weights(blocks):
 
 def test_native_decodes_where_the_step_computes_every_feature(blocks):
     name, own = blocks
-    status = own.model.native_decode_status
-    if name in NATIVE:
-        assert status == "native decode steps", status
-    else:
-        missing = own.model.spec.unsupported(NATIVE_FEATURES)
-        assert missing and all(feature in status for feature in missing), status
-        assert own.model.native_decode is None
+    assert own.model.native_decode_status == "native decode steps", name
+
+
+def test_a_feature_the_step_lacks_is_refused_by_name(checkpoints):
+    """A declared feature outside NATIVE_FEATURES (here: one taken out) sends decode steps
+    to the Python forward, and the status names it."""
+    from worker_svc.models.qblock import native
+
+    spec = load_model(checkpoints["gemma3"], "float32", CPU).model.spec
+    lacking = NATIVE_FEATURES - {"GELU-tanh"}
+    reason = native.native_decode_disabled_reason(spec, lacking)
+    assert reason is not None and "GELU-tanh" in reason and "gemma3" in reason
 
 
 @pytest.mark.parametrize("variant", supported_variants())

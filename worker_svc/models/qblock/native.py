@@ -65,6 +65,9 @@ class _Model(ctypes.Structure):
         ("lm_head_format", _I64),
         *((name, _PTR) for name in ("norms", "projections", "formats")),
         *((name, _PTR) for name in ("rope_tables", "windows", "qkv_biases", "qk_norms")),
+        ("post_norms", _PTR),
+        ("activation", _I64),
+        ("embed_scale", _F64),
     ]
 
 
@@ -97,25 +100,29 @@ def load_decode_kernel() -> ctypes.CDLL:
 
 
 # What the step computes of what an architecture may declare (DecoderSpec.features):
-# Llama, Mistral, Qwen2 and Qwen3 run natively. Gemma 3's post-norms, GELU-tanh and
-# scaled embedding are not written yet: its decode steps take the Python forward.
+# everything Llama 3, Mistral, Qwen2, Qwen3 and Gemma 3 declare. Soft-capping (Gemma 2)
+# is not written: such a model's decode steps would take the Python forward.
 NATIVE_FEATURES = frozenset(
     {
         "q/k/v biases",
         "per-head q/k norms",
         "(1 + w) norms",  # the model holds the float32 multiplier, 1 already added
+        "post-attention and post-MLP norms",
+        "GELU-tanh",
+        "a scaled embedding",
         "sliding-window layers",
         "rope scaling",
         "two rope bases",
     }
 )
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_panels.h's ACTIVATION_*
 
 
-def native_decode_disabled_reason(spec=None) -> str | None:
+def native_decode_disabled_reason(spec=None, features=NATIVE_FEATURES) -> str | None:
     """None when the native step runs this model's decodes, else why not."""
     if os.environ.get("CBSERVE_NATIVE_DECODE", "1") == "0":
         return "CBSERVE_NATIVE_DECODE=0"
-    if spec is not None and (missing := spec.unsupported(NATIVE_FEATURES)):
+    if spec is not None and (missing := spec.unsupported(features)):
         return f"the native step does not compute {', '.join(missing)} ({spec.architecture})"
     try:
         load_decode_kernel()
@@ -188,6 +195,9 @@ class NativeDecode:
             windows=self._windows.data_ptr(),
             qkv_biases=self._qkv_biases.data_ptr(),
             qk_norms=self._qk_norms.data_ptr(),
+            post_norms=self._post_norms.data_ptr(),
+            activation=ACTIVATIONS[spec.activation],
+            embed_scale=spec.embed_scale or 0.0,
         )
 
     def _per_layer_tables(self, model) -> None:
@@ -208,6 +218,13 @@ class NativeDecode:
         )
         self._qk_norms = torch.tensor(
             [[address(_weight(layer.q_norm)), address(_weight(layer.k_norm))] for layer in layers],
+            dtype=torch.int64,
+        )
+        self._post_norms = torch.tensor(
+            [
+                [address(_weight(layer.attn_post_norm)), address(_weight(layer.mlp_post_norm))]
+                for layer in layers
+            ],
             dtype=torch.int64,
         )
 

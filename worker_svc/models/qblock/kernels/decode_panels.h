@@ -12,6 +12,9 @@
 #include "../../../compute/kernels/qblock_vnni.h"
 
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+void gelu_tanh_mul(const float *gate, const float *up, float *out, int64_t n);
+
+enum { ACTIVATION_SILU = 0, ACTIVATION_GELU_TANH = 1 };
 
 static int64_t panels_of(int64_t n)
 {
@@ -27,6 +30,7 @@ static int64_t panel_rows(int64_t n, int64_t panel)
 /* Scratch of the whole team, and of each thread. */
 struct scratch {
     float *hidden, *qkv, *attended, *act;
+    float *projected; /* [T, hidden]: o_proj's or down's output before a post-norm */
     float *thread_mem;
     int64_t per_thread;
 };
@@ -113,10 +117,10 @@ static void residual_panel(int variant, int format, const uint8_t *w, int64_t pa
             hidden[i * n + first + r] += ts->out_a[i * QBLOCK_PANEL_ROWS + r];
 }
 
-/* act[:, panel rows] = silu(gate) * up for the panel's rows of both halves of gate_up. */
+/* act[:, panel rows] = act(gate) * up for the panel's rows of both halves of gate_up. */
 static void swiglu_panel(int variant, int format, const uint8_t *w, int64_t panel,
                          int64_t intermediate, const float *x, int64_t tokens, int64_t k,
-                         float *act, const struct thread_scratch *ts)
+                         float *act, int activation, const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
     int64_t row_bytes = qblock_row_bytes(format, k);
@@ -124,9 +128,11 @@ static void swiglu_panel(int variant, int format, const uint8_t *w, int64_t pane
             QBLOCK_PANEL_ROWS, ts);
     project(variant, format, w + (intermediate + first) * row_bytes, 0, rows, x, tokens, k,
             ts->out_b, QBLOCK_PANEL_ROWS, ts);
+    void (*gated)(const float *, const float *, float *, int64_t) =
+        activation == ACTIVATION_GELU_TANH ? gelu_tanh_mul : llama_silu_mul;
     for (int64_t i = 0; i < tokens; i++)
-        llama_silu_mul(ts->out_a + i * QBLOCK_PANEL_ROWS, ts->out_b + i * QBLOCK_PANEL_ROWS,
-                       act + i * intermediate + first, rows);
+        gated(ts->out_a + i * QBLOCK_PANEL_ROWS, ts->out_b + i * QBLOCK_PANEL_ROWS,
+              act + i * intermediate + first, rows);
 }
 
 #endif

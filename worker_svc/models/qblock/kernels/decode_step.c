@@ -44,7 +44,8 @@
 
 enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
 enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
-enum { LOOPS_PER_LAYER = 5 };
+/* Shared-out loops a layer: five, and two more for each post-norm (Gemma's). */
+enum { LOOPS_PER_LAYER = 9 };
 enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
 
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
@@ -64,6 +65,9 @@ struct decode_model {
     const int64_t *windows;     /* [layers] sliding window, 0 for full attention */
     const int64_t *qkv_biases;  /* [layers] address of float [qkv width], 0: none */
     const int64_t *qk_norms;    /* [layers][2] addresses of float [head_dim], 0: none */
+    const int64_t *post_norms;  /* [layers][2] after attention, after the MLP; 0: none */
+    int64_t activation;         /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
+    double embed_scale;         /* the embedding's multiplier (Gemma); 0: none */
 };
 
 /* One step. */
@@ -174,6 +178,32 @@ static void attend_item(const struct decode_model *m, const struct decode_batch 
     }
 }
 
+/* hidden += post_norm(x @ W^T) (Gemma's sandwich), or hidden += x @ W^T where the layer
+ * has no post-norm: then each panel adds its own columns, with no second loop. */
+static void add_projection(const struct decode_model *m, int variant, int format,
+                           const uint8_t *w, const float *x, int64_t T, int64_t k,
+                           const float *post_norm, const struct scratch *s,
+                           const struct thread_scratch *ts, struct member *me)
+{
+    const int64_t H = m->hidden;
+    if (post_norm == NULL) {
+        FOR_SHARED(p, panels_of(H), me, me->dynamic)
+        residual_panel(variant, format, w, p, H, x, T, k, s->hidden, ts);
+        share_end(me);
+        return;
+    }
+    FOR_SHARED(p, panels_of(H), me, me->dynamic)
+    project(variant, format, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k, s->projected,
+            H, ts);
+    share_end(me);
+    FOR_SHARED(t, T, me, 1)
+    {
+        rms_norm(s->projected + t * H, post_norm, H, (float)m->eps, ts->normed);
+        add_row(s->hidden + t * H, ts->normed, H);
+    }
+    share_end(me);
+}
+
 static void run_layer(const struct decode_model *m, const struct decode_batch *b,
                       int variant, int64_t layer, const struct scratch *s,
                       const struct thread_scratch *ts, struct member *me)
@@ -200,23 +230,21 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
                     s->attended + t * q_width, ts->scores);
     }
     share_end(me);
+    const float *post_attention = (const float *)m->post_norms[layer * 2];
+    const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
     prepare_input(ts, s->attended, T, q_width);
-    FOR_SHARED(p, panels_of(H), me, me->dynamic)
-    residual_panel(variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O], p, H,
-                   s->attended, T, q_width, s->hidden, ts);
-    share_end(me);
+    add_projection(m, variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O],
+                   s->attended, T, q_width, post_attention, s, ts, me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
     prepare_input(ts, ts->normed, T, H);
     FOR_SHARED(p, panels_of(I), me, me->dynamic)
     swiglu_panel(variant, (int)formats[PROJ_GATE_UP], (const uint8_t *)weights[PROJ_GATE_UP], p, I,
-                 ts->normed, T, H, s->act, ts);
+                 ts->normed, T, H, s->act, (int)m->activation, ts);
     share_end(me);
     prepare_input(ts, s->act, T, I);
-    FOR_SHARED(p, panels_of(H), me, me->dynamic)
-    residual_panel(variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN], p, H,
-                   s->act, T, I, s->hidden, ts);
-    share_end(me);
+    add_projection(m, variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN],
+                   s->act, T, I, post_mlp, s, ts, me);
 }
 
 static int64_t longest_context(const struct decode_batch *b)
@@ -277,7 +305,7 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
 
     struct scratch s;
     s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
-    const int64_t shared = T * H + T * qkv_width + T * q_width + T * I;
+    const int64_t shared = 2 * T * H + T * qkv_width + T * q_width + T * I;
     float *mem = aligned_alloc(64, sizeof(float) * (shared + s.per_thread * threads));
     struct step_team team = {.threads = threads, .spin = (int)b->spin};
     atomic_init(&team.arrived, 0);
@@ -295,8 +323,14 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     s.qkv = s.hidden + T * H;
     s.attended = s.qkv + T * qkv_width;
     s.act = s.attended + T * q_width;
+    s.projected = s.act + T * I;
     for (int64_t t = 0; t < T; t++)
         memcpy(s.hidden + t * H, m->embed + b->token_ids[t] * H, sizeof(float) * H);
+    if (m->embed_scale != 0.0) {
+        const float scale = (float)m->embed_scale;
+        for (int64_t i = 0; i < T * H; i++)
+            s.hidden[i] *= scale;
+    }
 
     int short_team = 0;
 #pragma omp parallel num_threads(threads)
