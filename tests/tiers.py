@@ -73,7 +73,8 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
     return None
 
 
-def pytest_collection_modifyitems(items) -> None:
+def mark_tiers(items) -> None:
+    """The markers this module's rules give (tests/conftest.py calls it at collection)."""
     for item in items:
         path = Path(str(item.path)).resolve()
         if any(path.is_relative_to(directory) for directory in STACK_DIRS):
