@@ -21,7 +21,7 @@ import torch
 from cbserve.worker.v1 import worker_pb2 as pb
 from common.defaults import default_model_path
 from tests.worker.conftest import build_runner
-from tests.worker.test_native_decode import decode_step
+from tests.worker.native_step import decode_step
 from worker_svc.attention import BackendUnavailableError, select_backend
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPoolSpec
