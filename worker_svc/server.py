@@ -40,7 +40,7 @@ from worker_svc.errors import PlanError
 from worker_svc.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
-    from worker_svc.startup import Worker
+    from worker_svc.worker import Worker
 
 log = structlog.get_logger("worker_svc.server")
 
