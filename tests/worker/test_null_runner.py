@@ -14,8 +14,8 @@ from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPoolSpec
 from worker_svc.null.model import NullModel
 from worker_svc.null.runner import NullRunner, StepTimeModel
-from worker_svc.null.worker import NullKVPool
 from worker_svc.null.sampler import NullSampler, NullVocabulary, ordinary_token_ids
+from worker_svc.null.worker import NullKVPool
 
 VOCAB = tuple(range(100, 140))
 EOS = 2
