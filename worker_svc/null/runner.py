@@ -18,7 +18,10 @@ scheduler's side of them runs as it does on a real worker, no number means anyth
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.kv_pool import KVPool
@@ -64,7 +67,10 @@ class NullRunner(ModelRunner):
         return result
 
     def _run(
-        self, work: list[tuple[SequenceState, int]], result: worker_pb2.StepResult
+        self,
+        work: list[tuple[SequenceState, int]],
+        masks: Mapping[int, np.ndarray],
+        result: worker_pb2.StepResult,
     ) -> list[SequenceState]:
         """One simulated forward, with the real one's effect on the sequences and the
         result (ModelRunner._run): computed counts advance, sampling rows append a token."""
@@ -83,8 +89,8 @@ class NullRunner(ModelRunner):
             return []
         first_step = not result.token_ids
         tokens = self.sampler.sample(samplers)
-        if self.allowed_tokens:
-            tokens = self._within_masks(samplers, tokens)
+        if masks:
+            tokens = self._within_masks(samplers, tokens, masks)
         for seq, token in zip(samplers, tokens, strict=True):
             # Not seq.append_token: its penalty counts are tensors, and no torch op
             # runs per step here (penalties do not change which ids are drawn).
@@ -106,12 +112,14 @@ class NullRunner(ModelRunner):
             result.top_logprobs.extend(made_up.top_logprobs[:num_top])
         return result
 
-    def _within_masks(self, samplers: list[SequenceState], tokens: list[int]) -> list[int]:
+    def _within_masks(
+        self, samplers: list[SequenceState], tokens: list[int], masks: Mapping[int, np.ndarray]
+    ) -> list[int]:
         """A constrained row's token is one its mask allows (EOS, when the grammar is
         complete, is all it allows), so constrained runs end as real ones do."""
         chosen = list(tokens)
         for row, seq in enumerate(samplers):
-            mask = self.allowed_tokens.get(seq.seq_id)
+            mask = masks.get(seq.seq_id)
             if mask is None:
                 continue
             ids = allowed_ids(mask)
