@@ -1,9 +1,9 @@
 """Where a worker reads its model from: a Hugging Face directory or a `.gguf` file.
 
-The real worker (model_loader.py) and the null worker (null/model.py), which reads
+The real worker (model_loader.py) and the null worker (null/worker.py), which reads
 only the config and the tokenizer, accept the same two forms and refuse anything else
 with the same words, so that a path one of them serves the other serves too. Nothing
-here imports transformers or torch: the null worker starts without them.
+here imports transformers: the own forward and the null worker start without it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`--model-impl null`: the real worker with no model, for measuring the scheduler.
 
 It loads no weights and allocates no KV pool; it reads only what it must describe
-(model.py: the model's config.json for vocabulary, length and KV shape; its tokenizer
+(worker.py: the model's config.json for vocabulary, length and KV shape; its tokenizer
 for which ids are ordinary text and which is EOS). Everything else is the real
 worker's: the server, the reading of each plan into a step, and the runner's
 bookkeeping (ModelRunner's sequence states and block tables), so the worker's own

@@ -26,11 +26,24 @@ import numpy as np
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_runner import ModelRunner, record_sample
-from worker_svc.null.model import NullModel
 from worker_svc.null.sampler import NullSampler
 from worker_svc.prompt_logprobs import prompt_rows
 from worker_svc.sequence import SequenceState
 from worker_svc.token_bitmask import allowed_ids
+
+
+@dataclass(frozen=True)
+class NullModel:
+    """The model as the runner and Describe see it; there are no weights behind it."""
+
+    name: str
+    vocab_size: int
+    max_model_len: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    model_impl: str = "null"
+    compute_path: str = "null"
 
 
 @dataclass(frozen=True)
