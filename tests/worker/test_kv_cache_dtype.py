@@ -122,7 +122,7 @@ def test_the_q4_1_worker_takes_a_float16_pool_by_default():
 
 
 def test_a_null_worker_sizes_its_pool_as_a_float16_worker_would():
-    from worker_svc.null_runner import build_null_worker
+    from worker_svc.null.worker import build_null_worker
 
     def blocks(kv_cache_dtype: str) -> int:
         config = WorkerConfig(
