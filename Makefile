@@ -51,8 +51,11 @@ run: env proto model
 
 # Everything but the `slow` variants: unit tiers, worker tests on the model, real
 # processes (tests/integration). The slowest 25 tests are listed at the end.
+# TEST_WORKERS=2 runs it on two pytest-xdist workers, the tests that share a stack or
+# the loaded weights on one of them (tests/parallel.py); serial until timed idle.
+TEST_WORKERS ?=
 test: env proto model test-refs
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # The edit-run loop: only tests that start no process and load no weights (scheduler
 # on the fake worker, configs, codecs, translation, the benchmark's pure parts); a test

@@ -21,6 +21,7 @@ from torch import nn
 from worker_svc.attention import register_with_transformers
 from worker_svc.compute.paths import PATHS, ComputePath
 from worker_svc.errors import ModelLoadError
+from worker_svc.model_source import ModelSourceError, model_source
 from worker_svc.models import MODEL_IMPLS
 from worker_svc.models.architectures import architecture_for
 from worker_svc.models.checkpoint.weights import load_state_dict
@@ -63,16 +64,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _source(model_path: Path) -> tuple[str, dict[str, str]]:
-    if model_path.is_file() and model_path.suffix == ".gguf":
-        return str(model_path.parent), {"gguf_file": model_path.name}
-    if model_path.is_dir() and (model_path / "config.json").is_file():
-        return str(model_path), {}
-    if not model_path.exists():
-        raise ModelLoadError(f"model not found: {model_path} does not exist")
-    raise ModelLoadError(
-        f"cannot load model {model_path}: expected a Hugging Face directory with config.json "
-        "or a .gguf file"
-    )
+    try:
+        source = model_source(model_path)
+    except ModelSourceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return source.directory, source.extra
 
 
 def load_model(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 
 import structlog
 import torch
@@ -16,27 +15,13 @@ from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import select_backend
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
 from worker_svc.compute.selection import select_path
-from worker_svc.config import DEFAULT_KV_TOKENS, WorkerConfig
+from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, resolve_device
 from worker_svc.model_runner import ModelRunner
+from worker_svc.worker import Worker, pool_blocks
 
 log = structlog.get_logger("worker_svc.startup")
-
-
-@dataclass(frozen=True)
-class Worker:
-    runner: ModelRunner
-    description: worker_pb2.WorkerDescription
-    threads: int
-
-
-def pool_blocks(config: WorkerConfig, spec: KVPoolSpec) -> int:
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    if config.kv_cache_memory is not None:
-        return spec.blocks_for_memory(config.kv_cache_memory)
-    return spec.blocks_for_tokens(DEFAULT_KV_TOKENS)
 
 
 def build_worker(config: WorkerConfig) -> Worker:
@@ -47,7 +32,7 @@ def build_worker(config: WorkerConfig) -> Worker:
     thread count (OpenMP) is a per-thread setting there.
     """
     if config.model_impl == "null":
-        from worker_svc.null_runner import build_null_worker  # no weights, no KV memory
+        from worker_svc.null.worker import build_null_worker  # no weights, no KV memory
 
         return build_null_worker(config)
     if config.threads is not None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from worker_svc.attention.cpu_kernel import load_kernel
 
 
+@pytest.mark.process  # python -m bench.attention_ab
 def test_a_build_against_itself_prints_every_case():
     build = load_kernel()._name
     argv = [sys.executable, "-m", "bench.micro.attention_ab", build, build]

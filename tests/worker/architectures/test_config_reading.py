@@ -170,7 +170,7 @@ def test_the_own_forward_and_the_null_model_load_without_transformers():
         "from common.defaults import default_model_path;"
         "from worker_svc.config import WorkerConfig;"
         "from worker_svc.model_loader import load_model;"
-        "from worker_svc.null_runner import read_null_model;"
+        "from worker_svc.null.worker import read_null_model;"
         "model, vocabulary = read_null_model("
         "WorkerConfig(model=default_model_path(), model_impl='null'));"
         "print(model.vocab_size, vocabulary.eos_token_id, 'transformers' in sys.modules);"

@@ -8,7 +8,7 @@ file (`np.fromfile`), not a memory map: a mapped page counts in the worker's res
 memory for as long as the map lives, the page cache does not.
 
 Safetensors: an 8-byte little-endian header length, a JSON header naming each tensor's
-dtype, shape and byte range, then the data. GGUF: located by models.gguf_index,
+dtype, shape and byte range, then the data. GGUF: located by checkpoint.gguf_index,
 dequantized by the `gguf` package, q/k reordered as checkpoint.weights does.
 """
 

@@ -41,7 +41,7 @@ PLAIN_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """The members of a transformers tokenizer that null_sampler.ordinary_token_ids and
+    """The members of a transformers tokenizer that sampler.ordinary_token_ids and
     the null worker read, with the same meaning."""
 
     backend: Tokenizer
