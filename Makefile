@@ -51,8 +51,11 @@ run: env proto model
 
 # Everything but the `slow` variants: unit tiers, worker tests on the model, real
 # processes (tests/integration). The slowest 25 tests are listed at the end.
+# TEST_WORKERS=2 runs it on two pytest-xdist workers, the tests that share a stack or
+# the loaded weights on one of them (tests/parallel.py); serial until timed idle.
+TEST_WORKERS ?=
 test: env proto model test-refs
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # The edit-run loop: only tests that start no process and load no weights (scheduler
 # on the fake worker, configs, codecs, translation, the benchmark's pure parts); a test
@@ -157,7 +160,7 @@ bench: env proto model bench-peers
 
 # The accuracy gate, in-process (no service): perplexity on held-out ShareGPT text and
 # greedy replies to 16 short questions, every compute path this CPU has against float32
-# (see bench/accuracy.py), and beside them llama.cpp's llama-perplexity on the same text
+# (see bench/accuracy/gate.py), and beside them llama.cpp's llama-perplexity on the same text
 # and GGUF when bench-peers has built it (left out, and said so, when not).
 # ACCURACY_ARGS="--paths float32,q4_1" narrows it.
 bench-accuracy: env proto model
@@ -169,25 +172,25 @@ bench-accuracy: env proto model
 # (~/.cache/cbserve/llama.cpp/VERSION/bin, or $CBSERVE_PEERS_CACHE). About 15 minutes
 # on 2 idle cores; no test needs it.
 bench-peers: env
-	$(PY) -m bench.llama_server build
+	$(PY) -m bench.peers.llama_server build
 
 # Output tok/s and inter-token latency against concurrency and prompt length, for
-# cbserve and llama-server: a table and PNG plots in out/sweep/ (see bench/sweep.py).
+# cbserve and llama-server: a table and PNG plots in out/sweep/ (see bench/serving/sweep.py).
 bench-sweep: env proto model bench-peers
-	$(PY) -m bench.sweep --out-dir out/sweep $(SWEEP_ARGS)
+	$(PY) -m bench.serving.sweep --out-dir out/sweep $(SWEEP_ARGS)
 
 # cbserve's OpenAI-compatible HTTP front against its gRPC API at 64 concurrent streams:
 # the same random workload (256 requests, 128 prompt and 128 output tokens) on two fresh
 # stacks, then a table of both with the ratios in out/bench-front/comparison.md
-# (bench/front_overhead.py; FRONT_ARGS="--concurrency 32 --num-prompts 128" to change it).
+# (bench/serving/front_overhead.py; FRONT_ARGS="--concurrency 32 --num-prompts 128" to change it).
 bench-front: env proto model
-	$(PY) -m bench.front_overhead --out-dir out/bench-front $(FRONT_ARGS)
+	$(PY) -m bench.serving.front_overhead --out-dir out/bench-front $(FRONT_ARGS)
 
 # One scheduler's capacity with null workers (`--model-impl null`: no model, simulated
 # step times, real token ids): output tok/s against what the workers could make, the
 # scheduler's CPU per streamed token against a bare grpc.aio streaming server's in the
 # same run, over gRPC and HTTP; table and PNG plots in out/bench-scheduler/
-# (bench/scheduler_bench.py; SCHEDULER_BENCH_ARGS="--loads 1x0:512 --fronts grpc").
+# (bench/scheduler/run.py; SCHEDULER_BENCH_ARGS="--loads 1x0:512 --fronts grpc").
 bench-scheduler: env proto model
 	$(VENV)/bin/cbserve bench scheduler --out-dir out/bench-scheduler $(SCHEDULER_BENCH_ARGS)
 

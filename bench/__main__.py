@@ -1,18 +1,13 @@
-"""python -m bench: the same as `cbserve bench` (see bench.serve); `python -m bench
-scheduler` is `cbserve bench scheduler` (see bench.scheduler_bench) and `python -m bench
-accuracy` is `cbserve bench accuracy` (see bench.accuracy)."""
+"""python -m bench: the same as `cbserve bench`, subcommands included (bench.commands);
+without one, the serving benchmark (bench.serving.serve)."""
 
 import sys
 
-if sys.argv[1:2] == ["scheduler"]:
-    from bench.scheduler_bench import main as scheduler_main
+from bench import commands
 
-    sys.exit(scheduler_main(sys.argv[2:], prog="python -m bench scheduler"))
-if sys.argv[1:2] == ["accuracy"]:
-    from bench.accuracy import main as accuracy_main
+code = commands.run(sys.argv[1:], prog="python -m bench")
+if code is None:
+    from bench.serving.serve import main
 
-    sys.exit(accuracy_main(sys.argv[2:]))
-
-from bench.serve import main
-
-sys.exit(main())
+    code = main()
+sys.exit(code)

@@ -131,7 +131,7 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_options():
+def _bench_found() -> bool:
     """bench/ lives in the source tree, beside the installed packages: from the
     `cbserve` script it is importable only once the checkout is on sys.path."""
     import importlib.util
@@ -139,12 +139,10 @@ def _bench_options():
     if importlib.util.find_spec("bench") is None:
         from common.defaults import REPO_ROOT
 
-        if not (REPO_ROOT / "bench" / "serve.py").exists():
-            return None
+        if not (REPO_ROOT / "bench" / "commands.py").exists():
+            return False
         sys.path.insert(0, str(REPO_ROOT))
-    from bench import options
-
-    return options
+    return True
 
 
 def package_version() -> str:
@@ -160,17 +158,14 @@ def package_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
-    # `bench scheduler` has flags of its own (bench/scheduler_config.py); `cbserve bench`'s
-    # parser stays the serving benchmark's, as before.
-    if given[:2] == ["bench", "scheduler"] and _bench_options() is not None:
-        from bench.scheduler_bench import main as bench_scheduler
+    if given[:1] == ["bench"] and _bench_found():
+        # `bench scheduler`, `bench accuracy`: flags of their own (the table is shared
+        # with `python -m bench`); `cbserve bench`'s parser stays the serving benchmark's.
+        from bench import commands
 
-        return bench_scheduler(given[2:], prog="cbserve bench scheduler")
-    if given[:2] == ["bench", "accuracy"] and _bench_options() is not None:
-        # Its own flags (in-process, no service): not the serving benchmark's.
-        from bench.accuracy import main as accuracy_main
-
-        return accuracy_main(given[2:])
+        code = commands.run(given[1:], prog="cbserve bench")
+        if code is not None:
+            return code
     parser = argparse.ArgumentParser(prog="cbserve", description="cbserve command line")
     parser.add_argument("--version", action="version", version=f"cbserve {package_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -182,13 +177,18 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(
         subparsers.add_parser("serve", help="run scheduler and worker here (make run)")
     )
-    bench_options = _bench_options()
-    if bench_options is not None:
+    if _bench_found():
+        from bench.commands import SUBCOMMANDS, listing
+        from bench.serving import options as bench_options
+
         bench_options.add_arguments(
             subparsers.add_parser(
                 "bench",
-                help="serving benchmark (like `vllm bench serve`); `cbserve bench scheduler "
-                "--help`: the scheduler's capacity with null workers",
+                help="serving benchmark (like `vllm bench serve`); also `cbserve bench "
+                + "|".join(SUBCOMMANDS)
+                + " --help`",
+                epilog=listing("cbserve bench"),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
             )
         )
     args = parser.parse_args(argv)
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "info":
         return _info(args)
     if args.command == "bench":
-        from bench.serve import run
+        from bench.serving.serve import run
 
         return run(args, bench_options.recorded_command(["cbserve", *given]))
     from cbserve.launch import serve

@@ -2,9 +2,10 @@
 
 A continuing sequence comes either as a ContinuingSequence message or, for a plain
 decode (one token, no new block), as an id in the packed `decode_seq_ids` list, which
-the scheduler builds a hundred times cheaper (worker.proto). Everything that reads a
-plan (the worker's validation and runner, the test workers) reads them here, in the
-plan's order: the messages first, then the packed decodes.
+the scheduler builds a hundred times cheaper (worker.proto). The test workers read
+them here, in the plan's order: the messages first, then the packed decodes. The
+worker reads a plan once, in its own reader (worker_svc/step/reader.py), which keeps
+the packed decodes packed.
 """
 
 from __future__ import annotations

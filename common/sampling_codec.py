@@ -74,15 +74,10 @@ def sampling_request_from(values: Mapping[str, Any]) -> pb.SamplingParams:
     return _fill(pb.SamplingParams(), values.get, {})
 
 
-def sampling_to_worker(
-    sampling: SamplingParams, min_tokens_banned_ids: list[int] | tuple[int, ...] = ()
-) -> wpb.SequenceSampling:
-    """The plan's per-sequence settings; the banned ids are the scheduler's, worked out
-    for the model's EOS (SamplingParams.banned_until_min_tokens)."""
-    message = _fill(wpb.SequenceSampling(), partial(getattr, sampling), WORKER_WIRE_NAMES)
-    del message.min_tokens_banned_ids[:]
-    message.min_tokens_banned_ids.extend(min_tokens_banned_ids)
-    return message
+def sampling_to_worker(sampling: SamplingParams) -> wpb.SequenceSampling:
+    """The plan's per-sequence settings, min_tokens_banned_ids included: the scheduler
+    filled that field in for the model's EOS when it took the request in."""
+    return _fill(wpb.SequenceSampling(), partial(getattr, sampling), WORKER_WIRE_NAMES)
 
 
 def sampling_from_worker(message: wpb.SequenceSampling) -> SamplingParams:

@@ -54,8 +54,10 @@ class SamplingParams:
     # alternatives (vLLM's prompt_logprobs). The plan asks the worker per new sequence
     # (NewSequence.prompt_logprobs), not through the worker's sampling settings.
     prompt_logprobs: int | None = None
-    # Filled in by the scheduler for the worker (banned_until_min_tokens): the
-    # ids the worker must not sample while fewer than min_tokens are out.
+    # The ids the worker must not sample while fewer than min_tokens are out: their
+    # one home. No client sends them; the scheduler fills them in when it takes the
+    # request in (banned_until_min_tokens with the model's EOS; core/request_table.py),
+    # and they reach the worker's sampler with the other settings (sampling_codec).
     min_tokens_banned_ids: tuple[int, ...] = ()
     # Whether max_tokens came from the client (an explicit value that does not
     # fit the model is an error; the default is shortened to fit instead).

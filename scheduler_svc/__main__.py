@@ -11,7 +11,7 @@ With --worker-dns the scheduler starts without waiting for any worker: it is
 ready (listening) at once, and its health status turns SERVING when the first
 worker behind the name connects.
 
-Every flag is a field of one of SCHEDULER_CONFIGS (scheduler_svc/config.py), with
+Every flag is a field of one of SCHEDULER_CONFIGS (scheduler_svc/config/), with
 the variable CBSERVE_SCHEDULER_<FLAG> as its default (`--help` lists them).
 """
 

@@ -1,5 +1,5 @@
 """The scheduler's command line: every flag is a field of one of SCHEDULER_CONFIGS
-(scheduler_svc/config.py), with CBSERVE_SCHEDULER_<FLAG> as its default. Its own
+(scheduler_svc/config/), with CBSERVE_SCHEDULER_<FLAG> as its default. Its own
 module, so that the core and the API processes (scheduler_svc/split/) read the same
 flags without importing the entry point.
 """
@@ -50,5 +50,5 @@ def configs_from_args(
 
 
 def edge_config_from_args(args: argparse.Namespace) -> EdgeConfig:
-    """The HTTP front, keys and TLS (EdgeConfig in scheduler_svc/config.py)."""
+    """The HTTP front, keys and TLS (EdgeConfig in scheduler_svc/config/edge.py)."""
     return build(EdgeConfig, args)

@@ -12,7 +12,7 @@ import grpc
 
 from common.tls import ChannelSecurity, channel_security, server_credentials
 from scheduler_svc.api.grpc_auth import interceptors_for
-from scheduler_svc.config import EdgeConfig
+from scheduler_svc.config.edge import EdgeConfig
 
 
 def grpc_server_security(

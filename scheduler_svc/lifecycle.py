@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import structlog
 
 from common.errors import StartupError
-from scheduler_svc.config import EdgeConfig, ProcessConfig
+from scheduler_svc.config.edge import EdgeConfig
+from scheduler_svc.config.process import ProcessConfig
 from scheduler_svc.workers.discovery import WorkerDiscovery, dns_resolver, hosts_file_resolver
 from scheduler_svc.workers.pool import WorkerPool
 

@@ -16,7 +16,8 @@ It changes how threads wait, not what they compute. Set here, before this proces
 loads torch's libgomp, and inherited by every process the tests start.
 
 The tiers (`make test`, `make test-fast` = pytest --fast) and their markers are in
-tests/tiers.py; its hooks are this file's.
+tests/tiers.py; its hooks are this file's. Under pytest-xdist, tests/parallel.py keeps the
+tests that share a stack or the loaded weights on one worker.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import os
 
 import pytest
 
+from tests.parallel import group_for_workers
 from tests.tiers import (  # noqa: F401 (pytest's hooks, found by name)
+    mark_tiers,
     pytest_addoption,
-    pytest_collection_modifyitems,
     pytest_configure,
     pytest_ignore_collect,
     pytest_runtest_makereport,
@@ -43,3 +45,10 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 def test_certificates(tmp_path_factory) -> TestCertificates:
     """A throwaway CA with a server certificate for localhost/127.0.0.1 and a client one."""
     return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+# First: xdist's own hook reads the groups into the test ids (--dist loadgroup).
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    mark_tiers(items)  # first: the groups follow the tiers' markers
+    group_for_workers(config, items)

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from bench import options
+from bench.serving import options
 from cbserve.launch import ServeConfig, add_serve_arguments, stack_from_args
 from common.addresses import port_or_off
 from common.cli_config import build, to_argv

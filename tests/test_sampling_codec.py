@@ -19,7 +19,8 @@ from common.sampling_codec import (
 )
 from common.sampling_params import SamplingParams
 
-# Dataclass fields that no client sends: the scheduler works them out.
+# Dataclass fields that no client sends: the scheduler works them out
+# (min_tokens_banned_ids when it takes a request in, for the model's EOS).
 SCHEDULER_ONLY = {"min_tokens_banned_ids", "max_tokens_explicit"}
 # What the worker never needs: stops are checked by the scheduler, ignore_eos is folded
 # into min_tokens_banned_ids; prompt_logprobs is asked per new sequence (NewSequence),
@@ -105,7 +106,7 @@ def test_prompt_logprobs_zero_differs_from_unset():
 
 
 def test_the_worker_gets_what_the_sampler_needs():
-    message = sampling_to_worker(FULL, [2, 9, 100])
+    message = sampling_to_worker(dataclasses.replace(FULL, min_tokens_banned_ids=(2, 9, 100)))
     assert message.num_logprobs == 4 and message.seed == FULL.seed
     assert list(message.min_tokens_banned_ids) == [2, 9, 100]
     back = sampling_from_worker(message)

@@ -14,7 +14,9 @@ what a test needs:
 Every test under tests/integration/ gets both; a test that asks for one of the
 fixtures in MODEL_FIXTURES gets `model`; any other test marks itself. Nothing has to
 be remembered for the fast tier to stay right: under --fast, a test that starts a
-process or opens a weights file anyway fails, naming the marker it lacks.
+process or opens a weights file anyway fails, naming the marker it lacks. Building a
+kernel is not starting a process in this sense (`_builds_a_kernel`): the fast tier
+stays green from a cold kernel cache.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ PROCESS_EVENTS = frozenset(
     }
 )
 # Commands that run for milliseconds and are no part of what is tested: the test CA's
-# certificates (tests/tls_certs.py), the stdlib's platform.processor() (`uname -p`), and
-# matplotlib's font lookup the first time it runs in a fresh home (`fc-list`).
-CHEAP_COMMANDS = frozenset({"openssl", "uname", "fc-list"})
+# certificates (tests/tls_certs.py), the stdlib's platform.processor() (`uname -p`),
+# matplotlib's font lookup the first time it runs in a fresh home (`fc-list`), and
+# ctypes.util.find_library's `ldconfig -p` (huge_pages.py and model_loader.py find libc).
+CHEAP_COMMANDS = frozenset({"openssl", "uname", "fc-list", "ldconfig"})
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth")
 
 
@@ -70,7 +73,8 @@ def pytest_ignore_collect(collection_path, config) -> bool | None:
     return None
 
 
-def pytest_collection_modifyitems(items) -> None:
+def mark_tiers(items) -> None:
+    """The markers this module's rules give (tests/conftest.py calls it at collection)."""
     for item in items:
         path = Path(str(item.path)).resolve()
         if any(path.is_relative_to(directory) for directory in STACK_DIRS):
@@ -97,6 +101,22 @@ def pytest_runtest_makereport(item, call):
     if _Guard.seen and report.when == "call" and not report.failed:
         report.outcome = "failed"
         report.longrepr = "\n".join(_Guard.seen)
+
+
+def _builds_a_kernel(popen_args: tuple) -> bool:
+    """The C compiler building one of the worker's kernels into its cache
+    (worker_svc/native_build.py): allowed in the fast tier. The kernel tests are pure
+    functions of the build; the five builds the tier makes from a cold cache cost about
+    3 s of compiler CPU once per machine and source (measured on a Zen 4), a warm cache
+    nothing; and a pre-build list would go stale the day a kernel is added, which a
+    warm cache hides: the tier would turn red only on the next fresh machine, as it did."""
+    from worker_svc.native_build import cache_dir, compiler
+
+    argv = popen_args[1] if len(popen_args) > 1 else None
+    if not isinstance(argv, list | tuple) or not argv or str(argv[0]) != compiler():
+        return False
+    cache = str(cache_dir())
+    return any(str(arg).startswith(cache) for arg in argv[1:])
 
 
 class _Guard:
@@ -127,7 +147,9 @@ class _Guard:
     def _audit(cls, event: str, args: tuple) -> None:
         if not cls.active:
             return
-        if event == "subprocess.Popen" and Path(str(args[0])).name in CHEAP_COMMANDS:
+        if event == "subprocess.Popen" and (
+            Path(str(args[0])).name in CHEAP_COMMANDS or _builds_a_kernel(args)
+        ):
             return
         if event in PROCESS_EVENTS:
             command = args[1] if event == "subprocess.Popen" and len(args) > 1 else args

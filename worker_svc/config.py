@@ -20,7 +20,7 @@ from common.flag_fields import BENCH, SERVE, flag
 # "auto" takes the fastest one this machine has (compute/selection.py).
 DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q4_1")
 # vLLM's names: the own forward where one exists, or transformers' modules; "null"
-# loads no weights and answers plans after a simulated step time (worker_svc/null_runner.py),
+# loads no weights and answers plans after a simulated step time (worker_svc/null/),
 # so that the scheduler's capacity can be measured without a GPU (bench/scheduler_bench.py).
 MODEL_IMPLS = ("auto", "cbserve", "transformers", "null")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "flash_attn")

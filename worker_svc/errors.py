@@ -6,3 +6,7 @@ from __future__ import annotations
 
 class PlanError(ValueError):
     """The plan contradicts the worker's state or pool; the server answers INVALID_ARGUMENT."""
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message names the model path and the reason."""

@@ -5,8 +5,8 @@ Accepts a local Hugging Face directory or a `.gguf` file; never reaches a hub
 (`local_files_only`), because the service runs offline. The own forwards read the
 weights themselves (safetensors, or the GGUF through the `gguf` package); the
 transformers fallback loads through `from_pretrained` with the paged attention
-registered. A Llama directory's config is read without transformers
-(models/llama_config.py), so that a worker on the own forward never imports it.
+registered. A declared architecture's config.json is read without transformers
+(models/config_file.py), so that a worker on the own forward never imports it.
 """
 
 from __future__ import annotations
@@ -20,22 +20,25 @@ from torch import nn
 
 from worker_svc.attention import register_with_transformers
 from worker_svc.compute.paths import PATHS, ComputePath
-from worker_svc.models import MODEL_IMPLS, own_model_class
-from worker_svc.models.dims import attention_dims
-from worker_svc.models.hf_model import TransformersCausalLM
-from worker_svc.models.llama_config import read_llama_config
-from worker_svc.models.weights import load_state_dict
+from worker_svc.errors import ModelLoadError
+from worker_svc.model_source import ModelSourceError, model_source
+from worker_svc.models import MODEL_IMPLS
+from worker_svc.models.architectures import architecture_for
+from worker_svc.models.checkpoint.weights import load_state_dict
+from worker_svc.models.config_file import attention_dims, read_declared_config
+from worker_svc.models.declaration import Architecture, DecoderSpec
+from worker_svc.models.forward.decoder import DecoderForCausalLM
+from worker_svc.models.forward.hf_model import TransformersCausalLM
 
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message names the model path."""
+__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_device"]
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     # Called as model(input_ids [T], positions [T], attention context, sample_rows).
     model: nn.Module
-    # The text config: a LlamaConfigFile for a Llama directory, else transformers' own.
+    # The text config: a ConfigFile for a declared architecture's directory, else
+    # transformers' own.
     config: Any
     # The directory or file name it was loaded from, as Describe reports it.
     name: str
@@ -44,6 +47,8 @@ class LoadedModel:
     device: torch.device
     compute_path: str
     model_impl: str  # "cbserve" or "transformers"
+    # The own forward's declaration and spec; None on transformers' modules.
+    architecture: Architecture | None
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -59,16 +64,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def _source(model_path: Path) -> tuple[str, dict[str, str]]:
-    if model_path.is_file() and model_path.suffix == ".gguf":
-        return str(model_path.parent), {"gguf_file": model_path.name}
-    if model_path.is_dir() and (model_path / "config.json").is_file():
-        return str(model_path), {}
-    if not model_path.exists():
-        raise ModelLoadError(f"model not found: {model_path} does not exist")
-    raise ModelLoadError(
-        f"cannot load model {model_path}: expected a Hugging Face directory with config.json "
-        "or a .gguf file"
-    )
+    try:
+        source = model_source(model_path)
+    except ModelSourceError as exc:
+        raise ModelLoadError(str(exc)) from None
+    return source.directory, source.extra
 
 
 def load_model(
@@ -87,13 +87,13 @@ def load_model(
         raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {model_impl!r}")
     model_path = Path(model_path)
     source, extra = _source(model_path)
-    text_config = _read_config(model_path, source, extra, model_impl)
-    own, shape, why_not = _own_forward(text_config, model_impl)
-    if own is None and compute_path.needs_own_forward:
+    text_config, architecture = _read_config(model_path, source, extra, model_impl)
+    spec, why_not = _own_spec(architecture, text_config, model_impl)
+    if spec is None and compute_path.needs_own_forward:
         raise ModelLoadError(f"--dtype {compute_path.name} needs the own forward: {why_not}")
     dtype = compute_path.activation_dtype
-    if own is not None:
-        model = _build_own(own, shape, model_path, source, compute_path, dtype)
+    if spec is not None:
+        model = _build_own(architecture, spec, model_path, source, compute_path, dtype)
         impl = "cbserve"
     else:
         model = TransformersCausalLM(_load_transformers(model_path, source, extra, dtype))
@@ -103,7 +103,7 @@ def load_model(
     if compile:
         if impl != "cbserve":
             raise ModelLoadError("--compile needs the own forward (--model-impl cbserve)")
-        from worker_svc.models.compiled import CompiledForward
+        from worker_svc.models.forward.compiled import CompiledForward
 
         model = CompiledForward(model)
     release_freed_memory()
@@ -117,6 +117,7 @@ def load_model(
         device=device,
         compute_path=compute_path.name,
         model_impl=impl,
+        architecture=architecture if spec is not None else None,
         num_layers=text_config.num_hidden_layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -144,11 +145,12 @@ def release_freed_memory() -> None:
 
 
 def _read_config(model_path: Path, source: str, extra: dict, model_impl: str):
-    """The text config: a Llama directory's config.json read directly (no transformers
-    on the own forward's start path), anything else through transformers' AutoConfig."""
+    """The text config and its declared architecture (or None). A declared
+    architecture's config.json is read directly (no transformers on the own forward's
+    start path); anything else, a GGUF included, through transformers' AutoConfig."""
     try:
-        if model_impl != "transformers" and (own := read_llama_config(model_path)) is not None:
-            return own
+        if model_impl != "transformers" and (declared := read_declared_config(model_path)):
+            return declared
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
     from transformers import AutoConfig
@@ -158,7 +160,9 @@ def _read_config(model_path: Path, source: str, extra: dict, model_impl: str):
         config = AutoConfig.from_pretrained(source, local_files_only=True, **extra)
     except Exception as exc:  # transformers raises many types; the model path is what matters
         raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
-    return config.get_text_config()
+    text = config.get_text_config()
+    # A config read from a GGUF names no `architectures`: its model type decides.
+    return text, architecture_for(getattr(text, "architectures", None), text.model_type)
 
 
 def _quiet_transformers() -> None:
@@ -177,47 +181,62 @@ def _as_path(compute: str | torch.dtype | ComputePath) -> ComputePath:
     return PATHS[compute]
 
 
-def _own_forward(text_config, model_impl: str) -> tuple[type | None, Any, str]:
-    """The own model class to use and its shape from the config, or None, None and why not."""
+def _own_spec(
+    architecture: Architecture | None, text_config, model_impl: str
+) -> tuple[DecoderSpec | None, str]:
+    """The own forward's spec of this checkpoint, or None and why not."""
     if model_impl == "transformers":
-        return None, None, "--model-impl transformers was asked for"
-    architectures = getattr(text_config, "architectures", None) or []
-    own = own_model_class(architectures)
-    if own is None:
-        why = f"no own forward for {architectures or 'this architecture'}"
+        return None, "--model-impl transformers was asked for"
+    if architecture is None:
+        names = getattr(text_config, "architectures", None) or "this architecture"
+        why = f"no own forward for {names}"
     else:
         try:
-            return own, own.shape_class().from_config(text_config), ""
+            return architecture.spec(text_config), ""
         except NotImplementedError as exc:
-            own, why = None, f"the own forward does not compute {exc}"
+            why = f"the own forward does not compute {exc}"
+        except ValueError as exc:
+            raise ModelLoadError(f"cannot load model: {exc}") from exc
     if model_impl == "cbserve":
         raise ModelLoadError(f"--model-impl cbserve: {why}")
-    return None, None, why
+    return None, why
 
 
-def _build_own(own, shape, model_path: Path, source: str, compute_path, dtype) -> nn.Module:
+def _build_own(
+    architecture: Architecture,
+    spec: DecoderSpec,
+    model_path: Path,
+    source: str,
+    compute_path: ComputePath,
+    dtype: torch.dtype,
+) -> nn.Module:
     weights_at = model_path if model_path.suffix == ".gguf" else Path(source)
+    # llama.cpp's converter stores Gemma's norms with the 1 already added.
+    offset_applied = weights_at.suffix == ".gguf" and architecture.gguf_norms_plus_one
+    heads, kv_heads = spec.num_heads, spec.num_kv_heads
     if compute_path.name == "q4_1":
         # Tensors read one at a time: the float32 projections are never all in memory.
-        from worker_svc.models.checkpoint_tensors import CheckpointTensors
-        from worker_svc.models.llama_qblock import build_qblock
+        from worker_svc.models.checkpoint.tensors import CheckpointTensors
+        from worker_svc.models.qblock.build import build_qblock
 
         try:
-            checkpoint = CheckpointTensors(weights_at, shape.num_heads, shape.num_kv_heads)
+            checkpoint = CheckpointTensors(weights_at, architecture, heads, kv_heads)
         except Exception as exc:
             raise ModelLoadError(f"cannot read the weights of {model_path}: {exc}") from exc
-        return build_qblock(own, shape, checkpoint, model_path, dtype)
+        return build_qblock(architecture, spec, checkpoint, model_path, dtype, offset_applied)
+    if compute_path.name == "int8" and (missing := spec.unsupported(frozenset({"rope scaling"}))):
+        raise ModelLoadError(f"--dtype int8 folds the Llama layout only, not {', '.join(missing)}")
     try:
-        state = load_state_dict(weights_at, shape.num_heads, shape.num_kv_heads)
+        state = load_state_dict(weights_at, architecture, heads, kv_heads)
     except Exception as exc:
         raise ModelLoadError(f"cannot read the weights of {model_path}: {exc}") from exc
-    if compute_path.name != "int8":
-        return own(shape, state, compute_path.name, dtype)
-    from worker_svc.models.llama_int8 import quantize_to_int8
+    path = compute_path.name if compute_path.name != "int8" else "float32"
+    model = DecoderForCausalLM(architecture, spec, state, path, dtype, offset_applied)
+    if compute_path.name == "int8":
+        from worker_svc.models.int8.smooth import quantize_to_int8
 
-    model = own(shape, state, "float32", dtype)
-    del state
-    quantize_to_int8(model)
+        del state
+        quantize_to_int8(model)
     return model
 
 

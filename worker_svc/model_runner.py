@@ -1,8 +1,10 @@
-"""Runs one StepPlan: update sequence state, one forward over a flat batch, sample.
+"""Runs one step: update sequence state, one forward over a flat batch, sample.
 
-A plan is a diff (vLLM's SchedulerOutput style): finished ids are dropped,
-new sequences registered with all their tokens, continuing ones get new
-blocks and a count of tokens to compute. All scheduled tokens of all
+The wire's StepPlan is read once at the door (execute), into a Step of plain values
+(step/description.py) that everything after it reads. A step is a diff (vLLM's
+SchedulerOutput style): finished ids are dropped, new sequences registered with all
+their tokens, continuing ones get new blocks and a count of tokens to compute. All
+scheduled tokens of all
 sequences become one flat `[T]` batch with no padding; logits are computed only
 at the last scheduled position of each sequence that samples, which is every
 sequence whose scheduled tokens reach the end of the tokens it has.
@@ -11,27 +13,27 @@ A plan of num_steps > 1 (multi-step decoding; decodes only) runs that many
 forwards back to back: each samples one token per sequence, which the next
 computes, into the blocks the plan gave.
 
-The whole plan is validated first (plan_validation.py), so a rejected plan
-leaves the worker as it was.
+The reader (step/reader.py) checks the whole plan before anything changes, so a
+rejected plan leaves the worker as it was.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from cbserve.worker.v1 import worker_pb2
-from common.plan_sequences import continuing_sequences
-from common.sampling_params import SamplingParams
 from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
-from worker_svc.plan_validation import PlanValidator
 from worker_svc.prompt_logprobs import PromptRows, prompt_rows, score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
-from worker_svc.token_bitmask import read_allowed_tokens
+from worker_svc.step.description import NO_MASKS, Step
+from worker_svc.step.reader import PlanReader
 
 
 class ModelRunner:
@@ -47,20 +49,23 @@ class ModelRunner:
         self.backend = backend
         self.sampler = sampler or Sampler(loaded.device)
         self.sequences: dict[int, SequenceState] = {}
-        self.validator = PlanValidator(loaded.vocab_size, loaded.max_model_len, pool)
-        # This step's allowed-token masks by seq_id (structured outputs; one-step plans).
-        self.allowed_tokens: dict = {}
+        self.reader = PlanReader(loaded.vocab_size, loaded.max_model_len, pool)
 
     def reset(self) -> None:
         """Forget every sequence (a new Step stream starts empty)."""
         self.sequences.clear()
 
     def execute(self, plan: worker_pb2.StepPlan) -> worker_pb2.StepResult:
+        """Reads the plan (PlanError, and nothing changed, if it is refused) and runs it."""
         started = time.perf_counter()
-        sampling = self.validator.validate(plan, self.sequences)
-        self.allowed_tokens = read_allowed_tokens(plan)
-        scheduled = self._apply(plan, sampling)
-        result = worker_pb2.StepResult(step_id=plan.step_id)
+        result = self.run(self.reader.read(plan, self.sequences))
+        result.forward_seconds = time.perf_counter() - started
+        return result
+
+    def run(self, step: Step) -> worker_pb2.StepResult:
+        """Runs a step the reader let through: nothing here checks it again."""
+        scheduled = self._apply(step)
+        result = worker_pb2.StepResult(step_id=step.step_id)
         # Decodes first, longest context first: the attention backends then see
         # decodes, and decodes of similar length, as adjacent slices.
         work = sorted(
@@ -68,45 +73,47 @@ class ModelRunner:
             key=lambda w: (w[1] != 1, -w[0].num_computed_tokens if w[1] == 1 else 0),
         )
         num_tokens = sum(n for _, n in work)
-        decoding = self._run(work, result) if work else []
-        # Multi-step (the validator allowed decodes only): each further step computes
-        # the token the step before sampled, back to back, with no round trip.
-        for _ in range(1, max(plan.num_steps, 1) if decoding else 1):
-            self._run([(seq, 1) for seq in decoding], result)
+        decoding = self._run(work, step.allowed_tokens, result) if work else []
+        # Multi-step (the reader allowed decodes only, and no masks): each further step
+        # computes the token the step before sampled, back to back, with no round trip.
+        for _ in range(1, step.num_steps if decoding else 1):
+            self._run([(seq, 1) for seq in decoding], NO_MASKS, result)
             num_tokens += len(decoding)
         result.num_tokens = num_tokens
-        result.forward_seconds = time.perf_counter() - started
         return result
 
     # -- state changes and the forward ------------------------------------------------------
 
-    def _apply(
-        self, plan: worker_pb2.StepPlan, sampling: dict[int, SamplingParams]
-    ) -> list[tuple[SequenceState, int]]:
-        for sid in plan.finished_seq_ids:
-            self.sequences.pop(sid, None)
+    def _apply(self, step: Step) -> list[tuple[SequenceState, int]]:
+        sequences = self.sequences
+        for sid in step.finished_seq_ids:
+            sequences.pop(sid, None)
         scheduled: list[tuple[SequenceState, int]] = []
-        for new in plan.new_sequences:
+        for new in step.new_sequences:
             seq = SequenceState.create(
                 seq_id=new.seq_id,
                 prompt_token_ids=list(new.prompt_token_ids),
                 output_token_ids=list(new.output_token_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 block_ids=list(new.block_ids),
-                sampling=sampling[new.seq_id],
+                sampling=new.sampling,
                 vocab_size=self.loaded.vocab_size,
-                prompt_logprobs=new.prompt_logprobs if new.HasField("prompt_logprobs") else None,
+                prompt_logprobs=new.prompt_logprobs,
             )
-            self.sequences[seq.seq_id] = seq
+            sequences[seq.seq_id] = seq
             scheduled.append((seq, new.num_scheduled_tokens))
-        for seq_id, num_scheduled, new_block_ids in continuing_sequences(plan):
-            seq = self.sequences[seq_id]
-            seq.block_ids.extend(new_block_ids)
-            scheduled.append((seq, num_scheduled))
+        for continuing in step.continuing_sequences:
+            seq = sequences[continuing.seq_id]
+            seq.block_ids.extend(continuing.new_block_ids)
+            scheduled.append((seq, continuing.num_scheduled_tokens))
+        scheduled.extend((sequences[sid], 1) for sid in step.decode_seq_ids)
         return scheduled
 
     def _run(
-        self, work: list[tuple[SequenceState, int]], result: worker_pb2.StepResult
+        self,
+        work: list[tuple[SequenceState, int]],
+        masks: Mapping[int, np.ndarray],
+        result: worker_pb2.StepResult,
     ) -> list[SequenceState]:
         """One forward; appends each sampled token to its sequence and to the result.
 
@@ -149,9 +156,7 @@ class ModelRunner:
                 # is still asked for: the model needs some index, the row is ignored.
                 torch.tensor(keep + scoring_rows or [len(input_ids) - 1], device=device),
             )
-            allowed = None
-            if self.allowed_tokens:
-                allowed = [self.allowed_tokens.get(seq.seq_id) for seq in samplers]
+            allowed = [masks.get(seq.seq_id) for seq in samplers] if masks else None
             sampled = (
                 self.sampler.sample(logits[: len(keep)], samplers, allowed) if samplers else None
             )

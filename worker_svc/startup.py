@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 
 import structlog
 import torch
@@ -17,27 +16,13 @@ from worker_svc.attention import select_backend
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
 from worker_svc.compute.model_shapes import read_projection_shapes
 from worker_svc.compute.selection import select_path
-from worker_svc.config import DEFAULT_KV_TOKENS, WorkerConfig
+from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, resolve_device
 from worker_svc.model_runner import ModelRunner
+from worker_svc.worker import Worker, pool_blocks
 
 log = structlog.get_logger("worker_svc.startup")
-
-
-@dataclass(frozen=True)
-class Worker:
-    runner: ModelRunner
-    description: worker_pb2.WorkerDescription
-    threads: int
-
-
-def pool_blocks(config: WorkerConfig, spec: KVPoolSpec) -> int:
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    if config.kv_cache_memory is not None:
-        return spec.blocks_for_memory(config.kv_cache_memory)
-    return spec.blocks_for_tokens(DEFAULT_KV_TOKENS)
 
 
 def build_worker(config: WorkerConfig) -> Worker:
@@ -48,7 +33,7 @@ def build_worker(config: WorkerConfig) -> Worker:
     thread count (OpenMP) is a per-thread setting there.
     """
     if config.model_impl == "null":
-        from worker_svc.null_runner import build_null_worker  # no weights, no KV memory
+        from worker_svc.null.worker import build_null_worker  # no weights, no KV memory
 
         return build_null_worker(config)
     if config.threads is not None:
@@ -67,16 +52,6 @@ def build_worker(config: WorkerConfig) -> Worker:
         started = time.perf_counter()
         loaded.model.warm_up(loaded.num_kv_heads, loaded.head_dim, loaded.dtype)
         log.info("forward_compiled", seconds=round(time.perf_counter() - started, 1))
-    text_config = loaded.config
-    sliding = getattr(text_config, "sliding_window", None)
-    layer_types = getattr(text_config, "layer_types", None) or []
-    # Qwen2-style configs carry a window they do not use (use_sliding_window=False).
-    if sliding and (
-        "sliding_attention" in layer_types or getattr(text_config, "use_sliding_window", True)
-    ):
-        # The paged backends attend over the whole context; say so rather than
-        # silently differ from the model's own attention past the window.
-        log.warning("sliding_window_ignored", sliding_window=sliding)
     processor = _processor(device)
     kv_dtype = kv_cache_dtype(config.kv_cache_dtype, loaded.dtype, loaded.compute_path, device.type)
     backend, why = select_backend(

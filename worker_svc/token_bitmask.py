@@ -1,4 +1,4 @@
-"""A plan's allowed-token bitmask (structured outputs), read and applied on the worker.
+"""A plan's allowed-token bitmask (structured outputs): its rows, and their use on logits.
 
 The scheduler sends one blob for all constrained rows of a step (worker.proto's
 TokenBitmask): a row of ceil(vocab / 32) little-endian 32-bit words per sequence,
@@ -13,36 +13,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cbserve.worker.v1 import worker_pb2
-from common.plan_sequences import continuing_sequences
 from worker_svc.errors import PlanError
 
 # What a banned (bit 0) and an allowed (bit 1) token add to its logit.
 _BIAS = np.array([-np.inf, 0.0], dtype=np.float32)
 
 
-def read_allowed_tokens(plan: worker_pb2.StepPlan) -> dict[int, np.ndarray]:
-    """seq_id -> its mask row (int32 words); raises PlanError for a malformed mask."""
-    mask = plan.allowed_tokens
-    if not mask.seq_ids:
-        if mask.words:
-            raise PlanError("allowed_tokens has words but no seq_ids")
-        return {}
-    if max(plan.num_steps, 1) > 1:
-        raise PlanError(f"a plan of {plan.num_steps} steps has allowed_tokens: one step only")
-    num_rows = len(mask.seq_ids)
-    if not mask.words or len(mask.words) % (4 * num_rows):
-        raise PlanError(f"allowed_tokens: {len(mask.words)} bytes are not {num_rows} rows of words")
-    # Plain decodes travel in decode_seq_ids, the others as messages: both count.
-    planned = {s.seq_id for s in plan.new_sequences}
-    planned.update(seq_id for seq_id, _, _ in continuing_sequences(plan))
-    rows = np.frombuffer(mask.words, dtype="<i4").reshape(num_rows, -1).astype(np.int32)
-    allowed = {}
-    for seq_id, row in zip(mask.seq_ids, rows, strict=True):
-        if seq_id not in planned or seq_id in allowed:
-            raise PlanError(f"allowed_tokens: sequence {seq_id} is not in the plan, or twice")
-        allowed[seq_id] = row
-    return allowed
+def mask_rows(words: bytes, num_rows: int) -> np.ndarray:
+    """The blob as num_rows rows of int32 words (step/reader.py reads which sequence
+    each row is for); raises PlanError for a blob that is not that."""
+    if not num_rows:
+        raise PlanError("allowed_tokens has words but no seq_ids")
+    if not words or len(words) % (4 * num_rows):
+        raise PlanError(f"allowed_tokens: {len(words)} bytes are not {num_rows} rows of words")
+    return np.frombuffer(words, dtype="<i4").reshape(num_rows, -1).astype(np.int32)
 
 
 def allowed_ids(row: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ barrier and at the end of every parallel region, which assumes the cores belong 
 the process. A worker rarely has its cores to itself (a second worker, the
 scheduler, a benchmark client, a build on the same machine), and a thread that spins
 through its time slice while its partner waits for a core makes the whole step wait:
-measured by `python -m bench.wait_policy` (README, "OpenMP wait policy"), a bounded
+measured by `python -m bench.micro.wait_policy` (README, "OpenMP wait policy"), a bounded
 spin keeps a decode step near its idle time beside a busy process, where the
 default made it several times slower, and costs little when the machine is idle.
 
@@ -45,4 +45,4 @@ def apply_wait_policy(
     if "torch" in sys.modules:
         return {}, "libgomp already loaded: its defaults"
     environ.update(policy.environment)
-    return dict(policy.environment), "the worker's default (bench/wait_policy.py)"
+    return dict(policy.environment), "the worker's default (bench/micro/wait_policy.py)"

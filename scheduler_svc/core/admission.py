@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.prompt_logprobs import wants_prompt_logprobs

@@ -25,9 +25,9 @@ class NewSequence:
     num_computed_tokens: int
     num_scheduled_tokens: int
     block_ids: list[int]
+    # With the ids the worker must not sample while fewer than min_tokens are out
+    # (SamplingParams.min_tokens_banned_ids, filled in by core/request_table.py).
     sampling: SamplingParams
-    # Token ids the worker must not sample while fewer than min_tokens are out.
-    min_tokens_banned_ids: list[int] = field(default_factory=list)
     # Score the prompt positions it computes, with this many alternatives; None: no.
     prompt_logprobs: int | None = None
 

@@ -16,8 +16,8 @@ The plan is a diff (vLLM's SchedulerOutput idea): a sequence the worker has
 not seen carries its tokens, sampling settings and block table; one it holds
 carries only how many tokens to compute and its new blocks.
 `update_from_output()` appends the sampled tokens, checks the stops that tokens
-alone decide (EOS, stop token ids, max_tokens, model length), registers newly full
-blocks in the prefix cache and frees what finished. Text (detokenizing, stop
+alone decide (EOS, stop token ids, max_tokens, model length: token_stops.py),
+registers newly full blocks in the prefix cache and frees what finished. Text (detokenizing, stop
 strings) is the edge's (output/text_stream.py): nothing here costs per character.
 
 Async scheduling: up to `max_in_flight` plans may be out at once (see
@@ -32,8 +32,9 @@ model length never cost that extra step (a request is not planned past them),
 and a decode ahead of its sample never preempts. Results for a request
 preempted, aborted or finished since its plan went out are dropped.
 
-num_scheduler_steps > 1: multi_step.py. `take_unfinished` and `adopt` move
-requests between schedulers when a worker is lost.
+num_scheduler_steps > 1: multi_step.py. How requests enter and leave (finish,
+fail, deadlines): request_table.py. `take_unfinished` and `adopt` move requests
+between schedulers when a worker is lost: handover.py.
 
 Structured outputs (scheduler_svc/structured): a constrained request's mask for
 its next token depends on the token before, so it is never planned ahead of a
@@ -43,8 +44,8 @@ its mask in the plan; its matcher takes each token the request accepts and
 nothing else, and is rebuilt from the output tokens if it ever disagrees (a
 recompute after a preemption or on another worker checks that).
 
-How a step's tokens are taken (stops, logprobs, a grammar's forced EOS):
-token_intake.py.
+How a step's tokens are taken (stops, logprobs, a grammar's forced EOS, the output
+the edge streams): token_intake.py.
 """
 
 from __future__ import annotations
@@ -52,12 +53,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import grpc
-
-from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.config.core import SchedulerConfig
+from scheduler_svc.core import handover
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
-from scheduler_svc.core.deadlines import DeadlineHeap
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
 from scheduler_svc.core.plan import (
     ContinuingSequence,
@@ -66,21 +65,11 @@ from scheduler_svc.core.plan import (
     StepPlan,
     match_output,
 )
-from scheduler_svc.core.prompt_logprobs import (
-    attach_prompt_logprobs,
-    prompt_logprobs_to_ask,
-    take_prompt_logprobs,
-)
-from scheduler_svc.core.request import (
-    FinishReason,
-    Request,
-    RequestError,
-    RequestOutput,
-    RequestStatus,
-)
+from scheduler_svc.core.prompt_logprobs import prompt_logprobs_to_ask, take_prompt_logprobs
+from scheduler_svc.core.request import FinishReason, Request, RequestOutput, RequestStatus
+from scheduler_svc.core.request_table import RequestTable
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.core.token_intake import take_tokens
-from scheduler_svc.output.stop_checker import StopChecker
+from scheduler_svc.core.token_intake import take_output
 from scheduler_svc.structured.scheduling import add_allowed_tokens
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
@@ -111,14 +100,9 @@ class Scheduler:
         self._clock = clock
         self._eos_token_ids = tuple(eos_token_ids)
         self.queue = AdmissionQueue(config, self.block_manager, self.stats)
-        # Unfinished requests, for abort by id, with their token stop rules.
-        self._requests: dict[str, Request] = {}
-        self._deadlines = DeadlineHeap()
-        self._stop_checkers: dict[str, StopChecker] = {}
-        # Sequences the worker must drop, sent with the next plan.
-        self._finished_seq_ids: list[int] = []
-        # Requests the scheduler ended with an error, until the engine takes them.
-        self._failed: list[Request] = []
+        self.requests = RequestTable(
+            self.queue, self.block_manager, self._eos_token_ids, max_model_len
+        )
         self._next_step_id = 1
         # Plans sent and not answered yet, oldest first, with what each asked of whom.
         self.max_in_flight = max_in_flight
@@ -145,30 +129,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queues a validated request; raises ValueError if it could never run."""
-        if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already scheduled")
-        if request.status is not RequestStatus.WAITING or request.num_output_tokens:
-            raise ValueError(f"request {request.request_id!r} is not a fresh request")
-        if not 0 < request.num_prompt_tokens < self.max_model_len:
-            raise ValueError(
-                f"request {request.request_id!r}: a prompt must have 1 to "
-                f"{self.max_model_len - 1} tokens, got {request.num_prompt_tokens}"
-            )
-        needed = self.block_manager.blocks_needed(request.num_prompt_tokens)
-        if needed > self.block_manager.num_blocks:
-            raise ValueError(
-                f"request {request.request_id!r}: its prompt needs {needed} KV blocks, "
-                f"the pool has {self.block_manager.num_blocks}"
-            )
-        self._track(request)
-        self.queue.add_waiting(request)
-
-    def _track(self, request: Request) -> None:
-        self._requests[request.request_id] = request
-        self._stop_checkers[request.request_id] = StopChecker(
-            request.sampling, self._eos_token_ids, self.max_model_len
-        )
-        self._deadlines.push(request)
+        self.requests.add(request)
 
     def abort_request(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """Drops a request wherever it is; a no-op for unknown or finished ids. `reason`
@@ -176,14 +137,13 @@ class Scheduler:
 
         If its step is in flight, the token that step samples for it is ignored.
         """
-        request = self._requests.get(request_id)
+        request = self.requests.get(request_id)
         if request is not None:
-            self._finish(request, reason)
+            self.requests.finish(request, reason)
 
     def take_failed(self) -> list[Request]:
         """Requests the scheduler ended with an error (request.error) since the last call."""
-        failed, self._failed = self._failed, []
-        return failed
+        return self.requests.take_failed()
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan; None when there is nothing to compute or tell the worker."""
@@ -191,7 +151,7 @@ class Scheduler:
             raise RuntimeError(
                 f"{len(self._in_flight)} steps are in flight: call update_from_output first"
             )
-        self._expire_deadlines()
+        self.requests.expire_deadlines(self._clock())
         plan = StepPlan(step_id=self._next_step_id)
         planned: list[_Planned] = []
         budget = self.config.max_num_batched_tokens
@@ -232,13 +192,14 @@ class Scheduler:
                 if budget == 0 and not static:
                     break
         for request in step.failed:
-            self._fail(request, request.error)
+            self.requests.fail(request, request.error)
+        dropped = self.requests.finished_seq_ids
         for request in step.preempted:
             if request.seen_by_worker:
-                self._finished_seq_ids.append(request.seq_id)
+                dropped.append(request.seq_id)
                 request.seen_by_worker = False
-        plan.finished_seq_ids.extend(self._finished_seq_ids)
-        self._finished_seq_ids.clear()
+        plan.finished_seq_ids.extend(dropped)
+        dropped.clear()
         if not self._in_flight:  # a lookahead over another plan's samples: never
             plan_decode_steps(
                 plan,
@@ -280,26 +241,10 @@ class Scheduler:
                 num_scheduled_tokens=num_scheduled,
                 block_ids=list(self.block_manager.block_table(request.seq_id)),
                 sampling=request.sampling,
-                min_tokens_banned_ids=list(
-                    request.sampling.banned_until_min_tokens(self._eos_token_ids)
-                ),
                 prompt_logprobs=prompt_logprobs_to_ask(request),
             )
         )
         request.seen_by_worker = True
-
-    def _expire_deadlines(self) -> None:
-        for request in self._deadlines.pop_expired(self._clock()):
-            if self._requests.get(request.request_id) is request:  # else it left already
-                where = "waiting" if request.status is RequestStatus.WAITING else "running"
-                self._fail(
-                    request,
-                    RequestError(
-                        grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"deadline exceeded while {where} after "
-                        f"{request.num_output_tokens} generated tokens",
-                    ),
-                )
 
     def update_from_output(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
         """Applies the oldest plan in flight's result; returns one output per request that
@@ -327,87 +272,17 @@ class Scheduler:
             self.block_manager.cache_computed_blocks(request)
             take_prompt_logprobs(request, result)
             if indices is not None:
-                output = self._take_tokens(request, indices, result)
+                output = take_output(request, indices, result, self.requests, self._eos_token_ids)
                 if output is not None:
                     outputs.append(output)
         return outputs
 
-    def _take_tokens(
-        self, request: Request, indices: list[int], result: StepOutput
-    ) -> RequestOutput | None:
-        """A request's tokens of a step (token_intake.py) as one output, the request
-        ended if they end it; None if it has none (its first token broke its grammar)."""
-        taken = take_tokens(
-            request, indices, result, self._stop_checkers[request.request_id], self._eos_token_ids
-        )
-        if taken.error is not None:
-            self._fail(request, taken.error)
-        elif taken.finish_reason is not None:
-            self._finish(request, taken.finish_reason)
-        if not taken.token_ids:
-            return None
-        request.sampled_since_admission = True
-        output = RequestOutput(
-            request.request_id,
-            taken.token_ids,
-            "",
-            taken.logprobs,
-            taken.finish_reason,
-            len(request.prompt_token_ids),
-            len(request.output_token_ids),
-            request.cached_prompt_tokens,
-        )
-        return attach_prompt_logprobs(request, output)
-
-    def _fail(self, request: Request, error: RequestError) -> None:
-        request.error = error
-        self._finish(request, FinishReason.ABORT)
-        self._failed.append(request)
-
-    def _finish(self, request: Request, reason: FinishReason) -> None:
-        """Takes a request out of the queues, frees its blocks, tells the worker."""
-        self.queue.remove(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason = reason
-        if self.block_manager.has_blocks(request.seq_id):
-            # Safe even if its step is in flight: the next plan drops the sequence
-            # before any other sequence can be given these blocks.
-            self.block_manager.free(request.seq_id)
-        if request.seen_by_worker:
-            self._finished_seq_ids.append(request.seq_id)
-        del self._requests[request.request_id]
-        del self._stop_checkers[request.request_id]
-
-    # -- handing requests to another scheduler when the worker is lost ------------------
+    # -- handing requests to another scheduler when the worker is lost (handover.py) ----
 
     def take_unfinished(self) -> list[Request]:
-        """Empties the scheduler of its unfinished requests, for another worker to resume.
-
-        Called when the worker is lost: whatever it held (KV, steps in flight) is gone.
-        Each request comes back WAITING with nothing computed or pending, unseen by any
-        worker, with its output so far (its text state is the edge's, which never
-        learns of the move); `adopt` on another scheduler prefills it over prompt + output and it
-        goes on where it stopped. In arrival order (priority first), as they were queued.
-        """
-        requests = sorted(
-            [*self.running, *self.waiting], key=lambda r: (r.priority, r.arrival_time, r.seq_id)
-        )
-        taken = []
-        for request in requests:
-            self.queue.remove(request)
-            if self.block_manager.has_blocks(request.seq_id):
-                self.block_manager.free(request.seq_id)
-            request.status = RequestStatus.WAITING
-            request.num_computed_tokens = 0
-            request.num_pending_samples = 0
-            request.seen_by_worker = False
-            request.sampled_since_admission = False
-            request.num_bypassed = 0
-            del self._requests[request.request_id]
-            del self._stop_checkers[request.request_id]
-            taken.append(request)
-        # The worker is gone: nothing to tell it, and its steps will never answer.
-        self._finished_seq_ids.clear()
+        """Empties the scheduler of its unfinished requests, for another worker to resume
+        (`adopt` there). Called when the worker is lost: its steps will never answer."""
+        taken = handover.take_unfinished(self.queue, self.requests)
         self._in_flight.clear()
         return taken
 
@@ -415,18 +290,5 @@ class Scheduler:
         """Queues a request taken from another scheduler (take_unfinished); raises
         ValueError for a request not in the state take_unfinished leaves, or whose
         tokens this worker could never hold."""
-        if request.request_id in self._requests:
-            raise ValueError(f"request id {request.request_id!r} is already scheduled")
-        if (
-            request.status is not RequestStatus.WAITING
-            or request.num_computed_tokens
-            or request.seen_by_worker
-        ):
-            raise ValueError(f"request {request.request_id!r} is not a waiting request")
-        if request.num_tokens >= self.max_model_len:
-            raise ValueError(
-                f"request {request.request_id!r} has {request.num_tokens} tokens; this "
-                f"worker's max_model_len is {self.max_model_len}"
-            )
-        self._track(request)
-        self.queue.add_waiting(request)
+        handover.check_adoptable(request, self.requests, self.max_model_len)
+        self.requests.enter(request)

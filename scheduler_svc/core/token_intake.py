@@ -1,8 +1,10 @@
 """Taking one request's sampled tokens of a step: append, logprobs, stops, grammar.
 
-The scheduler calls `take_tokens` once per request that sampled in a step's result;
-it appends the tokens to the request in order, up to the one that ends it, and says
-how it ends. Ending it (freeing blocks, telling the worker) stays the scheduler's.
+The scheduler calls `take_output` once per request that sampled in a step's result;
+`take_tokens` appends the tokens to the request in order, up to the one that ends
+it, and says how it ends; the request is then ended in the scheduler's table
+(request_table.py: blocks freed, the worker told) and the tokens become the output
+the edge streams (without text: the edge detokenizes).
 
 Runs once per request per step at every batch size: plain locals, no per-token
 objects but a token's logprob when it is asked for.
@@ -13,6 +15,9 @@ the tokens, text and finish reason vLLM gives after sampling the forced EOS, als
 below min_tokens (where vLLM lets the EOS through, as banning it would leave no
 token to sample) and with ignore_eos (past an EOS the grammar allows only more EOS).
 A token that completes the grammar on max_tokens ends with LENGTH, as in vLLM.
+
+The stop rules themselves are token_stops.py's; text and stop strings never reach
+the core (output/text_stream.py at the edge).
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from scheduler_svc.core.plan import StepOutput
-from scheduler_svc.core.request import FinishReason, Request, RequestError
-from scheduler_svc.output.output_processor import token_logprob
-from scheduler_svc.output.stop_checker import StopChecker
+from scheduler_svc.core.plan import SampledLogprobs, StepOutput
+from scheduler_svc.core.prompt_logprobs import attach_prompt_logprobs
+from scheduler_svc.core.request import (
+    FinishReason,
+    Request,
+    RequestError,
+    RequestOutput,
+    TokenLogprob,
+)
+from scheduler_svc.core.request_table import RequestTable
+from scheduler_svc.core.token_stops import StopChecker
 from scheduler_svc.structured.scheduling import forced_token_logprob, off_grammar_error
 
 
@@ -34,6 +46,36 @@ class TakenTokens(NamedTuple):
     finish_reason: FinishReason | None
     # Set when a token broke the request's grammar: it fails, that token unstreamed.
     error: RequestError | None
+
+
+def take_output(
+    request: Request,
+    indices: list[int],
+    result: StepOutput,
+    requests: RequestTable,
+    eos_token_ids: Sequence[int],
+) -> RequestOutput | None:
+    """A request's tokens of a step as one output, the request ended if they end it;
+    None if it has none (its first token broke its grammar)."""
+    taken = take_tokens(request, indices, result, requests.stop_checker(request), eos_token_ids)
+    if taken.error is not None:
+        requests.fail(request, taken.error)
+    elif taken.finish_reason is not None:
+        requests.finish(request, taken.finish_reason)
+    if not taken.token_ids:
+        return None
+    request.sampled_since_admission = True
+    output = RequestOutput(
+        request.request_id,
+        taken.token_ids,
+        "",
+        taken.logprobs,
+        taken.finish_reason,
+        len(request.prompt_token_ids),
+        len(request.output_token_ids),
+        request.cached_prompt_tokens,
+    )
+    return attach_prompt_logprobs(request, output)
 
 
 def take_tokens(
@@ -70,6 +112,15 @@ def take_tokens(
         if reason is not None:
             return TakenTokens(new_token_ids, logprobs, reason, None)
     return TakenTokens(new_token_ids, logprobs, None, None)
+
+
+def token_logprob(
+    request: Request, token_id: int, entry: SampledLogprobs | None
+) -> TokenLogprob | None:
+    """The logprob entry a request's output carries for a sampled token, if it asked."""
+    if entry is None or request.sampling.logprobs == 0:
+        return None
+    return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)
 
 
 def take_forced_eos(

@@ -1,15 +1,15 @@
-"""A request's outputs as the core makes them: one per step with its token ids, the
-logprobs it asked for and the finish reason its tokens bring (StopChecker); the
-text is the edge's work (text_stream.TextStream). Consecutive outputs of one
-request merge into one delta (a multi-step plan, or a client that reads slower
-than the steps come)."""
+"""Merging a request's outputs at the edge: consecutive outputs of one request become
+one delta (a multi-step plan, or a client that reads slower than the steps come).
+
+The core makes one output per step with its token ids, the logprobs it asked for
+and the finish reason its tokens bring (core/token_intake.py); the text is the
+edge's work (text_stream.TextStream)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler_svc.core.plan import SampledLogprobs
-from scheduler_svc.core.request import Request, RequestOutput, TokenLogprob
+from scheduler_svc.core.request import RequestOutput
 
 
 def merge_outputs(outputs: Sequence[RequestOutput]) -> RequestOutput:
@@ -31,12 +31,3 @@ def merge_outputs(outputs: Sequence[RequestOutput]) -> RequestOutput:
             (output.prompt_logprobs for output in outputs if output.prompt_logprobs), None
         ),
     )
-
-
-def token_logprob(
-    request: Request, token_id: int, entry: SampledLogprobs | None
-) -> TokenLogprob | None:
-    """The logprob entry a request's output carries for a sampled token, if it asked."""
-    if entry is None or request.sampling.logprobs == 0:
-        return None
-    return TokenLogprob(token_id=token_id, logprob=entry.logprob, top=entry.top)

@@ -2,7 +2,7 @@
 streams, and stop strings.
 
 The core (core/scheduler.py) ends a request on its tokens alone: EOS, a stop token
-id, max_tokens, the model length (token_stops.py). It sends each step's token ids
+id, max_tokens, the model length (core/token_stops.py). It sends each step's token ids
 without text, because detokenizing costs per token and the core must cost per step
 only; the edge, which runs in as many processes as the clients need (vLLM V1's split
 between API servers and the engine core), turns them into text here.
@@ -24,8 +24,9 @@ from collections.abc import Sequence
 
 from common.sampling_params import SamplingParams
 from scheduler_svc.core.request import FinishReason, RequestOutput
+from scheduler_svc.core.token_stops import stops_active
 from scheduler_svc.output.detokenizer import Decoder, IncrementalDetokenizer
-from scheduler_svc.output.stop_checker import StopStringMatcher, stops_active
+from scheduler_svc.output.stop_strings import StopStringMatcher
 
 
 class TextStream:

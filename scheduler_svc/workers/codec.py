@@ -24,7 +24,7 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
             num_computed_tokens=sequence.num_computed_tokens,
             num_scheduled_tokens=sequence.num_scheduled_tokens,
             block_ids=sequence.block_ids,
-            sampling=sampling_to_worker(sequence.sampling, sequence.min_tokens_banned_ids),
+            sampling=sampling_to_worker(sequence.sampling),
             prompt_logprobs=sequence.prompt_logprobs,
         )
     decodes = []

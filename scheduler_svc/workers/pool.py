@@ -30,7 +30,8 @@ import structlog
 
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
-from scheduler_svc.config import FaultConfig, SchedulerConfig
+from scheduler_svc.config.core import SchedulerConfig
+from scheduler_svc.config.faults import FaultConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.workers.engine import WorkerEngine

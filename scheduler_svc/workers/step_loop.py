@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler_svc.config import FaultConfig
+from scheduler_svc.config.faults import FaultConfig
 from scheduler_svc.core.plan import StepPlan
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.workers.client import WorkerClient, WorkerLost

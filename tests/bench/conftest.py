@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from common.defaults import converted_model_dir
@@ -20,3 +23,18 @@ def tokenizer(model_dir):
     from scheduler_svc.api.tokenizer import Tokenizer
 
     return Tokenizer(model_dir)
+
+
+@pytest.fixture
+def run_module():
+    """Runs `python -m MODULE ARGS...` (a script that RESULTS.md quotes) and returns its
+    stdout; fails with its stderr's tail."""
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    return run

@@ -4,7 +4,7 @@ token (a `const` schema), so that each case asserts an exact text on any model:
 
 - min_tokens or ignore_eos past the grammar's end: the reply ends there, with "stop"
   and valid JSON (what vLLM gives since it lets a forced EOS through min_tokens);
-  the scheduler takes the forced EOS without a step (core/scheduler.py).
+  the scheduler takes the forced EOS without a step (core/token_intake.py).
 - a stop string inside the reply: cut before it, "stop", as vLLM does (the text is
   then not valid JSON: the client asked for the cut).
 - max_tokens before the grammar's end: "length", never "stop" on a partial reply.

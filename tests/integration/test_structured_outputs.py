@@ -1,7 +1,7 @@
-"""Structured outputs and tool calls through the official `openai` client on the
-session's stack: JSON schemas validate, a named tool's arguments validate, choice and
-regex hold, with 32 unconstrained streams in the same batches; gRPC gets the same
-constraints and the same refusals."""
+"""Structured outputs under load, through the official `openai` client on the session's
+stack: JSON schemas validate, a named tool's arguments validate, choice and regex hold,
+with 32 unconstrained streams in the same batches. One request at a time (a cut JSON
+object, a streamed tool call, refusals, gRPC): test_structured_requests.py."""
 
 from __future__ import annotations
 
@@ -10,16 +10,9 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import jsonschema
-import openai
-import pytest
 
-from cbserve.v1 import generation_pb2 as pb
-from cbserve.v1 import generation_pb2_grpc as pb_grpc
-
-# Bounded strings and lists: a small model that likes to ramble still has to close them.
-NAME = {"type": "string", "maxLength": 12}
+from tests.integration.structured import NAME, WEATHER_TOOL, chat
 
 
 def closed(schema):
@@ -127,35 +120,11 @@ SCHEMAS = [
     },
 ]
 SCHEMAS = [closed(schema) for schema in SCHEMAS]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": NAME, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-MAX_TOKENS = 64
 # The issue's load: 32 unconstrained streams in the same batches as the constrained
 # requests; short ones, enough to run through the constrained requests' prefill and
 # first steps, so that the module stays quick on 2 cores.
 FREE_STREAMS = 32
 FREE_TOKENS = 24
-
-
-def chat(api, text: str, max_tokens: int = MAX_TOKENS, **fields):
-    return api.chat.completions.create(
-        model="any",
-        messages=[{"role": "user", "content": text}],
-        temperature=0.0,
-        max_tokens=max_tokens,
-        **fields,
-    )
 
 
 def free_stream(api, index: int) -> str:
@@ -256,82 +225,3 @@ def test_constraints_hold_while_free_streams_share_the_batches(openai_api, stack
     # Every constrained request ran beside most free streams (a few may have ended
     # before the last constrained request was admitted).
     assert running.peak >= len(work) + FREE_STREAMS * 3 // 4, running.peak
-
-
-def test_json_object_is_never_claimed_complete_when_cut(openai_api):
-    reply = chat(
-        openai_api,
-        "Reply with a JSON object whose key ok is true.",
-        response_format={"type": "json_object"},
-        max_tokens=24,
-    )
-    [choice] = reply.choices
-    assert choice.message.content.startswith("{")
-    if choice.finish_reason == "stop":
-        assert isinstance(json.loads(choice.message.content), dict)
-    else:  # an open object may run to max_tokens: then it says length
-        assert choice.finish_reason == "length"
-
-
-def test_streamed_required_tool_call(openai_api):
-    stream = openai_api.chat.completions.create(
-        model="any",
-        messages=[{"role": "user", "content": "Weather in Oslo, please."}],
-        tools=[WEATHER_TOOL],
-        tool_choice="required",
-        temperature=0.0,
-        max_tokens=MAX_TOKENS,
-        stream=True,
-    )
-    chunks = [chunk.choices[0] for chunk in stream if chunk.choices]
-    calls = [call for c in chunks for call in c.delta.tool_calls or ()]
-    assert chunks[-1].finish_reason == "tool_calls" and len(calls) == 1
-    assert calls[0].function.name == "get_weather"
-    jsonschema.validate(
-        json.loads(calls[0].function.arguments), WEATHER_TOOL["function"]["parameters"]
-    )
-
-
-@pytest.mark.parametrize(
-    ("fields", "words"),
-    [
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
-                }
-            },
-            "nope",
-        ),
-        ({"extra_body": {"structured_outputs": {"regex": "a("}}}, "unclosed group"),
-        ({"extra_body": {"structured_outputs": {"grammar": "start: missing"}}}, "unknown name"),
-        (
-            {
-                "tools": [WEATHER_TOOL],
-                "tool_choice": {"type": "function", "function": {"name": "other"}},
-            },
-            "not one of the tools",
-        ),
-    ],
-)
-def test_bad_constraints_are_refused_with_400(openai_api, fields, words):
-    with pytest.raises(openai.BadRequestError, match=words):
-        chat(openai_api, "hi", **fields)
-
-
-def test_grpc_gets_the_same_constraints_and_refusals(stack):
-    with grpc.insecure_channel(stack.address) as channel:
-        generate = pb_grpc.GenerationStub(channel).Generate
-        request = pb.GenerateRequest(
-            chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="Pick one.")]),
-            sampling=pb.SamplingParams(temperature=0.0, max_tokens=16),
-            structured_output=pb.StructuredOutput(choice=pb.ChoiceList(choices=["alpha", "beta"])),
-        )
-        text = "".join(response.text for response in generate(request))
-        assert text in ("alpha", "beta")
-        request.structured_output.CopyFrom(pb.StructuredOutput(json_schema='{"type": 7}'))
-        with pytest.raises(grpc.RpcError) as refused:
-            list(generate(request))
-        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details().startswith("structured_output.json_schema:")

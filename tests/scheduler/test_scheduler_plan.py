@@ -39,10 +39,26 @@ def test_new_requests_are_all_admitted_in_one_step(harness):
         assert list(seq.block_ids) == list(harness.block_manager.block_table(request.seq_id))
         assert len(seq.block_ids) == 2  # 5 tokens in blocks of 4
         assert seq.sampling == request.sampling
-        assert seq.min_tokens_banned_ids == list(request.sampling.banned_until_min_tokens((EOS,)))
+        assert seq.sampling.min_tokens_banned_ids == ()
         assert request.status is RequestStatus.RUNNING
         assert request.num_computed_tokens == 5
         assert request.num_output_tokens == 1
+
+
+@pytest.mark.parametrize(
+    ("sampling", "banned"),
+    [
+        ({"min_tokens": 2, "stop_token_ids": (9, 7)}, (EOS, 7, 9)),
+        ({"min_tokens": 2, "stop_token_ids": (7,), "ignore_eos": True}, (7,)),
+        ({"stop_token_ids": (7,)}, ()),
+    ],
+)
+def test_a_new_sequence_carries_the_ids_banned_until_min_tokens(harness, sampling, banned):
+    # Worked out once, when the scheduler takes the request in (it knows the EOS).
+    request = harness.add(make_request(prompt=5, max_tokens=4, **sampling))
+    (seq,) = harness.step().new_sequences
+    assert seq.sampling.min_tokens_banned_ids == banned
+    assert seq.sampling is request.sampling
 
 
 def test_continuing_sequences_carry_only_counts_and_new_blocks(harness):

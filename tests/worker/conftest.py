@@ -2,7 +2,7 @@
 
 CBSERVE_WORKER_TEST_DTYPE=bfloat16 runs the model tests (ours and transformers'
 reference) in bfloat16 instead of float32: that is how the default dtype is
-chosen (see bench/measure_dtype.py). CBSERVE_WORKER_TEST_COMPILE=1 loads it with the
+chosen (see bench/micro/measure_dtype.py). CBSERVE_WORKER_TEST_COMPILE=1 loads it with the
 worker's --compile (torch.compile), for running the greedy-equality tests against
 transformers' `generate` on the compiled forward (tests/worker/test_worker_model_runner.py;
 the layer-by-layer test needs the eager modules).

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.accuracy_eval import greedy_batch_plans
+from bench.accuracy.eval import greedy_batch_plans
 from worker_svc.model_runner import ModelRunner
 
 TOP = 5

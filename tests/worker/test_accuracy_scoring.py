@@ -1,4 +1,4 @@
-"""The accuracy bench's scoring on the real model (bench/accuracy_eval.py): scoring only
+"""The accuracy bench's scoring on the real model (bench/accuracy/eval.py): scoring only
 a chunk's second half, as llama-perplexity does, gives the same numbers as the tail of
 scoring the whole chunk."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from bench.accuracy_chunks import ChunkScoring
-from bench.accuracy_eval import chunk_nlls, text_nll, token_nlls
+from bench.accuracy.chunks import ChunkScoring
+from bench.accuracy.eval import chunk_nlls, text_nll, token_nlls
 
 
 def test_scoring_the_second_half_is_the_tail_of_scoring_it_all(loaded_model):

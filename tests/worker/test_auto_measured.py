@@ -61,7 +61,6 @@ def test_auto_on_a_cpu_absent_from_the_table_picks_by_measurement(monkeypatch, c
     assert again == path and "cached in" in why_again
 
 
-@pytest.mark.process  # times q4_1's kernel, which the C compiler builds on first use
 def test_auto_times_q4_1_beside_the_float_paths(cache_dir):
     path, why = select_path("auto", "cpu", UNKNOWN_FLAGS, shapes=TINY, cpu=UNKNOWN_CPU)
     figures = _figures_on_disk(cache_dir)

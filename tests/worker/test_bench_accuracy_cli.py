@@ -1,4 +1,4 @@
-"""`cbserve bench accuracy` and `python -m bench accuracy` reach bench/accuracy.py."""
+"""`cbserve bench accuracy` and `python -m bench accuracy` reach bench/accuracy/gate.py."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from bench.accuracy import GATE_PPL_RATIO, GATE_REPLIES, REPLY_TOKENS
-from bench.kv_suffix import split_kv_suffix
+from bench.accuracy.gate import GATE_PPL_RATIO, GATE_REPLIES, REPLY_TOKENS
+from bench.micro.kv_suffix import split_kv_suffix
 from cbserve.cli import main
 
 

@@ -1,4 +1,4 @@
-"""The worker's --compile: the torch.compile'd own forward (models/compiled.py) samples
+"""The worker's --compile: the torch.compile'd own forward (models/forward/compiled.py) samples
 the same float32 greedy tokens as the eager one, and one graph serves every flat
 batch length >= 2 (prefills and decodes alike), so steps do not recompile.
 
@@ -21,7 +21,7 @@ import torch._dynamo.utils
 from cbserve.worker.v1 import worker_pb2 as pb
 from tests.worker.conftest import build_runner
 from worker_svc.config import WorkerConfig
-from worker_svc.models.compiled import CompiledForward
+from worker_svc.models.forward.compiled import CompiledForward
 
 GREEDY = pb.SequenceSampling(temperature=0.0, top_p=1.0, repetition_penalty=1.0)
 PROMPTS = (

@@ -82,7 +82,7 @@ def test_cuda_takes_bfloat16_and_refuses_the_cpu_only_int8(table):
 
 
 def test_the_shipped_table_names_only_known_paths_and_positive_figures():
-    assert measured.MEASURED, "bench/kernel_bench.py's figures belong in compute/measured.py"
+    assert measured.MEASURED, "bench/micro/kernels.py's figures belong in compute/measured.py"
     for cpu in measured.MEASURED:
         assert set(cpu.gflops) <= set(PATHS), cpu.name
         for m1, m64 in cpu.gflops.values():

@@ -21,7 +21,7 @@ import torch
 from cbserve.worker.v1 import worker_pb2 as pb
 from common.defaults import default_model_path
 from tests.worker.conftest import build_runner
-from tests.worker.test_native_decode import decode_step
+from tests.worker.native_step import decode_step
 from worker_svc.attention import BackendUnavailableError, select_backend
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPoolSpec
@@ -77,7 +77,7 @@ def test_decode_logits_near_the_float32_pools(loaded_model, float32_pool_logits,
 
 
 def test_the_readme_question_is_answered_as_with_a_float32_pool(loaded_model):
-    from bench.accuracy_eval import greedy_replies
+    from bench.accuracy.eval import greedy_replies
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
     tok = Tokenizer(default_model_path())
@@ -122,7 +122,7 @@ def test_the_q4_1_worker_takes_a_float16_pool_by_default():
 
 
 def test_a_null_worker_sizes_its_pool_as_a_float16_worker_would():
-    from worker_svc.null_runner import build_null_worker
+    from worker_svc.null.worker import build_null_worker
 
     def blocks(kv_cache_dtype: str) -> int:
         config = WorkerConfig(

@@ -1,4 +1,4 @@
-"""The own Llama forward (worker_svc/models/llama.py) against transformers' modules, in
+"""The own Llama forward (worker_svc/models/forward/decoder.py) against transformers' modules, in
 float32, layer by layer: the embedding, every decoder layer's output, and the logits,
 for a fresh prefill and for a decode that continues it from the paged KV cache."""
 
@@ -9,7 +9,7 @@ import torch
 
 from worker_svc.attention import BatchLayout, PagedAttentionContext, TorchAttentionBackend
 from worker_svc.kv_pool import KVPool, KVPoolSpec
-from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.models.forward.decoder import DecoderForCausalLM
 
 # float32 over 30 layers of fused vs separate matmuls: the same sums in another order.
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -19,7 +19,7 @@ TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 def own(loaded_model):
     if loaded_model.dtype != torch.float32:
         pytest.fail("the layer-by-layer comparison is for the float32 reference path")
-    assert isinstance(loaded_model.model, LlamaForCausalLM), loaded_model.model_impl
+    assert isinstance(loaded_model.model, DecoderForCausalLM), loaded_model.model_impl
     return loaded_model
 
 

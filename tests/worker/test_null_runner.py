@@ -12,8 +12,9 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from worker_svc.config import WorkerConfig
 from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPoolSpec
-from worker_svc.null_runner import NullKVPool, NullModel, NullRunner, StepTimeModel
-from worker_svc.null_sampler import NullSampler, NullVocabulary, ordinary_token_ids
+from worker_svc.null.runner import NullModel, NullRunner, StepTimeModel
+from worker_svc.null.sampler import NullSampler, NullVocabulary, ordinary_token_ids
+from worker_svc.null.worker import NullKVPool
 
 VOCAB = tuple(range(100, 140))
 EOS = 2

@@ -1,4 +1,4 @@
-"""The null worker's tokenizer reader (worker_svc/null_tokenizer.py) against transformers'
+"""The null worker's tokenizer reader (worker_svc/null/tokenizer.py) against transformers'
 AutoTokenizer on the same files: the same vocabulary to sample from and the same EOS
 wherever it reads them, and None (transformers decides) wherever it does not fully
 understand a tokenizer."""
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from common.defaults import default_model_path
-from worker_svc.null_sampler import ordinary_token_ids
-from worker_svc.null_tokenizer import read_tokenizer_files
+from worker_svc.null.sampler import ordinary_token_ids
+from worker_svc.null.tokenizer import read_tokenizer_files
 
 
 @pytest.fixture(scope="module")

@@ -113,9 +113,10 @@ def test_dequantized_blocks_equal_ggufs_own_dequantizer(monkeypatch):
     """Zero weight error: the kernel's weights are the float32 model's, bit for bit."""
     import gguf
 
-    from worker_svc.models.gguf_blocks import read_gguf_blocks
+    from worker_svc.models.architectures import load_architecture
+    from worker_svc.models.qblock.gguf_blocks import read_gguf_blocks
 
-    blocks = read_gguf_blocks(packaged_gguf_path(), layers=(0,))
+    blocks = read_gguf_blocks(packaged_gguf_path(), load_architecture("llama"), layers=(0,))
     reader = gguf.GGUFReader(str(packaged_gguf_path()))
     tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
     expected = gguf.quants.dequantize(tensor.data, tensor.tensor_type)

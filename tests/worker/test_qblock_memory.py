@@ -16,8 +16,11 @@ import torch
 
 from cbserve.local_stack import free_port
 from common.defaults import default_model_path, packaged_gguf_path
-from worker_svc.models.checkpoint_tensors import CheckpointTensors
-from worker_svc.models.weights import load_state_dict
+from worker_svc.models.architectures import load_architecture
+from worker_svc.models.checkpoint.tensors import CheckpointTensors
+from worker_svc.models.checkpoint.weights import load_state_dict
+
+LLAMA = load_architecture("llama")
 
 pytestmark = [
     pytest.mark.model,
@@ -30,7 +33,7 @@ Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 
 def test_reads_each_tensor_as_the_whole_state_dict_has_it():
     directory = Path(default_model_path())
-    lazy, full = CheckpointTensors(directory, 9, 3), load_state_dict(directory, 9, 3)
+    lazy, full = CheckpointTensors(directory, LLAMA, 9, 3), load_state_dict(directory, LLAMA, 9, 3)
     assert set(lazy) == set(full)
     for name, tensor in full.items():
         assert lazy.shape(name) == tuple(tensor.shape)
@@ -40,8 +43,8 @@ def test_reads_each_tensor_as_the_whole_state_dict_has_it():
 def test_reads_the_ggufs_tensors_dequantized_and_reordered():
     """The converted directory holds the GGUF's dequantized values, q/k rows reordered
     back to transformers' layout: the GGUF read alone must give the same tensors."""
-    from_gguf = CheckpointTensors(packaged_gguf_path(), 9, 3)
-    from_directory = CheckpointTensors(Path(default_model_path()), 9, 3)
+    from_gguf = CheckpointTensors(packaged_gguf_path(), LLAMA, 9, 3)
+    from_directory = CheckpointTensors(Path(default_model_path()), LLAMA, 9, 3)
     assert set(from_gguf) == set(from_directory)
     for name in (Q_PROJ, "model.layers.0.self_attn.k_proj.weight", "model.norm.weight"):
         assert torch.equal(from_gguf[name], from_directory[name]), name

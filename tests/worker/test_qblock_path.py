@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.accuracy_eval import greedy_replies, perplexity
+from bench.accuracy.eval import greedy_replies, perplexity
 from common.defaults import default_model_path, packaged_gguf_path
 from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 from worker_svc.compute.qblock import Q4_1, Q8_0
 from worker_svc.compute.qblock_linear import QBlockLinear
 from worker_svc.model_loader import load_model
-from worker_svc.models.llama_qblock import find_blocks
-from worker_svc.models.weights import load_state_dict
+from worker_svc.models.architectures import load_architecture
+from worker_svc.models.checkpoint.weights import load_state_dict
+from worker_svc.models.qblock.build import find_blocks
+
+LLAMA = load_architecture("llama")
 
 pytestmark = [
     pytest.mark.model,
@@ -57,8 +60,8 @@ def test_runs_the_ggufs_own_blocks(q4_1_model):
 
 def test_keeps_no_float32_projection_weight(q4_1_model):
     """The float32 tensors left are the embedding, the norms and the rotary tables: the
-    projections and the head were never built in float32 (llama_qblock._SkeletonState)."""
-    model, shape = q4_1_model.model, q4_1_model.model.shape
+    projections and the head were never built in float32 (qblock.build._SkeletonState)."""
+    model, shape = q4_1_model.model, q4_1_model.model.spec
     floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     assert not any(t.is_meta for t in floats)
     norms = (2 * shape.num_layers + 1) * shape.hidden_size
@@ -81,9 +84,9 @@ def test_perplexity_within_a_tenth_of_a_percent(loaded_model, q4_1_model, tok):
 
 def test_a_gguf_that_is_not_the_source_is_refused():
     """A float model whose weights differ from the GGUF's in one value gets Q8_0."""
-    state = load_state_dict(Path(default_model_path()), 9, 3)
+    state = load_state_dict(Path(default_model_path()), LLAMA, 9, 3)
     state["model.layers.3.mlp.up_proj.weight"][0, 0] += 1e-3
-    blocks, why = find_blocks(Path(default_model_path()), state)
+    blocks, why = find_blocks(Path(default_model_path()), LLAMA, state)
     assert blocks is None
     assert "model.layers.3.mlp.up_proj.weight differs" in why
 

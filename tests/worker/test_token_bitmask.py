@@ -11,7 +11,7 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from common.sampling_params import SamplingParams
 from worker_svc.errors import PlanError
 from worker_svc.sampler import PenaltyCounts, Sampler
-from worker_svc.token_bitmask import allowed_ids, apply_allowed_tokens, read_allowed_tokens
+from worker_svc.token_bitmask import allowed_ids, apply_allowed_tokens
 
 from .test_null_runner import make_runner, new_seq
 
@@ -96,22 +96,36 @@ def plan_with_mask(seq_ids, rows, num_steps=1, sequences=(1,)) -> pb.StepPlan:
     )
 
 
+def read_masks(plan: pb.StepPlan, runner=None) -> dict:
+    """The masks as the runner's reader reads them from the plan (step/reader.py)."""
+    runner = runner or make_runner()
+    return dict(runner.reader.read(plan, runner.sequences).allowed_tokens)
+
+
 def test_malformed_masks_refuse_the_plan():
     row = mask_row([1])
     with pytest.raises(PlanError, match="not in the plan"):
-        read_allowed_tokens(plan_with_mask([9], [row]))
+        read_masks(plan_with_mask([9], [row]))
     with pytest.raises(PlanError, match="rows of words"):
-        read_allowed_tokens(plan_with_mask([1, 2], [row[:-1], row], sequences=(1, 2)))
+        read_masks(plan_with_mask([1, 2], [row[:-1], row], sequences=(1, 2)))
+    with pytest.raises(PlanError, match="but no seq_ids"):
+        read_masks(plan_with_mask([], [row]))
+    runner = make_runner()
+    runner.execute(pb.StepPlan(step_id=1, new_sequences=[new_seq(1, 3, [1, 2])]))
+    two_steps = pb.StepPlan(step_id=2, num_steps=2, decode_seq_ids=[1])
+    two_steps.allowed_tokens.CopyFrom(plan_with_mask([1], [row]).allowed_tokens)
     with pytest.raises(PlanError, match="one step only"):
-        read_allowed_tokens(plan_with_mask([1], [row], num_steps=2))
-    assert set(read_allowed_tokens(plan_with_mask([1], [row]))) == {1}
+        read_masks(two_steps, runner)
+    assert set(read_masks(plan_with_mask([1], [row]))) == {1}
 
 
 def test_a_mask_for_a_plain_decode_in_the_packed_list_is_read():
     # Plain decodes travel as ids in decode_seq_ids, not as ContinuingSequence messages.
+    runner = make_runner()
+    runner.execute(pb.StepPlan(step_id=1, new_sequences=[new_seq(5, 3, [5])]))
     plan = plan_with_mask([1, 5], [mask_row([1]), mask_row([2])])
     plan.decode_seq_ids.append(5)
-    assert [int(r[0]) for r in read_allowed_tokens(plan).values()] == [2, 4]
+    assert [int(r[0]) for r in read_masks(plan, runner).values()] == [2, 4]
 
 
 def test_the_null_runner_samples_within_the_mask():

@@ -8,7 +8,7 @@ import torch
 from worker_svc.__main__ import parse_bytes
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, kv_cache_dtype
-from worker_svc.startup import pool_blocks
+from worker_svc.worker import pool_blocks
 
 # The default model's shape: 30 layers, 3 KV heads of 64.
 SPEC = KVPoolSpec(num_layers=30, num_kv_heads=3, head_dim=64, block_size=16, dtype=torch.float32)

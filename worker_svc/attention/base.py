@@ -82,8 +82,11 @@ class AttentionBackend(ABC):
         pool: KVPool,
         metadata: Any,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """query `[T, heads, d]`, key/value `[T, kv_heads, d]` -> `[T, heads, d]`.
+        With a sliding `window` (a layer's of Gemma 3 or Mistral), a query at position p
+        sees keys p - window + 1 .. p only, as transformers masks it.
 
         The flat token-major layout of the own forward: its projections produce it
         with a view, so no layer pays a transpose to call attention.

@@ -63,7 +63,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         v_cache: torch.Tensor,
         dec: KernelDecodes,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         return paged_decode_attention(
-            queries, k_cache, v_cache, dec.block_tables, dec.context_lens, scale
+            queries, k_cache, v_cache, dec.block_tables, dec.context_lens, scale, window
         )

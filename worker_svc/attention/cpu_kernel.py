@@ -32,7 +32,7 @@ def load_kernel() -> ctypes.CDLL:
     lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
     for function in (lib.paged_decode_attention, lib.paged_decode_attention_f16):
         function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
     return lib
 
 
@@ -60,9 +60,11 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """query `[D, H, d]` float32; caches `[blocks, bs, kv_heads, d]`, float32 or float16;
-    block_tables `[D, max_blocks]` and context_lens `[D]` int32 -> `[D, H, d]` float32."""
+    block_tables `[D, max_blocks]` and context_lens `[D]` int32 -> `[D, H, d]` float32.
+    With a sliding `window`, each query sees its last `window` keys only."""
     query = query.contiguous()
     if query.dtype != torch.float32:
         raise ValueError(f"query must be float32, not {query.dtype}")
@@ -98,6 +100,7 @@ def paged_decode_attention(
         head_dim,
         block_size,
         block_tables.shape[1],
+        window or 0,
         scale,
     )
     if status != 0:

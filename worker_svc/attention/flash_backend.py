@@ -109,6 +109,7 @@ class FlashAttentionBackend(AttentionBackend):
         pool: KVPool,
         metadata: FlashAttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         k_slots, v_slots = pool.layer_slots(layer_idx)
         k_slots.index_copy_(0, metadata.slot_mapping, key)
@@ -124,6 +125,8 @@ class FlashAttentionBackend(AttentionBackend):
             metadata.max_seqlen_k,
             softmax_scale=scale,
             causal=True,
+            # flash-attn's window counts keys left of the query, the query not included.
+            window_size=(window - 1, 0) if window is not None else (-1, -1),
             block_table=metadata.block_table,
         )
         return out

@@ -40,6 +40,15 @@ class PrefillSegment:
     # None when the chunk is the whole context so far: attend to the fresh K/V.
     block_ids: torch.Tensor | None
     mask: torch.Tensor | None  # [length, blocks * block_size]
+    first_position: int = 0  # the chunk's first query position (its context offset)
+
+    def windowed_mask(self, window: int, device: torch.device) -> torch.Tensor:
+        """Causal and within the sliding window: query i sees keys i - window + 1 .. i."""
+        keys = self.mask.shape[1] if self.mask is not None else self.length
+        key_pos = torch.arange(keys, device=device)
+        query_pos = torch.arange(self.first_position, self.first_position + self.length)
+        delta = query_pos.to(device)[:, None] - key_pos[None, :]
+        return (delta >= 0) & (delta < window)
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,13 @@ class DecodeBatch:
     tokens: slice | torch.Tensor
     block_ids: torch.Tensor  # [D * max_blocks], padded with block 0
     mask: torch.Tensor  # [D, 1, 1, max_blocks * block_size], True where the key is real
+    context_lens: torch.Tensor | None = None  # [D], for a sliding window's masks
+
+    def windowed_mask(self, window: int) -> torch.Tensor:
+        """The mask, also hiding keys more than `window` - 1 before each query."""
+        key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+        recent = key_pos[None, :] >= (self.context_lens - window)[:, None]
+        return self.mask & recent[:, None, None, :]
 
 
 @dataclass(frozen=True)
@@ -136,7 +152,9 @@ class TorchAttentionBackend(AttentionBackend):
             key_pos = torch.arange(num_blocks * bs, device=device)
             query_pos = torch.arange(c - q, c, device=device)
             mask = key_pos[None, :] <= query_pos[:, None]
-            prefills.append(PrefillSegment(start, q, torch.tensor(block_ids, device=device), mask))
+            prefills.append(
+                PrefillSegment(start, q, torch.tensor(block_ids, device=device), mask, c - q)
+            )
         return TorchAttentionMetadata(
             slot_mapping=layout.slot_mapping(device),
             decodes=self.decode_metadata(layout, decodes, device) if decodes else (),
@@ -166,6 +184,7 @@ class TorchAttentionBackend(AttentionBackend):
             tokens=tokens,
             block_ids=table.flatten().to(device),
             mask=(key_pos[None, :] < lens[:, None])[:, None, None, :],
+            context_lens=lens,
         )
 
     def forward(
@@ -177,6 +196,7 @@ class TorchAttentionBackend(AttentionBackend):
         pool: KVPool,
         metadata: TorchAttentionMetadata,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         k_cache, v_cache = pool.layer(layer_idx)
@@ -187,23 +207,26 @@ class TorchAttentionBackend(AttentionBackend):
 
         out = query.new_empty((num_tokens, num_heads, head_dim))
         for dec in metadata.decodes:
-            out[dec.tokens] = self.attend_decodes(query[dec.tokens], k_cache, v_cache, dec, scale)
+            out[dec.tokens] = self.attend_decodes(
+                query[dec.tokens], k_cache, v_cache, dec, scale, window
+            )
         for seg in metadata.prefills:
             # SDPA wants [1, heads, T, d]: a transpose per prefill chunk, none per decode.
             chunk = slice(seg.start, seg.start + seg.length)
             q = query[chunk].transpose(0, 1).unsqueeze(0)
+            # A window shorter than the chunk's context hides its oldest keys.
+            windowed = window is not None and seg.first_position + seg.length > window
             if seg.block_ids is None:
                 k = as_stored(key[chunk], pool.dtype).transpose(0, 1).unsqueeze(0)
                 v = as_stored(value[chunk], pool.dtype).transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True, scale=scale, enable_gqa=True
-                )
+                mask = seg.windowed_mask(window, q.device) if windowed else None
             else:
                 k = _gather_blocks(k_cache, seg.block_ids, q.dtype).transpose(0, 1).unsqueeze(0)
                 v = _gather_blocks(v_cache, seg.block_ids, q.dtype).transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=seg.mask, scale=scale, enable_gqa=True
-                )
+                mask = seg.windowed_mask(window, q.device) if windowed else seg.mask
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+            )
             out[chunk] = o[0].transpose(0, 1)
         return out
 
@@ -214,6 +237,7 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         dec: DecodeBatch,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         """One decode group: queries `[D, heads, d]` -> `[D, heads, d]`."""
         d, num_heads, head_dim = queries.shape
@@ -224,8 +248,9 @@ class TorchAttentionBackend(AttentionBackend):
         q = queries.reshape(d, num_kv_heads, -1, head_dim)
         k = _gather_blocks(k_cache, dec.block_ids, q.dtype).view(d, -1, num_kv_heads, head_dim)
         v = _gather_blocks(v_cache, dec.block_ids, q.dtype).view(d, -1, num_kv_heads, head_dim)
+        mask = dec.windowed_mask(window) if window is not None else dec.mask
         o = F.scaled_dot_product_attention(
-            q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=dec.mask, scale=scale
+            q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
         )
         return o.reshape(d, num_heads, head_dim)
 

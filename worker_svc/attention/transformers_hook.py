@@ -48,6 +48,8 @@ def paged_attention_forward(
         context.pool,
         context.metadata,
         scale,
+        # transformers' sliding layers (Gemma 3, Mistral, Qwen2) pass their window.
+        window=kwargs.get("sliding_window"),
     )
     return out.unsqueeze(0), None
 

@@ -1,8 +1,8 @@
-"""Projections (`y = x @ W.T`, no bias) in the precisions a compute path may use.
+"""Projections (`y = x @ W.T + b`) in the precisions a compute path may use.
 
-Each class is built once from a float32 weight `[out, in]` and called on the
-flat batch `[T, in]`. Llama-family projections carry no bias, which the int8
-path relies on (see Int8Linear).
+Each class is built once from a float32 weight `[out, in]` (and, for Qwen2's q/k/v, a
+bias `[out]`) and called on the flat batch `[T, in]`. compute.projections picks the
+class for a compute path.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from worker_svc.compute.paths import PATHS
 
 
 class Projection(nn.Module):
@@ -31,13 +29,15 @@ class Projection(nn.Module):
 class DenseLinear(Projection):
     """float32, bfloat16 or float16 weights, activations in the same dtype."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight = nn.Parameter(weight.to(dtype).contiguous(), requires_grad=False)
+        # F.linear with its bias, as transformers calls it: one rounding less than a sum.
+        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 # Weights use 7 of their 8 bits so that activations can use all 8: AVX2's vpmaddubsw
@@ -60,9 +60,11 @@ class Int8Linear(Projection):
     precision to itself only, not to the batch it shares a step with.
     """
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        # Added after the row scales are multiplied back, which a bias inside would break.
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
         weight = weight.float()
         scales = (weight.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12)
         with warnings.catch_warnings():
@@ -80,9 +82,11 @@ class Int8Linear(Projection):
         if x.shape[0] == 1:
             # One token: the tensor-wide scale already is its own (a single stream's
             # decode), and five small operators a projection are worth saving there.
-            return self._matmul(x)
-        row_max = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12)
-        return self._matmul(x / row_max).mul_(row_max)
+            out = self._matmul(x)
+        else:
+            row_max = x.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12)
+            out = self._matmul(x / row_max).mul_(row_max)
+        return out if self.bias is None else out.add_(self.bias)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -105,15 +109,3 @@ def _int8_linear_op(x: torch.Tensor, handle: int) -> torch.Tensor:
 @_int8_linear_op.register_fake
 def _(x: torch.Tensor, handle: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], _INT8_LINEARS[handle].out_features))
-
-
-def make_projection(weight: torch.Tensor, path: str) -> Projection:
-    """The projection for a compute path name (see compute.paths)."""
-    if path == "int8":
-        return Int8Linear(weight)
-    if path == "q4_1":
-        from worker_svc.compute.qblock import Q4_1
-        from worker_svc.compute.qblock_linear import QBlockLinear
-
-        return QBlockLinear.from_float(weight, Q4_1)
-    return DenseLinear(weight, PATHS[path].activation_dtype)

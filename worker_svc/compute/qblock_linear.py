@@ -62,6 +62,7 @@ class QBlockLinear(Projection):
         in_features: int,
         dense_from_m: int | None = _HERE,
         vnni_from_m: int | None = _HERE,
+        bias: torch.Tensor | None = None,
     ):
         super().__init__()
         here = strategy_here()
@@ -78,6 +79,8 @@ class QBlockLinear(Projection):
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.format = fmt
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        # float32, added to the product (Qwen2's q/k/v; GGUF keeps biases in F32 too).
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, fmt: BlockFormat, **kwargs) -> QBlockLinear:
@@ -89,10 +92,12 @@ class QBlockLinear(Projection):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.vnni and x.shape[0] >= self.vnni_from_m:
-            return vnni_matmul(x, self.blocks, self.format, self.in_features)
-        if self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
-            return dense_matmul(x, self.blocks, self.format, self.in_features)
-        return qblock_matmul(x, self.blocks, self.format, self.in_features)
+            out = vnni_matmul(x, self.blocks, self.format, self.in_features)
+        elif self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
+            out = dense_matmul(x, self.blocks, self.format, self.in_features)
+        else:
+            out = qblock_matmul(x, self.blocks, self.format, self.in_features)
+        return out if self.bias is None else out.add_(self.bias)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, format={self.format.name}"

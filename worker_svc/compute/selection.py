@@ -3,7 +3,7 @@
 "Fastest" is measured on this CPU, on the model's projection shapes, at the first
 start and then cached (compute/auto_choice.py), when the caller passes the shapes
 (the worker does). The measurements kept in the repo (compute.measured, printed by
-`python -m bench.kernel_bench`), matched to this CPU by its flags, give the order the
+`python -m bench.micro.kernels`), matched to this CPU by its flags, give the order the
 candidates are tried in and break near-ties; without shapes they alone decide. A CPU
 unlike any measured one gets the generic order below as its seed. Flags alone would
 mislead: on a Zen 3, float32 beats emulated bfloat16 by 6-25x, and torch's

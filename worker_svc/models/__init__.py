@@ -1,28 +1,21 @@
-"""Own forwards by architecture, as named in a config's `architectures`.
+"""The worker's model layer: architectures beside the compute paths that run them.
 
-One architecture a file; `ModelRunner` calls every implementation the same way:
+- `architectures/`: one declaration per family (Llama, Mistral, Qwen2, Qwen3, Gemma 3),
+  with a lazy registry from a config's class name or model type;
+  `declaration.py` says what a declaration holds, `config_file.py` reads config.json
+  without transformers.
+- `forward/`: the float forward composed from a declaration (float32, the reference;
+  bfloat16; float16), torch.compile around it, and transformers' modules as the fallback
+  for what no declaration covers.
+- `qblock/`: the block path (`--dtype q4_1`): GGUF blocks or Q8_0 quantized at load,
+  and the native decode step, which runs what the declaration asks or says why not.
+- `int8/`: SmoothQuant folding for the int8 path (Llama layout).
+- `checkpoint/`: tensors from safetensors or GGUF under transformers' names.
+
+Every model is called the same way:
 `model(input_ids [T], positions [T], attention_context, sample_rows) -> logits`.
-Architectures missing here run on transformers' modules (models.hf_model).
 """
 
 from __future__ import annotations
 
-from torch import nn
-
-from worker_svc.models.llama import LlamaForCausalLM
-
-# Mistral-style checkpoints use the Llama layout (no biases, GQA, SiLU MLP); a config
-# field this forward cannot compute (a rope scaling, biases) sends them to transformers.
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-}
-
 MODEL_IMPLS = ("auto", "cbserve", "transformers")
-
-
-def own_model_class(architectures: list[str] | None) -> type[nn.Module] | None:
-    for name in architectures or ():
-        if name in MODEL_REGISTRY:
-            return MODEL_REGISTRY[name]
-    return None

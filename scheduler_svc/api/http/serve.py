@@ -20,7 +20,7 @@ import uvicorn
 from scheduler_svc.api.api_keys import ApiKeys
 from scheduler_svc.api.http.app import create_app
 from scheduler_svc.api.server import GenerationService
-from scheduler_svc.config import EdgeConfig
+from scheduler_svc.config.edge import EdgeConfig
 
 # Connections a client keeps open without a request are closed after this long.
 KEEP_ALIVE_S = 30

@@ -78,29 +78,29 @@ static inline const float *rows_f16(const uint16_t *block, int64_t n, int64_t to
 /* The call with a literal head_dim of 64 (SmolLM2, Llama, Qwen: most small models)
  * compiles to fixed, fully vectorised dot products. */
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *table, int64_t len, float *out, float *scores,
-                       int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
+                       const int32_t *table, int64_t first, int64_t len, float *out,
+                       float *scores, int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
                        int64_t block_stride, int64_t kv_offset, float scale)
 {
     if (head_dim == 64)
-        attend_f32(q, k_cache, v_cache, table, len, out, scores, group, 64, block_size,
+        attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size,
                    token_stride, block_stride, kv_offset, scale);
     else
-        attend_f32(q, k_cache, v_cache, table, len, out, scores, group, head_dim, block_size,
+        attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim, block_size,
                    token_stride, block_stride, kv_offset, scale);
 }
 
 void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                           const int32_t *table, int64_t len, float *out, float *scores,
-                           int64_t group, int64_t head_dim, int64_t block_size,
+                           const int32_t *table, int64_t first, int64_t len, float *out,
+                           float *scores, int64_t group, int64_t head_dim, int64_t block_size,
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
                            float scale)
 {
     if (head_dim == 64)
-        attend_f16(q, k_cache, v_cache, table, len, out, scores, group, 64, block_size, token_stride,
+        attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size, token_stride,
                    block_stride, kv_offset, scale);
     else
-        attend_f16(q, k_cache, v_cache, table, len, out, scores, group, head_dim, block_size, token_stride,
+        attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim, block_size, token_stride,
                    block_stride, kv_offset, scale);
 }
 
@@ -109,7 +109,8 @@ void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16
 static int attend_batch(const float *q, const void *k_cache, const void *v_cache, int half,
                         const int32_t *block_tables, const int32_t *context_lens, float *out,
                         int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                        int64_t head_dim, int64_t block_size, int64_t max_blocks, float scale)
+                        int64_t head_dim, int64_t block_size, int64_t max_blocks, int64_t window,
+                        float scale)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t token_stride = num_kv_heads * head_dim;
@@ -133,12 +134,14 @@ static int attend_batch(const float *q, const void *k_cache, const void *v_cache
             const float *q_item = q + first_head * head_dim;
             const int32_t *table = block_tables + seq * max_blocks;
             float *out_item = out + first_head * head_dim;
+            const int64_t len = context_lens[seq];
+            const int64_t first = window > 0 && len > window ? len - window : 0;
             if (half)
-                paged_decode_item_f16(q_item, k_cache, v_cache, table, context_lens[seq],
+                paged_decode_item_f16(q_item, k_cache, v_cache, table, first, len,
                                       out_item, scores, group, head_dim, block_size,
                                       token_stride, block_stride, kv_head * head_dim, scale);
             else
-                paged_decode_item(q_item, k_cache, v_cache, table, context_lens[seq], out_item,
+                paged_decode_item(q_item, k_cache, v_cache, table, first, len, out_item,
                                   scores, group, head_dim, block_size, token_stride,
                                   block_stride, kv_head * head_dim, scale);
         }
@@ -151,18 +154,18 @@ int paged_decode_attention(const float *q, const float *k_cache, const float *v_
                            const int32_t *block_tables, const int32_t *context_lens,
                            float *out, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                           int64_t max_blocks, float scale)
+                           int64_t max_blocks, int64_t window, float scale)
 {
     return attend_batch(q, k_cache, v_cache, 0, block_tables, context_lens, out, num_seqs,
-                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale);
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, window, scale);
 }
 
 int paged_decode_attention_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                const int32_t *block_tables, const int32_t *context_lens,
                                float *out, int64_t num_seqs, int64_t num_heads,
                                int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                               int64_t max_blocks, float scale)
+                               int64_t max_blocks, int64_t window, float scale)
 {
     return attend_batch(q, k_cache, v_cache, 1, block_tables, context_lens, out, num_seqs,
-                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, scale);
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, window, scale);
 }

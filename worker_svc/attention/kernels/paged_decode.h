@@ -12,14 +12,14 @@
  * head_dim; token_stride = num_kv_heads * head_dim; block_stride = block_size *
  * token_stride (all in elements). Runs on the calling thread. */
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
-                       const int32_t *table, int64_t len, float *out, float *scores,
-                       int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
+                       const int32_t *table, int64_t first, int64_t len, float *out,
+                       float *scores, int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
                        int64_t block_stride, int64_t kv_offset, float scale);
 
 /* The same over a float16 pool: the caches hold IEEE binary16 bits. */
 void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                           const int32_t *table, int64_t len, float *out, float *scores,
-                           int64_t group, int64_t head_dim, int64_t block_size,
+                           const int32_t *table, int64_t first, int64_t len, float *out,
+                           float *scores, int64_t group, int64_t head_dim, int64_t block_size,
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
                            float scale);
 

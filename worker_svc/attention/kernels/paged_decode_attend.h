@@ -19,20 +19,25 @@
 
 static inline __attribute__((always_inline)) void ATTEND_NAME(
     const float *q, const KV_T *k_cache, const KV_T *v_cache, const int32_t *table,
-    int64_t len, float *out, float *scores, int64_t group, int64_t head_dim,
+    int64_t first, int64_t len, float *out, float *scores, int64_t group, int64_t head_dim,
     int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t kv_offset,
     float scale)
 {
+    /* Keys first .. len - 1 (a sliding window starts past 0); scores are indexed from
+     * `first`, and a block's rows before it are read but not used. */
+    const int64_t first_block = first / block_size;
     const int64_t num_blocks = (len + block_size - 1) / block_size;
+    const int64_t count = len - first;
     const int64_t row_bytes = head_dim * (int64_t)sizeof(KV_T);
     float buffer[block_size * head_dim];
     int64_t stride;
 
     /* Pass 1: scores[g][t] = q_g . k_t * scale. */
-    for (int64_t b = 0; b < num_blocks; b++) {
+    for (int64_t b = first_block; b < num_blocks; b++) {
         const KV_T *block = k_cache + (int64_t)table[b] * block_stride + kv_offset;
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
+        const int64_t skip = first > start ? first - start : 0;
         if (b + 1 < num_blocks)
             prefetch_rows(k_cache + (int64_t)table[b + 1] * block_stride + kv_offset,
                           len - start - n < block_size ? len - start - n : block_size,
@@ -40,8 +45,8 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
         const float *keys = KV_ROWS(block, n, token_stride, head_dim, buffer, &stride);
         for (int64_t g = 0; g < group; g++) {
             const float *qg = q + g * head_dim;
-            float *s = scores + g * len + start;
-            for (int64_t j = 0; j < n; j++) {
+            float *s = scores + g * count + start - first;
+            for (int64_t j = skip; j < n; j++) {
                 const float *k = keys + j * stride;
                 float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
@@ -52,19 +57,20 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
         }
     }
     /* The first value block is needed next; fetch it while the softmax runs. */
-    prefetch_rows(v_cache + (int64_t)table[0] * block_stride + kv_offset,
-                  len < block_size ? len : block_size, token_stride * (int64_t)sizeof(KV_T),
-                  row_bytes);
+    prefetch_rows(v_cache + (int64_t)table[first_block] * block_stride + kv_offset,
+                  len - first_block * block_size < block_size ? len - first_block * block_size
+                                                              : block_size,
+                  token_stride * (int64_t)sizeof(KV_T), row_bytes);
     /* Softmax per query head; the division waits for the end of pass 2. */
     float inv_sum[group];
     for (int64_t g = 0; g < group; g++) {
-        float *s = scores + g * len;
+        float *s = scores + g * count;
         float max = s[0];
-        for (int64_t t = 1; t < len; t++)
+        for (int64_t t = 1; t < count; t++)
             max = s[t] > max ? s[t] : max;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < len; t++) {
+        for (int64_t t = 0; t < count; t++) {
             s[t] = expf(s[t] - max);
             sum += s[t];
         }
@@ -73,23 +79,24 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
     /* Pass 2: out_g = sum_t p[g][t] v_t, one block and one query head at a time so the
      * running row stays in registers across the block's tokens. */
     memset(out, 0, sizeof(float) * group * head_dim);
-    for (int64_t b = 0; b < num_blocks; b++) {
+    for (int64_t b = first_block; b < num_blocks; b++) {
         const KV_T *block = v_cache + (int64_t)table[b] * block_stride + kv_offset;
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
+        const int64_t skip = first > start ? first - start : 0;
         if (b + 1 < num_blocks)
             prefetch_rows(v_cache + (int64_t)table[b + 1] * block_stride + kv_offset,
                           len - start - n < block_size ? len - start - n : block_size,
                           token_stride * (int64_t)sizeof(KV_T), row_bytes);
         const float *values = KV_ROWS(block, n, token_stride, head_dim, buffer, &stride);
         for (int64_t g = 0; g < group; g++) {
-            const float *p = scores + g * len + start;
+            const float *p = scores + g * count + start - first;
             float acc[head_dim];
             float *og = out + g * head_dim;
 #pragma omp simd
             for (int64_t i = 0; i < head_dim; i++)
                 acc[i] = og[i];
-            for (int64_t j = 0; j < n; j++) {
+            for (int64_t j = skip; j < n; j++) {
                 const float *v = values + j * stride;
                 const float pj = p[j];
 #pragma omp simd

@@ -1,0 +1,110 @@
+"""The core's limits and policies: the token budget, the sequence cap, batching, async
+scheduling; what every per-worker Scheduler plans with (scheduler_svc/core/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from common.flag_fields import BENCH, SERVE, flag
+from scheduler_svc.config.process import ENV_PREFIX
+
+BATCHING_MODES = ("continuous", "static")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    ENV_PREFIX: ClassVar[str] = ENV_PREFIX
+
+    # Most sequences admitted (running) at once, hence most sequences in one step
+    # (see max_running_seqs).
+    max_num_seqs: int = flag(128, forwarded_by=(SERVE, BENCH), help="most sequences in one step")
+    # Chunked prefill: a prompt longer than what is left of the budget is split
+    # over several steps, after the decodes (one token each) have taken theirs.
+    max_num_batched_tokens: int = flag(
+        512,
+        forwarded_by=(SERVE, BENCH),
+        help="token budget of one step; longer prompts are prefilled in chunks",
+    )
+    # Past it Generate answers at once instead of growing an unbounded queue.
+    max_waiting_requests: int = flag(
+        1024,
+        forwarded_by=(SERVE,),
+        help="requests queued across all workers before Generate answers RESOURCE_EXHAUSTED",
+    )
+    # Multi-step decoding (vLLM's name): a step in which every running request is a
+    # decode plans up to this many decode steps at once, which the worker runs back
+    # to back, so the scheduler-worker round trip is paid once per K tokens. A
+    # request that stops early drops the tokens sampled past its end; requests that
+    # arrive meanwhile wait at most K - 1 more forwards.
+    num_scheduler_steps: int = flag(
+        1,
+        forwarded_by=(SERVE, BENCH),
+        help="decode steps one plan may cover when every running request is decoding "
+        "(1: a plan per token)",
+    )
+    # Only full KV blocks are shared.
+    enable_prefix_caching: bool = flag(
+        True,
+        forwarded_by=(SERVE,),
+        help="share the KV of equal prompt prefixes between requests",
+    )
+    # How often requests behind a waiting request may be admitted while it does
+    # not fit, before the queue stops at it until it does (no starvation).
+    max_bypasses: int = 16
+    # Fraction of the pool kept free when admitting beside running requests, so
+    # that their decodes do not need a preemption at every block boundary.
+    watermark: float = 0.01
+    # "static" is the pre-continuous-batching baseline the benchmark compares against.
+    batching: str = flag(
+        "continuous",
+        choices=BATCHING_MODES,
+        forwarded_by=(SERVE,),
+        help="continuous: requests join and leave at every step; static: a batch runs "
+        "until all its requests finish before new ones join (a baseline)",
+    )
+    # Async scheduling (see workers/step_loop.py).
+    async_scheduling: bool = flag(
+        True,
+        forwarded_by=(SERVE, BENCH),
+        help="plan step N+1 while the worker runs step N, so that the worker never waits "
+        "for the scheduler (stop checks lag one step; the extra token is dropped); only "
+        "with continuous batching and --num-scheduler-steps 1",
+    )
+
+    def __post_init__(self) -> None:
+        positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
+        for name in (*positive, "num_scheduler_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.max_bypasses, bool) or not isinstance(self.max_bypasses, int):
+            raise ValueError(f"max_bypasses must be an integer, got {self.max_bypasses!r}")
+        if self.max_bypasses < 0:
+            raise ValueError(f"max_bypasses must be >= 0, got {self.max_bypasses}")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
+
+    @property
+    def max_steps_in_flight(self) -> int:
+        """Plans out at once on a worker: two with async scheduling, where it applies.
+
+        A multi-step plan already hides the round trip behind its steps, and its
+        lookahead needs every sample of the plan before it; static batching is the
+        baseline of the old loop. Both keep one plan at a time.
+        """
+        applies = self.batching == "continuous" and self.num_scheduler_steps == 1
+        return 2 if self.async_scheduling and applies else 1
+
+    @property
+    def max_running_seqs(self) -> int:
+        """The cap on running sequences that the scheduler applies.
+
+        A step must be able to give every running sequence its decode token, or
+        the sequences at the back of the running queue would starve; so a budget
+        smaller than max_num_seqs (handy to force chunking in tests) also caps
+        the sequences. vLLM refuses such a config instead.
+        """
+        return min(self.max_num_seqs, self.max_num_batched_tokens)

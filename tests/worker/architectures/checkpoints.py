@@ -1,0 +1,87 @@
+"""Small checkpoints of every declared architecture, written by transformers at test time
+with every weight random: biases and norm weights too, because transformers initializes
+those to constants (zeros, ones), which would hide a missing bias or a norm read as
+(1 + w) instead of w. Windows are short (8 tokens) so that a test prompt runs past them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+COMMON = {
+    "vocab_size": 49152,  # the default model's tokenizer, so a worker can serve them
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+}
+WINDOW = 8
+
+
+def configs() -> dict:
+    import transformers as hf
+
+    rope3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 500000.0,
+    }
+    return {
+        "llama3": hf.LlamaConfig(**COMMON, rope_parameters=rope3, tie_word_embeddings=False),
+        "mistral": hf.MistralConfig(**COMMON, sliding_window=WINDOW),
+        "ministral": hf.MinistralConfig(
+            **COMMON,
+            head_dim=16,  # transformers' Ministral does not derive it
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"] * 3,
+        ),
+        "qwen2": hf.Qwen2Config(**COMMON, tie_word_embeddings=True),
+        "qwen3": hf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True),
+        "gemma3": hf.Gemma3TextConfig(
+            **COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24
+        ),
+    }
+
+
+ARCHITECTURES = ("llama3", "mistral", "ministral", "qwen2", "qwen3", "gemma3")
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter random: matrices at a scale that keeps logits apart (greedy
+    tokens decided by clear margins), vectors (norms, biases) around their defaults."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if param.dim() > 1:
+                param.copy_(noise * 0.08)
+            elif "norm" in name:
+                param.copy_(param + 0.2 * noise)
+            else:
+                param.copy_(noise * 0.1)
+
+
+def write_checkpoint(name: str, directory: Path, tokenizer_dir: Path | None = None) -> Path:
+    """A random `name` checkpoint in `directory` (float32 safetensors, config.json and,
+    given `tokenizer_dir`, that tokenizer's files)."""
+    import shutil
+
+    import transformers as hf
+
+    model = hf.AutoModelForCausalLM.from_config(configs()[name])
+    randomize(model, seed=ARCHITECTURES.index(name))
+    model.save_pretrained(directory)
+    if tokenizer_dir is not None:
+        for file in tokenizer_dir.iterdir():
+            if file.name.startswith(
+                ("tokenizer", "special_tokens", "generation_config", "chat_template")
+            ):
+                shutil.copy(file, directory / file.name)
+    return directory

@@ -1,0 +1,112 @@
+"""Every declared architecture on the block path (`--dtype q4_1`; these float checkpoints
+are quantized to Q8_0 at load): its Python forward against the float forward on the
+very weights the blocks dequantize to, and its native decode step, for every kernel
+variant this CPU runs, against that Python forward, past the sliding window. Where the
+native step lacks a declared feature it is refused at load, naming the feature."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.worker.architectures.checkpoints import ARCHITECTURES, WINDOW
+from tests.worker.architectures.test_float_forward import CPU, Paged, prompt
+from worker_svc.attention import CpuAttentionBackend
+from worker_svc.compute.linear import DenseLinear
+from worker_svc.compute.qblock import supported_variants
+from worker_svc.compute.qblock_linear import QBlockLinear
+from worker_svc.model_loader import load_model
+from worker_svc.models.qblock.native import NATIVE_FEATURES, NativeDecode
+
+pytestmark = pytest.mark.model
+
+NATIVE = list(ARCHITECTURES)
+# The block kernel sums each row's dot product in its own order (blocks of 32, several
+# accumulators), torch's GEMM in another: float32 rounding, through 6 layers, on logits
+# of about +-5 (these random weights' scale).
+CLOSE = {"rtol": 1e-3, "atol": 1e-3}
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def blocks(request, checkpoints):
+    return request.param, load_model(checkpoints[request.param], "q4_1", CPU)
+
+
+@pytest.fixture(scope="module", params=NATIVE)
+def native_blocks(request, checkpoints):
+    return request.param, load_model(checkpoints[request.param], "q4_1", CPU)
+
+
+def dequantized_twin(model):
+    """The same model with every block projection replaced by float32 of the same values."""
+    shallow = copy.copy(model)
+    shallow.native_decode = None  # holds ctypes structures, which do not copy
+    twin = copy.deepcopy(shallow)
+    for module in [*twin.layers, twin]:
+        for name, child in list(module.named_children()):
+            if isinstance(child, QBlockLinear):
+                setattr(module, name, DenseLinear(child.dequantized(), torch.float32, child.bias))
+    return twin
+
+
+def run_prompt(own, model, backend, ids) -> torch.Tensor:
+    """Prefill half of `ids`, then decode the rest one token at a time."""
+    paged = Paged(own, backend)
+    paged.model = model
+    half = len(ids) // 2
+    parts = [paged.step(ids[:half], 0)]
+    parts += [paged.step(ids[i : i + 1], i) for i in range(half, len(ids))]
+    return torch.cat(parts)
+
+
+def test_the_python_block_forward_computes_the_dequantized_weights(blocks):
+    _, own = blocks
+    ids = prompt(7, 4 * WINDOW)
+    python = copy.copy(own.model)
+    with torch.inference_mode():
+        python.native_decode = None
+        got = run_prompt(own, python, CpuAttentionBackend(), ids)
+        want = run_prompt(own, dequantized_twin(own.model), CpuAttentionBackend(), ids)
+    torch.testing.assert_close(got, want, **CLOSE)
+
+
+def test_native_decodes_where_the_step_computes_every_feature(blocks):
+    name, own = blocks
+    assert own.model.native_decode_status == "native decode steps", name
+
+
+def test_a_feature_the_step_lacks_is_refused_by_name(checkpoints):
+    """A declared feature outside NATIVE_FEATURES (here: one taken out) sends decode steps
+    to the Python forward, and the status names it."""
+    from worker_svc.models.qblock import native
+
+    spec = load_model(checkpoints["gemma3"], "float32", CPU).model.spec
+    lacking = NATIVE_FEATURES - {"GELU-tanh"}
+    reason = native.native_decode_disabled_reason(spec, lacking)
+    assert reason is not None and "GELU-tanh" in reason and "gemma3" in reason
+
+
+@pytest.mark.parametrize("variant", supported_variants())
+def test_the_native_step_equals_the_python_forward(native_blocks, variant):
+    _, own = native_blocks
+    ids = prompt(8, 4 * WINDOW)
+    python = copy.copy(own.model)
+    python.native_decode = None
+    native = copy.copy(own.model)
+    native.native_decode = NativeDecode(own.model, variant=variant)
+    calls = []
+    step = native.native_decode.__call__
+
+    def counted(*args):
+        out = step(*args)
+        calls.append(out is not None)
+        return out
+
+    native.native_decode = counted
+    with torch.inference_mode():
+        want = run_prompt(own, python, CpuAttentionBackend(), ids)
+        got = run_prompt(own, native, CpuAttentionBackend(), ids)
+    assert sum(calls) == len(ids) - len(ids) // 2  # every decode ran natively
+    torch.testing.assert_close(got, want, **CLOSE)

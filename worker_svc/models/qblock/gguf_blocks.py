@@ -1,0 +1,145 @@
+"""A GGUF's projection and head weights as their own quantized blocks (not
+dequantized), fused and reordered as the own forward uses them, named by the
+architecture's declaration.
+
+Rows of a block format are independent (blocks run along K), so the fused QKV and
+gate/up are the byte rows of their parts stacked, and the rotary reordering of q and
+k (checkpoint.weights.undo_rope_permute, llama only) is a permutation of byte rows.
+Tensors in a format the kernel has no code for are read dequantized and requantized to Q8_0 at load.
+
+Which GGUF belongs to a converted float directory is checked, not assumed: its
+dequantized blocks must equal the directory's float32 weights bit for bit
+(`blocks_match_state`), else the model is treated as float-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worker_svc.compute.qblock import FORMATS, Q8_0, QK, BlockFormat, dequantize, quantize
+from worker_svc.models.checkpoint.gguf_index import GgufIndex, TensorInfo, read_index
+from worker_svc.models.checkpoint.weights import undo_rope_permute
+from worker_svc.models.declaration import Architecture
+
+# One weight as the kernel takes it: (blocks [N, bytes], format, K).
+Blocks = tuple[torch.Tensor, BlockFormat, int]
+
+# The fused projections of the own forward, by the roles of their parts.
+_PARTS = {
+    "qkv": ("q", "k", "v"),
+    "o": ("o",),
+    "gate_up": ("gate", "up"),
+    "down": ("down",),
+}
+
+
+@dataclass
+class GgufBlocks:
+    num_layers: int
+    # layer index -> {"qkv" | "o" | "gate_up" | "down": Blocks}
+    layers: dict[int, dict[str, Blocks]] = field(default_factory=dict)
+    lm_head: Blocks | None = None
+    embedding: Blocks | None = None
+    # transformers' weight name -> the blocks before fusing (for blocks_match_state).
+    parts: dict[str, Blocks] = field(default_factory=dict)
+
+
+# ggml's type ids of the formats the kernel reads.
+_GGML_TYPES = {3: "Q4_1", 8: "Q8_0"}
+
+
+def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
+    k = info.shape[0]  # GGUF lists the innermost dimension first
+    n = int(np.prod(info.shape[1:]))
+    fmt = FORMATS.get(_GGML_TYPES.get(info.ggml_type, ""))
+    if fmt is not None:
+        # Copied out of the memory map, so that the file's pages are not kept resident.
+        raw = np.array(index.raw(info, n * k // QK * fmt.block_bytes))
+        return torch.from_numpy(raw.reshape(n, -1)), fmt, k
+    import gguf
+
+    kind = gguf.GGMLQuantizationType(info.ggml_type)
+    block, size = gguf.constants.GGML_QUANT_SIZES[kind]
+    raw = index.raw(info, n * k // block * size).reshape(n, -1)
+    values = np.asarray(gguf.quants.dequantize(raw, kind), dtype=np.float32).reshape(n, k)
+    return quantize(torch.from_numpy(values), Q8_0), Q8_0, k
+
+
+def gguf_architecture(path: str | Path) -> str:
+    """The file's `general.architecture` ("llama", "qwen3", ...)."""
+    return str(read_index(path).metadata["general.architecture"])
+
+
+def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) -> GgufBlocks:
+    """All layers' projections (or only `layers`), the LM head and the embedding."""
+    index = read_index(path)
+    gguf_names, hf_names = architecture.gguf_names, architecture.hf_names
+    meta, tensors = index.metadata, index.tensors
+    arch = meta["general.architecture"]
+    heads = int(meta[f"{arch}.attention.head_count"])
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
+    num_layers = int(meta[f"{arch}.block_count"])
+    out = GgufBlocks(num_layers=num_layers)
+    for layer in layers if layers is not None else range(num_layers):
+        fused = {}
+        for name, parts in _PARTS.items():
+            pieces = []
+            for part in parts:
+                info = tensors[gguf_names[part].format(i=layer)]
+                blocks, fmt, k = _tensor_blocks(index, info)
+                if architecture.gguf_permutes_qk and part in ("q", "k"):
+                    blocks = undo_rope_permute(blocks, heads if part == "q" else kv_heads)
+                pieces.append((blocks, fmt, k))
+            names = [hf_names[part].format(i=layer) for part in parts]
+            fused[name] = _fuse(pieces, names, out.parts)
+        out.layers[layer] = fused
+    out.embedding = _tensor_blocks(index, tensors[gguf_names["embed"]])
+    head = tensors.get(gguf_names["lm_head"])
+    out.lm_head = _tensor_blocks(index, head) if head is not None else out.embedding
+    out.parts[hf_names["embed"]] = out.embedding
+    if head is not None:
+        out.parts[hf_names["lm_head"]] = out.lm_head
+    return out
+
+
+def _fuse(pieces: list[Blocks], names: list[str], parts: dict[str, Blocks]) -> Blocks:
+    """The pieces' rows stacked into one weight; each piece is recorded in `parts` as a
+    view of the fused rows (no second copy), or as read where the fused weight had to
+    take another format."""
+    formats = {fmt for _, fmt, _ in pieces}
+    if len(formats) > 1:
+        # Parts stored in different formats: the fused weight takes Q8_0 for all.
+        parts.update(zip(names, pieces, strict=True))
+        pieces = [(quantize(dequantize(b, f), Q8_0), Q8_0, k) for b, f, k in pieces]
+    # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.
+    stacked = torch.from_numpy(np.concatenate([b.numpy() for b, _, _ in pieces]))
+    if len(formats) == 1:
+        rows = 0
+        for name, (blocks, fmt, k) in zip(names, pieces, strict=True):
+            parts[name] = (stacked[rows : rows + blocks.shape[0]], fmt, k)
+            rows += blocks.shape[0]
+    return stacked, pieces[0][1], pieces[0][2]
+
+
+# Rows dequantized at a time when checking: a whole embedding would be another 113 MB.
+_CHECK_ROWS = 4096
+
+
+def blocks_match_state(blocks: GgufBlocks, state: dict[str, torch.Tensor]) -> str | None:
+    """None when every weight's blocks dequantize to exactly the float32 tensor of the
+    same name in `state`; else the first that does not (or is missing)."""
+    for name, (data, fmt, _k) in blocks.parts.items():
+        weight = state.get(name)
+        if weight is None:
+            return f"{name} is not in the float checkpoint"
+        if weight.dtype != torch.float32 or weight.shape[0] != data.shape[0]:
+            return f"{name} differs from the GGUF's dequantized {fmt.name} blocks"
+        for start in range(0, data.shape[0], _CHECK_ROWS):
+            rows = slice(start, start + _CHECK_ROWS)
+            if not np.array_equal(dequantize(data[rows], fmt).numpy(), weight[rows].numpy()):
+                return f"{name} differs from the GGUF's dequantized {fmt.name} blocks"
+    return None

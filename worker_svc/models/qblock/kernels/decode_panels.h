@@ -1,0 +1,138 @@
+/* The native decode step's projections (llama_decode.c): a thread's scratch, and its
+ * share of a projection, one panel of QBLOCK_PANEL_ROWS output rows at a time, by the
+ * block kernel (float activations) or the VNNI kernel (16-bit activation blocks), with
+ * the residual add or SwiGLU applied to the panel while it is in cache. */
+#ifndef CBSERVE_DECODE_PANELS_H
+#define CBSERVE_DECODE_PANELS_H
+
+#include <omp.h>
+#include <stdint.h>
+
+#include "../../../compute/kernels/qblock_gemm.h"
+#include "../../../compute/kernels/qblock_vnni.h"
+
+void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
+void gelu_tanh_mul(const float *gate, const float *up, float *out, int64_t n);
+
+enum { ACTIVATION_SILU = 0, ACTIVATION_GELU_TANH = 1 };
+
+static int64_t panels_of(int64_t n)
+{
+    return (n + QBLOCK_PANEL_ROWS - 1) / QBLOCK_PANEL_ROWS;
+}
+
+static int64_t panel_rows(int64_t n, int64_t panel)
+{
+    int64_t left = n - panel * QBLOCK_PANEL_ROWS;
+    return left < QBLOCK_PANEL_ROWS ? left : QBLOCK_PANEL_ROWS;
+}
+
+/* Scratch of the whole team, and of each thread. */
+struct scratch {
+    float *hidden, *qkv, *attended, *act;
+    float *projected; /* [T, hidden]: o_proj's or down's output before a post-norm */
+    float *thread_mem;
+    int64_t per_thread;
+};
+
+struct thread_scratch {
+    float *panel;         /* the block kernel's buffer, QBLOCK_PANEL_ROWS * max K */
+    int16_t *vnni_tmp;    /* the VNNI kernel's packed panel, 2 * 16 * max K int16 */
+    float *vnni_scales;   /* and its scales, 2 * 16 * max K / 32 */
+    int16_t *qx;          /* [T, max K]: this thread's activation blocks (VNNI) */
+    float *dx, *sx;       /* [T, max K / 32] each */
+    float *normed;        /* [T, hidden]: this thread's copy of the normed rows */
+    float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
+    float *scores;        /* group * longest context */
+    int vnni;             /* this step's projections take the VNNI kernel */
+};
+
+/* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */
+static int64_t round16(int64_t floats)
+{
+    return (floats + 15) / 16 * 16;
+}
+
+static int64_t thread_floats(int64_t tokens, int64_t hidden, int64_t max_k, int64_t scores)
+{
+    return round16(QBLOCK_PANEL_ROWS * max_k) + round16(QBLOCK_VNNI_PANEL_ROWS * max_k) +
+           round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16) + round16(tokens * max_k / 2) +
+           2 * round16(tokens * max_k / 32) + round16(tokens * hidden) +
+           2 * round16(tokens * QBLOCK_PANEL_ROWS) + round16(scores);
+}
+
+static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens, int64_t hidden,
+                                         int64_t max_k, int vnni)
+{
+    float *at = s->thread_mem + s->per_thread * omp_get_thread_num();
+    struct thread_scratch out;
+    out.panel = at, at += round16(QBLOCK_PANEL_ROWS * max_k);
+    out.vnni_tmp = (int16_t *)at, at += round16(QBLOCK_VNNI_PANEL_ROWS * max_k);
+    out.vnni_scales = at, at += round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16);
+    out.qx = (int16_t *)at, at += round16(tokens * max_k / 2);
+    out.dx = at, at += round16(tokens * max_k / 32);
+    out.sx = at, at += round16(tokens * max_k / 32);
+    out.normed = at, at += round16(tokens * hidden);
+    out.out_a = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
+    out.out_b = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
+    out.scores = at;
+    out.vnni = vnni;
+    return out;
+}
+
+/* Before a projection's panels: its input's activation blocks, when the VNNI kernel runs. */
+static void prepare_input(const struct thread_scratch *ts, const float *x, int64_t m, int64_t k)
+{
+    if (ts->vnni)
+        qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
+}
+
+/* Output rows first .. first + rows - 1 (rows <= QBLOCK_PANEL_ROWS) of y = x @ W^T, by
+ * the kernel this step uses; with VNNI, x is what prepare_input was given. */
+static void project(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
+                    const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
+                    const struct thread_scratch *ts)
+{
+    if (!ts->vnni) {
+        qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS)
+        qblock_vnni_panel(format, w, first + r,
+                          rows - r < QBLOCK_VNNI_PANEL_ROWS ? rows - r : QBLOCK_VNNI_PANEL_ROWS,
+                          k, ts->qx, ts->dx, ts->sx, m, y, ldy, ts->vnni_tmp, ts->vnni_scales);
+}
+
+/* hidden[:, panel rows] += (x @ W^T)[:, panel rows]: a thread's share of a projection
+ * whose output is added to the residual stream. */
+static void residual_panel(int variant, int format, const uint8_t *w, int64_t panel, int64_t n,
+                           const float *x, int64_t tokens, int64_t k, float *hidden,
+                           const struct thread_scratch *ts)
+{
+    int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
+    project(variant, format, w + first * qblock_row_bytes(format, k), 0, rows, x, tokens, k,
+            ts->out_a, QBLOCK_PANEL_ROWS, ts);
+    for (int64_t i = 0; i < tokens; i++)
+        for (int64_t r = 0; r < rows; r++)
+            hidden[i * n + first + r] += ts->out_a[i * QBLOCK_PANEL_ROWS + r];
+}
+
+/* act[:, panel rows] = act(gate) * up for the panel's rows of both halves of gate_up. */
+static void swiglu_panel(int variant, int format, const uint8_t *w, int64_t panel,
+                         int64_t intermediate, const float *x, int64_t tokens, int64_t k,
+                         float *act, int activation, const struct thread_scratch *ts)
+{
+    int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
+    int64_t row_bytes = qblock_row_bytes(format, k);
+    project(variant, format, w + first * row_bytes, 0, rows, x, tokens, k, ts->out_a,
+            QBLOCK_PANEL_ROWS, ts);
+    project(variant, format, w + (intermediate + first) * row_bytes, 0, rows, x, tokens, k,
+            ts->out_b, QBLOCK_PANEL_ROWS, ts);
+    void (*gated)(const float *, const float *, float *, int64_t) =
+        activation == ACTIVATION_GELU_TANH ? gelu_tanh_mul : llama_silu_mul;
+    for (int64_t i = 0; i < tokens; i++)
+        gated(ts->out_a + i * QBLOCK_PANEL_ROWS, ts->out_b + i * QBLOCK_PANEL_ROWS,
+              act + i * intermediate + first, rows);
+}
+
+#endif

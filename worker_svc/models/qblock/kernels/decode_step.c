@@ -1,0 +1,351 @@
+/* A whole decode step of the own forward (worker_svc/models/forward/decoder.py) on GGUF blocks,
+ * in one call and one OpenMP parallel region: for every layer RMSNorm, the fused QKV
+ * projection, rotary, K/V written into the paged pool, paged decode attention (GQA),
+ * o_proj and its residual, RMSNorm, gate/up, SiLU * up, down and its residual; then the
+ * final norm and the LM head for the rows that sample. Python hands over the step's
+ * tensors and the weights' addresses (models/llama_native.py) and samples from the
+ * float32 logits.
+ *
+ * Every token is a decode: token t is the last of sequence t, whose K/V so far lie in
+ * the pool's blocks block_tables[t] and whose context (this token included) is
+ * context_lens[t] long. Its K/V go to pool slot slot_mapping[t], as the Python backends
+ * write them, so a later step or prefill reads them unchanged. A float16 pool
+ * (--kv-cache-dtype float16) gets them rounded to nearest even, as torch's .half() rounds
+ * them on the Python path, and is read by the paged-decode kernel's float16 loop.
+ *
+ * The projections are the block kernel's own panels (compute/kernels/qblock_gemm.c) and
+ * the attention is the paged-decode kernel's own loop (attention/kernels/paged_decode.c):
+ * both objects are linked into this library, so the step computes what the Python path
+ * computes, in another order only for the norms' sums. Built with -ffp-contract=off, as
+ * the block kernel is: rotary is x1 * cos - x2 * sin with two roundings, as in torch.
+ *
+ * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
+ * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
+ * as QBlockLinear does from the same number of rows: the Python path's arithmetic.
+ *
+ * Threads share out each projection's panels of output rows and the attention's
+ * (token, kv head) items; five barriers a layer, the step's own (step_team.h), so that
+ * the process's OpenMP wait policy only matters at the region's start and end. The norms
+ * (a few hundred floats a row) and the VNNI path's activation blocks are computed by
+ * every thread for itself, which costs less than a barrier.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../../attention/kernels/half_convert.h"
+#include "../../../attention/kernels/paged_decode.h"
+#include "../../../compute/kernels/qblock_gemm.h"
+#include "../../../compute/kernels/qblock_vnni.h"
+#include "decode_panels.h"
+#include "step_team.h"
+
+enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
+enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
+/* Shared-out loops a layer: five, and two more for each post-norm (Gemma's). */
+enum { LOOPS_PER_LAYER = 9 };
+enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
+
+/* The model, prepared once at load. Addresses are int64 so that Python can keep them in
+ * one tensor; every array is contiguous. */
+struct decode_model {
+    int64_t hidden, intermediate, num_layers, num_heads, num_kv_heads, head_dim, vocab;
+    double eps, scale;
+    const float *embed;      /* [vocab, hidden] */
+    const float *final_norm; /* [hidden] */
+    const uint8_t *lm_head;  /* [vocab] rows of blocks */
+    int64_t lm_head_format;
+    const int64_t *norms;       /* [layers][NORMS] addresses of float [hidden] */
+    const int64_t *projections; /* [layers][PROJS] addresses of block rows */
+    const int64_t *formats;     /* [layers][PROJS] */
+    /* What the architecture's declaration varies by layer (models/declaration.py). */
+    const int64_t *rope_tables; /* [layers][2] addresses of cos, sin [positions, d / 2] */
+    const int64_t *windows;     /* [layers] sliding window, 0 for full attention */
+    const int64_t *qkv_biases;  /* [layers] address of float [qkv width], 0: none */
+    const int64_t *qk_norms;    /* [layers][2] addresses of float [head_dim], 0: none */
+    const int64_t *post_norms;  /* [layers][2] after attention, after the MLP; 0: none */
+    int64_t activation;         /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
+    double embed_scale;         /* the embedding's multiplier (Gemma); 0: none */
+};
+
+/* One step. */
+struct decode_batch {
+    int64_t num_tokens;
+    const int64_t *token_ids, *positions, *slot_mapping; /* [T] */
+    const int32_t *block_tables;                         /* [T, max_blocks] */
+    const int32_t *context_lens;                         /* [T] */
+    int64_t max_blocks;
+    void *kv_cache; /* [layers, 2, num_blocks, block_size, kv_heads, head_dim] */
+    int64_t kv_dtype; /* KV_FLOAT32 or KV_FLOAT16 */
+    int64_t num_blocks, block_size;
+    const int64_t *sample_rows; /* [S] rows of T */
+    int64_t num_samples;
+    float *logits; /* [S, vocab] */
+    int64_t threads, variant, schedule;
+    int64_t vnni_from_m; /* 0: never */
+    int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
+};
+
+static void rms_norm(const float *x, const float *weight, int64_t n, float eps, float *out)
+{
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++)
+        sum += x[i] * x[i];
+    float inv = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = weight[i] * (x[i] * inv);
+}
+
+static void rms_norm_rows(const float *x, const int64_t *rows, int64_t count, const float *weight,
+                          int64_t n, float eps, float *out)
+{
+    for (int64_t i = 0; i < count; i++)
+        rms_norm(x + (rows ? rows[i] : i) * n, weight, n, eps, out + i * n);
+}
+
+static void add_row(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+/* x[heads][d] in place: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), torch's order. */
+static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const float *sin)
+{
+    const int64_t half = d / 2;
+    for (int64_t h = 0; h < heads; h++, x += d)
+        for (int64_t i = 0; i < half; i++) {
+            float x1 = x[i], x2 = x[i + half];
+            x[i] = x1 * cos[i] - x2 * sin[i];
+            x[i + half] = x2 * cos[i] + x1 * sin[i];
+        }
+}
+
+/* Token t's kv head h: rotary on its query heads and its key, K/V into the pool, then
+ * attention over the sequence's blocks. */
+static void attend_item(const struct decode_model *m, const struct decode_batch *b,
+                        int64_t layer, int64_t t, int64_t kv_head, float *qkv_row,
+                        float *attended_row, float *scores)
+{
+    const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
+    const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
+    const int64_t layer_elements = b->num_blocks * block_stride;
+    const int64_t q_at = kv_head * group * d, k_at = (m->num_heads + kv_head) * d;
+    const int64_t v_at = (m->num_heads + m->num_kv_heads + kv_head) * d;
+    float *q = qkv_row + q_at, *k = qkv_row + k_at, *v = qkv_row + v_at;
+    /* This item's parts of the projection's bias (Qwen2), then the per-head norms
+     * (Qwen3, Gemma 3), then rotary: the Python forward's order. */
+    const float *bias = (const float *)m->qkv_biases[layer];
+    if (bias) {
+        add_row(q, bias + q_at, group * d);
+        add_row(k, bias + k_at, d);
+        add_row(v, bias + v_at, d);
+    }
+    const float *q_norm = (const float *)m->qk_norms[layer * 2];
+    if (q_norm) {
+        const float *k_norm = (const float *)m->qk_norms[layer * 2 + 1], eps = (float)m->eps;
+        for (int64_t g = 0; g < group; g++)
+            rms_norm(q + g * d, q_norm, d, eps, q + g * d);
+        rms_norm(k, k_norm, d, eps, k);
+    }
+    const int64_t half = d / 2, position = b->positions[t];
+    const float *cos = (const float *)m->rope_tables[layer * 2] + position * half;
+    const float *sin = (const float *)m->rope_tables[layer * 2 + 1] + position * half;
+    rotate(q, group, d, cos, sin);
+    rotate(k, 1, d, cos, sin);
+    const int64_t len = b->context_lens[t], window = m->windows[layer];
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    const int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
+    const int64_t layer_at = 2 * layer * layer_elements; /* this layer's K, then its V */
+    const int32_t *table = b->block_tables + t * b->max_blocks;
+    float *out = attended_row + kv_head * group * d;
+    const float scale = (float)m->scale;
+    if (b->kv_dtype == KV_FLOAT16) {
+        uint16_t *k_cache = (uint16_t *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
+        float_row_to_half(k, k_cache + slot_offset, d);
+        float_row_to_half(v, v_cache + slot_offset, d);
+        paged_decode_item_f16(q, k_cache, v_cache, table, first, len, out, scores, group,
+                              d, b->block_size, token_stride, block_stride, kv_head * d, scale);
+    } else {
+        float *k_cache = (float *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
+        memcpy(k_cache + slot_offset, k, sizeof(float) * d);
+        memcpy(v_cache + slot_offset, v, sizeof(float) * d);
+        paged_decode_item(q, k_cache, v_cache, table, first, len, out, scores, group, d,
+                          b->block_size, token_stride, block_stride, kv_head * d, scale);
+    }
+}
+
+/* hidden += post_norm(x @ W^T) (Gemma's sandwich), or hidden += x @ W^T where the layer
+ * has no post-norm: then each panel adds its own columns, with no second loop. */
+static void add_projection(const struct decode_model *m, int variant, int format,
+                           const uint8_t *w, const float *x, int64_t T, int64_t k,
+                           const float *post_norm, const struct scratch *s,
+                           const struct thread_scratch *ts, struct member *me)
+{
+    const int64_t H = m->hidden;
+    if (post_norm == NULL) {
+        FOR_SHARED(p, panels_of(H), me, me->dynamic)
+        residual_panel(variant, format, w, p, H, x, T, k, s->hidden, ts);
+        share_end(me);
+        return;
+    }
+    FOR_SHARED(p, panels_of(H), me, me->dynamic)
+    project(variant, format, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k, s->projected,
+            H, ts);
+    share_end(me);
+    FOR_SHARED(t, T, me, 1)
+    {
+        rms_norm(s->projected + t * H, post_norm, H, (float)m->eps, ts->normed);
+        add_row(s->hidden + t * H, ts->normed, H);
+    }
+    share_end(me);
+}
+
+static void run_layer(const struct decode_model *m, const struct decode_batch *b,
+                      int variant, int64_t layer, const struct scratch *s,
+                      const struct thread_scratch *ts, struct member *me)
+{
+    const int64_t T = b->num_tokens, H = m->hidden, I = m->intermediate;
+    const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
+    const int64_t q_width = m->num_heads * m->head_dim;
+    const float eps = (float)m->eps;
+    const int64_t *weights = m->projections + layer * PROJS, *formats = m->formats + layer * PROJS;
+
+    rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_INPUT], H, eps,
+                  ts->normed);
+    prepare_input(ts, ts->normed, T, H);
+    FOR_SHARED(p, panels_of(qkv_width), me, me->dynamic)
+    project(variant, (int)formats[PROJ_QKV], (const uint8_t *)weights[PROJ_QKV],
+            p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p), ts->normed, T, H, s->qkv, qkv_width,
+            ts);
+    share_end(me);
+    /* Dynamic always: contexts differ, so items are not equal work. */
+    FOR_SHARED(item, T * m->num_kv_heads, me, 1)
+    {
+        int64_t t = item / m->num_kv_heads;
+        attend_item(m, b, layer, t, item % m->num_kv_heads, s->qkv + t * qkv_width,
+                    s->attended + t * q_width, ts->scores);
+    }
+    share_end(me);
+    const float *post_attention = (const float *)m->post_norms[layer * 2];
+    const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
+    prepare_input(ts, s->attended, T, q_width);
+    add_projection(m, variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O],
+                   s->attended, T, q_width, post_attention, s, ts, me);
+    rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
+                  ts->normed);
+    prepare_input(ts, ts->normed, T, H);
+    FOR_SHARED(p, panels_of(I), me, me->dynamic)
+    swiglu_panel(variant, (int)formats[PROJ_GATE_UP], (const uint8_t *)weights[PROJ_GATE_UP], p, I,
+                 ts->normed, T, H, s->act, (int)m->activation, ts);
+    share_end(me);
+    prepare_input(ts, s->act, T, I);
+    add_projection(m, variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN],
+                   s->act, T, I, post_mlp, s, ts, me);
+}
+
+static int64_t longest_context(const struct decode_batch *b)
+{
+    int64_t longest = 1;
+    for (int64_t t = 0; t < b->num_tokens; t++)
+        longest = b->context_lens[t] > longest ? b->context_lens[t] : longest;
+    return longest;
+}
+
+/* One thread's part of the whole step, inside the parallel region. */
+static void run_step(const struct decode_model *m, const struct decode_batch *b,
+                     int variant, const struct scratch *s, int layers_vnni, int head_vnni,
+                     int64_t rows, int64_t max_k, struct step_team *team)
+{
+    const int64_t H = m->hidden, S = b->num_samples;
+    struct member me = {.team = team,
+                        .id = omp_get_thread_num(),
+                        .dynamic = b->schedule == SCHEDULE_DYNAMIC,
+                        .loop = 0};
+    struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni);
+    for (int64_t layer = 0; layer < m->num_layers; layer++)
+        run_layer(m, b, variant, layer, s, &ts, &me);
+    /* The head, for the sampled rows only; the region's end is its barrier. */
+    rms_norm_rows(s->hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
+    ts.vnni = head_vnni;
+    prepare_input(&ts, ts.normed, S, H);
+    FOR_SHARED(p, panels_of(m->vocab), &me, me.dynamic)
+    project(variant, (int)m->lm_head_format, m->lm_head, p * QBLOCK_PANEL_ROWS,
+            panel_rows(m->vocab, p), ts.normed, S, H, b->logits, m->vocab, &ts);
+}
+
+/* Returns 0; -1 for a variant this CPU cannot run, -2 for a shape the step does not
+ * handle, -3 when its scratch could not be allocated, -4 when OpenMP gave it fewer
+ * threads than asked (nothing computed). */
+int decode_step(const struct decode_model *m, const struct decode_batch *b)
+{
+    const int variant = qblock_resolve_variant((int)b->variant);
+    if (variant < 0)
+        return -1;
+    const int64_t T = b->num_tokens, H = m->hidden, I = m->intermediate, S = b->num_samples;
+    if (T <= 0 || S < 0 || H % 32 || I % 32 || m->head_dim % 2 || m->num_heads % m->num_kv_heads)
+        return -2;
+    if (b->kv_dtype != KV_FLOAT32 && b->kv_dtype != KV_FLOAT16)
+        return -2;
+    const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
+    const int64_t q_width = m->num_heads * m->head_dim;
+    if (q_width % 32)
+        return -2;
+    const int threads = b->threads > 0 ? (int)b->threads : 1;
+    const int64_t max_k = I > q_width ? (I > H ? I : H) : (q_width > H ? q_width : H);
+    const int64_t group = m->num_heads / m->num_kv_heads;
+    const int64_t rows = T > S ? T : S;
+
+    const int vnni_ok = b->vnni_from_m > 0 && qblock_vnni_supported();
+    const int layers_vnni = vnni_ok && T >= b->vnni_from_m;
+    const int head_vnni = vnni_ok && S >= b->vnni_from_m;
+
+    struct scratch s;
+    s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
+    const int64_t shared = 2 * T * H + T * qkv_width + T * q_width + T * I;
+    float *mem = aligned_alloc(64, sizeof(float) * (shared + s.per_thread * threads));
+    struct step_team team = {.threads = threads, .spin = (int)b->spin};
+    atomic_init(&team.arrived, 0);
+    atomic_init(&team.generation, 0);
+    atomic_init(&team.sleepers, 0);
+    /* One counter for each shared-out loop: five a layer and the head's. */
+    team.counters = calloc(LOOPS_PER_LAYER * m->num_layers + 1, sizeof(atomic_long));
+    if (mem == NULL || team.counters == NULL) {
+        free(mem);
+        free(team.counters);
+        return -3;
+    }
+    s.thread_mem = mem;
+    s.hidden = mem + s.per_thread * threads;
+    s.qkv = s.hidden + T * H;
+    s.attended = s.qkv + T * qkv_width;
+    s.act = s.attended + T * q_width;
+    s.projected = s.act + T * I;
+    for (int64_t t = 0; t < T; t++)
+        memcpy(s.hidden + t * H, m->embed + b->token_ids[t] * H, sizeof(float) * H);
+    if (m->embed_scale != 0.0) {
+        const float scale = (float)m->embed_scale;
+        for (int64_t i = 0; i < T * H; i++)
+            s.hidden[i] *= scale;
+    }
+
+    int short_team = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        /* The barrier counts `threads`: a smaller team (OMP_DYNAMIC, a thread limit)
+         * must not enter it, and leaves the work to the Python path. */
+        if (omp_get_num_threads() != threads) {
+#pragma omp atomic write
+            short_team = 1;
+        }
+#pragma omp barrier
+        if (!short_team)
+            run_step(m, b, variant, &s, layers_vnni, head_vnni, rows, max_k, &team);
+    }
+    free(team.counters);
+    free(mem);
+    return short_team ? -4 : 0;
+}

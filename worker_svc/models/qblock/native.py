@@ -1,0 +1,298 @@
+"""The q4_1 own forward's decode steps in one native call (kernels/decode_step.c).
+
+A decode step of the Python forward (models/forward/decoder.py on QBlockLinear
+projections) is
+~600 small torch operators and a ctypes call per layer for attention: at batch 1 they
+cost more than the projections themselves. Where a step's tokens are all decodes and
+attention is the CPU backend's paged pool, `NativeDecode` runs every layer, the final
+norm and the LM head in one C call with one OpenMP parallel region, and returns the
+float32 logits of the sampled rows; sampling stays in Python. Any other step (a
+prefill, another backend, a traced forward) returns None and takes the Python path,
+which stays the reference the native one is tested against.
+
+The library links the block kernel's and the paged-decode kernel's own objects, each
+built with its own flags, so the step multiplies by the same weights and attends with
+the same loop as the Python path. CBSERVE_NATIVE_DECODE=0 turns it off at load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from worker_svc.attention import PagedAttentionContext, cpu_kernel
+from worker_svc.attention.cpu_backend import CpuAttentionBackend
+from worker_svc.compute import qblock
+from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
+
+KERNELS = Path(__file__).with_name("kernels")
+# Rotary and the norms round as torch's do without fused multiply-adds; only SiLU's expf
+# (llama_activation.c) is built with -ffast-math, to be vectorised.
+STEP_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
+ACTIVATION_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
+PARTS = (
+    (KERNELS / "decode_step.c", STEP_FLAGS),
+    (KERNELS / "llama_activation.c", ACTIVATION_FLAGS),
+    (qblock.SOURCE, qblock.COMPILE_FLAGS),
+    (qblock.VNNI_SOURCE, qblock.COMPILE_FLAGS),
+    (cpu_kernel.SOURCE, cpu_kernel.COMPILE_FLAGS),
+)
+LINK_FLAGS = ("-shared", "-fopenmp", "-lm")
+SCHEDULES = {"dynamic": 0, "static": 1}
+# Pauses a thread spins at one of the step's barriers before it sleeps on a futex
+# (kernels/step_team.h); picked by bench/native_policy.py.
+BARRIER_SPIN = 2000
+
+_I64, _F64, _PTR = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
+# The pool element types the step writes and attends over (decode_step.c's KV_FLOAT*):
+# float32, the reference, and float16 (--kv-cache-dtype float16).
+KV_DTYPES = {torch.float32: 0, torch.float16: 1}
+
+
+class _Model(ctypes.Structure):
+    """struct decode_model."""
+
+    _fields_ = [
+        *((name, _I64) for name in ("hidden", "intermediate", "num_layers", "num_heads")),
+        *((name, _I64) for name in ("num_kv_heads", "head_dim", "vocab")),
+        ("eps", _F64),
+        ("scale", _F64),
+        *((name, _PTR) for name in ("embed", "final_norm", "lm_head")),
+        ("lm_head_format", _I64),
+        *((name, _PTR) for name in ("norms", "projections", "formats")),
+        *((name, _PTR) for name in ("rope_tables", "windows", "qkv_biases", "qk_norms")),
+        ("post_norms", _PTR),
+        ("activation", _I64),
+        ("embed_scale", _F64),
+    ]
+
+
+class _Batch(ctypes.Structure):
+    """struct decode_batch."""
+
+    _fields_ = [
+        ("num_tokens", _I64),
+        *((name, _PTR) for name in ("token_ids", "positions", "slot_mapping")),
+        *((name, _PTR) for name in ("block_tables", "context_lens")),
+        ("max_blocks", _I64),
+        ("kv_cache", _PTR),
+        ("kv_dtype", _I64),
+        ("num_blocks", _I64),
+        ("block_size", _I64),
+        ("sample_rows", _PTR),
+        ("num_samples", _I64),
+        ("logits", _PTR),
+        *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m", "spin")),
+    ]
+
+
+@functools.cache
+def load_decode_kernel() -> ctypes.CDLL:
+    """The compiled step; KernelUnavailableError says why not."""
+    lib = build_and_load_parts("decode_step", PARTS, LINK_FLAGS)
+    lib.decode_step.restype = ctypes.c_int
+    lib.decode_step.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Batch)]
+    return lib
+
+
+# What the step computes of what an architecture may declare (DecoderSpec.features):
+# everything Llama 3, Mistral, Qwen2, Qwen3 and Gemma 3 declare. Soft-capping (Gemma 2)
+# is not written: such a model's decode steps would take the Python forward.
+NATIVE_FEATURES = frozenset(
+    {
+        "q/k/v biases",
+        "per-head q/k norms",
+        "(1 + w) norms",  # the model holds the float32 multiplier, 1 already added
+        "post-attention and post-MLP norms",
+        "GELU-tanh",
+        "a scaled embedding",
+        "sliding-window layers",
+        "rope scaling",
+        "two rope bases",
+    }
+)
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_panels.h's ACTIVATION_*
+
+
+def native_decode_disabled_reason(spec=None, features=NATIVE_FEATURES) -> str | None:
+    """None when the native step runs this model's decodes, else why not."""
+    if os.environ.get("CBSERVE_NATIVE_DECODE", "1") == "0":
+        return "CBSERVE_NATIVE_DECODE=0"
+    if spec is not None and (missing := spec.unsupported(features)):
+        return f"the native step does not compute {', '.join(missing)} ({spec.architecture})"
+    try:
+        load_decode_kernel()
+    except KernelUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+class NativeDecode:
+    """A q4_1 DecoderForCausalLM's weights, as the native step reads them: prepared once,
+    kept alive by the model (the structure holds their addresses)."""
+
+    def __init__(
+        self,
+        model,
+        variant: str = "auto",
+        schedule: str = "dynamic",
+        barrier_spin: int = BARRIER_SPIN,
+    ):
+        spec = model.spec
+        if (
+            model.rotaries[0].cos.dtype != torch.float32
+            or model.embed_tokens.dtype != torch.float32
+        ):
+            raise ValueError("the native decode step computes in float32 only")
+        self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
+        self.barrier_spin = barrier_spin
+        layers = model.layers
+        # From as many rows as QBlockLinear (this CPU's measured threshold), and only
+        # where it does (CBSERVE_QBLOCK_VNNI).
+        qkv = layers[0].qkv_proj
+        self.vnni_from_m = qkv.vnni_from_m if qkv.vnni else 0
+        projections = [
+            [getattr(layer, name) for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
+            for layer in layers
+        ]
+        self._norms = torch.tensor(
+            [
+                [layer.attn_norm.weight.data_ptr(), layer.mlp_norm.weight.data_ptr()]
+                for layer in layers
+            ],
+            dtype=torch.int64,
+        )
+        self._projections = torch.tensor(
+            [[p.blocks.data_ptr() for p in row] for row in projections], dtype=torch.int64
+        )
+        self._formats = torch.tensor(
+            [[p.format.code for p in row] for row in projections], dtype=torch.int64
+        )
+        self._per_layer_tables(model)
+        self._model = model  # owns every tensor whose address the structure holds
+        self._struct = _Model(
+            hidden=spec.hidden_size,
+            intermediate=spec.intermediate_size,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            vocab=model.lm_head.out_features,
+            eps=spec.rms_norm_eps,
+            scale=layers[0].scale,
+            embed=model.embed_tokens.data_ptr(),
+            final_norm=model.norm.weight.data_ptr(),
+            lm_head=model.lm_head.blocks.data_ptr(),
+            lm_head_format=model.lm_head.format.code,
+            norms=self._norms.data_ptr(),
+            projections=self._projections.data_ptr(),
+            formats=self._formats.data_ptr(),
+            rope_tables=self._rope_tables.data_ptr(),
+            windows=self._windows.data_ptr(),
+            qkv_biases=self._qkv_biases.data_ptr(),
+            qk_norms=self._qk_norms.data_ptr(),
+            post_norms=self._post_norms.data_ptr(),
+            activation=ACTIVATIONS[spec.activation],
+            embed_scale=spec.embed_scale or 0.0,
+        )
+
+    def _per_layer_tables(self, model) -> None:
+        """What the declaration varies by layer, as the step's address tables (0: none)."""
+        layers = model.layers
+
+        def address(tensor) -> int:
+            return 0 if tensor is None else tensor.data_ptr()
+
+        rotaries = [model.rotaries[model.layer_rope[i]] for i in range(len(layers))]
+        self._rope_tables = torch.tensor(
+            [[rotary.cos.data_ptr(), rotary.sin.data_ptr()] for rotary in rotaries],
+            dtype=torch.int64,
+        )
+        self._windows = torch.tensor([layer.window or 0 for layer in layers], dtype=torch.int64)
+        self._qkv_biases = torch.tensor(
+            [address(layer.qkv_proj.bias) for layer in layers], dtype=torch.int64
+        )
+        self._qk_norms = torch.tensor(
+            [[address(_weight(layer.q_norm)), address(_weight(layer.k_norm))] for layer in layers],
+            dtype=torch.int64,
+        )
+        self._post_norms = torch.tensor(
+            [
+                [address(_weight(layer.attn_post_norm)), address(_weight(layer.mlp_post_norm))]
+                for layer in layers
+            ],
+            dtype=torch.int64,
+        )
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: PagedAttentionContext,
+        sample_rows: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """The step's logits `[len(sample_rows), vocab]`, or None when this step is not
+        one the native path runs (the caller then runs the Python forward)."""
+        decodes = _plain_decodes(attention, input_ids.shape[0])
+        if decodes is None:
+            return None
+        cache = attention.pool.cache
+        # Held in names until the call returns: the structure holds only addresses.
+        input_ids, positions = input_ids.contiguous(), positions.contiguous()
+        sample_rows = sample_rows.to(torch.int64).contiguous()
+        slots = attention.metadata.slot_mapping.contiguous()
+        tables, lens = decodes.block_tables.contiguous(), decodes.context_lens.contiguous()
+        logits = torch.empty((sample_rows.shape[0], self._struct.vocab), dtype=torch.float32)
+        batch = _Batch(
+            num_tokens=input_ids.shape[0],
+            token_ids=input_ids.data_ptr(),
+            positions=positions.data_ptr(),
+            slot_mapping=slots.data_ptr(),
+            block_tables=tables.data_ptr(),
+            context_lens=lens.data_ptr(),
+            max_blocks=tables.shape[1],
+            kv_cache=cache.data_ptr(),
+            kv_dtype=KV_DTYPES[cache.dtype],
+            num_blocks=attention.pool.num_blocks,
+            block_size=attention.pool.block_size,
+            sample_rows=sample_rows.data_ptr(),
+            num_samples=sample_rows.shape[0],
+            logits=logits.data_ptr(),
+            threads=torch.get_num_threads(),
+            variant=self.variant,
+            schedule=self.schedule,
+            vnni_from_m=self.vnni_from_m,
+            spin=self.barrier_spin,
+        )
+        status = load_decode_kernel().decode_step(ctypes.byref(self._struct), ctypes.byref(batch))
+        if status == -4:
+            return None  # OpenMP gave fewer threads than asked: the Python path runs it
+        if status != 0:
+            reasons = {-1: "kernel variant not supported here", -2: "unsupported shape"}
+            raise RuntimeError(f"decode_step: {reasons.get(status, 'out of memory')}")
+        return logits
+
+
+def _weight(norm) -> torch.Tensor | None:
+    return None if norm is None else norm.weight
+
+
+def _plain_decodes(attention: PagedAttentionContext, num_tokens: int):
+    """The step's KernelDecodes when every one of its tokens is a decode attended by the
+    CPU kernel over a float32 or float16 pool, in flat-batch order; else None."""
+    if not isinstance(attention.backend, CpuAttentionBackend):
+        return None
+    metadata, pool = attention.metadata, attention.pool
+    if metadata.prefills or len(metadata.decodes) != 1:
+        return None
+    decodes = metadata.decodes[0]
+    if not isinstance(decodes.tokens, slice) or decodes.tokens != slice(0, num_tokens):
+        return None
+    cache = pool.cache
+    if cache.dtype not in KV_DTYPES or cache.device.type != "cpu" or not cache.is_contiguous():
+        return None
+    return decodes

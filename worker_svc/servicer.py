@@ -1,0 +1,224 @@
+"""The worker's gRPC service: Describe and the Step stream.
+
+The forward pass runs in one dedicated thread, never on the event loop, so
+that stream reads and health checks are answered during a long prefill. That
+thread is also the only one that touches the runner's state: resetting it for
+a new stream and executing plans are queued on it in order.
+
+A new Step stream supersedes the previous one: the runner is reset, and the
+old stream is ended with ABORTED as soon as it is not in the middle of a step.
+A stream that ends (the scheduler closed it, or died) drops the runner's state
+too, so that a worker without a scheduler holds nothing and waits for the next.
+
+Draining (server.py, on SIGTERM) refuses new streams with UNAVAILABLE and gives
+the open one a grace period to be closed by its scheduler; past that it ends with
+UNAVAILABLE after the step in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import grpc
+import structlog
+
+from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
+from worker_svc.errors import PlanError
+from worker_svc.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from worker_svc.worker import Worker
+
+# Named as before the service had a file of its own, so that log queries for the
+# stream's events (step_stream_opened, plan_rejected, ...) keep finding them.
+log = structlog.get_logger("worker_svc.server")
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+# Plans on the forward thread at once: the one running and the next, sent meanwhile.
+MAX_QUEUED_PLANS = 2
+
+
+class _Superseded(Exception):
+    pass
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self.metrics = metrics
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._worker: Worker | None = None
+        # Event-loop side: the newest stream's number and its "superseded" signal.
+        self._latest_stream = 0
+        self._superseded: asyncio.Event | None = None
+        # Forward-thread side: the stream the runner's state belongs to.
+        self._runner_stream = 0
+        self._open_streams = 0
+        self._no_stream = asyncio.Event()
+        self._no_stream.set()
+        self._draining = False
+        self._closing = False
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuses new streams; gives the open one grace_s to end, then ends it
+        after its step in flight and waits (briefly) for that."""
+        self._draining = True
+        try:
+            await asyncio.wait_for(self._no_stream.wait(), grace_s)
+            return
+        except asyncio.TimeoutError:
+            pass
+        self._closing = True
+        if self._superseded is not None:
+            self._superseded.set()
+        try:
+            # A step in flight finishes first; the forward pass is not interrupted.
+            await asyncio.wait_for(self._no_stream.wait(), 30.0)
+        except asyncio.TimeoutError:
+            log.warning("step_stream_not_closed")
+
+    def set_ready(self, worker: Worker) -> None:
+        self._worker = worker
+
+    async def _require_worker(self, context: grpc.aio.ServicerContext) -> Worker:
+        if self._worker is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is still loading its model")
+        return self._worker
+
+    async def Describe(self, request, context):  # noqa: N802 (gRPC method name)
+        return (await self._require_worker(context)).description
+
+    async def Step(  # noqa: N802 (gRPC method name)
+        self, request_iterator: AsyncIterator[worker_pb2.StepPlan], context
+    ) -> AsyncIterator[worker_pb2.StepResult]:
+        worker = await self._require_worker(context)
+        if self._draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
+        loop = asyncio.get_running_loop()
+        self._latest_stream += 1
+        stream = self._latest_stream
+        if self._superseded is not None:
+            self._superseded.set()
+        superseded = self._superseded = asyncio.Event()
+        self._open_streams += 1
+        self._no_stream.clear()
+        try:
+            await loop.run_in_executor(self.executor, self._reset, worker, stream)
+            log.info("step_stream_opened", stream=stream, peer=context.peer())
+            async for result in self._serve_stream(
+                worker, stream, superseded, request_iterator, context
+            ):
+                yield result
+        finally:
+            self._open_streams -= 1
+            if self._open_streams == 0:
+                self._no_stream.set()
+            if stream == self._latest_stream:
+                # No scheduler holds this state any more: free it now, not at the
+                # next stream. Queued on the forward thread, after any step in flight.
+                with contextlib.suppress(RuntimeError):  # the executor is shut down
+                    self.executor.submit(self._drop, worker, stream)
+
+    async def _serve_stream(self, worker, stream, superseded, request_iterator, context):
+        """Executes the stream's plans in order and yields their results.
+
+        A plan that arrives while the one before it runs is queued on the forward
+        thread at once (the scheduler sends step N+1 while N runs: async scheduling),
+        so the thread starts it the moment N ends instead of waiting for this loop to
+        write N's result and read the next plan. At most one plan waits so.
+        """
+        loop = asyncio.get_running_loop()
+        plans = request_iterator.__aiter__()
+        superseded_wait = asyncio.ensure_future(superseded.wait())
+        next_plan: asyncio.Future | None = None
+        queued: deque[tuple[worker_pb2.StepPlan, asyncio.Future]] = deque()
+        ended = False
+        try:
+            while True:
+                if next_plan is None and not ended and len(queued) < MAX_QUEUED_PLANS:
+                    next_plan = asyncio.ensure_future(plans.__anext__())
+                    # The read may end (e.g. StopAsyncIteration at shutdown) after this
+                    # handler stopped looking; mark its outcome seen so asyncio stays quiet.
+                    next_plan.add_done_callback(_mark_retrieved)
+                waits = {superseded_wait, *([next_plan] if next_plan else [])}
+                if queued:
+                    waits.add(queued[0][1])
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if superseded.is_set():
+                    if next_plan is not None:
+                        next_plan.cancel()
+                    await self._abort_superseded(context, stream)
+                if next_plan is not None and next_plan.done():
+                    try:
+                        plan = next_plan.result()
+                    except StopAsyncIteration:
+                        ended = True
+                    else:
+                        future = loop.run_in_executor(
+                            self.executor, self._execute, worker, stream, plan
+                        )
+                        queued.append((plan, future))
+                    next_plan = None
+                if queued and queued[0][1].done():
+                    plan, future = queued.popleft()
+                    result = await self._result_or_abort(context, stream, plan, future)
+                    self.metrics.observe_step(result)
+                    yield result
+                if ended and not queued:
+                    log.info("step_stream_closed", stream=stream)
+                    return
+        finally:
+            superseded_wait.cancel()
+            if next_plan is not None:
+                next_plan.cancel()
+            for _, future in queued:
+                future.cancel()
+
+    async def _result_or_abort(self, context, stream: int, plan, future: asyncio.Future):
+        """The executed plan's result; a refused or failed plan ends the stream."""
+        try:
+            return future.result()
+        except _Superseded:
+            await self._abort_superseded(context, stream)
+        except PlanError as exc:
+            self.metrics.steps_failed.inc()
+            log.warning("plan_rejected", stream=stream, step_id=plan.step_id, error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            self.metrics.steps_failed.inc()
+            log.exception("step_failed", stream=stream, step_id=plan.step_id)
+            await context.abort(grpc.StatusCode.INTERNAL, f"step failed: {exc!r}")
+
+    async def _abort_superseded(self, context, stream: int) -> None:
+        if self._closing:
+            log.info("step_stream_closed_at_shutdown", stream=stream)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is shutting down")
+        log.info("step_stream_superseded", stream=stream)
+        await context.abort(grpc.StatusCode.ABORTED, "superseded by a newer Step stream")
+
+    # Run on the forward thread only.
+    def _reset(self, worker: Worker, stream: int) -> None:
+        worker.runner.reset()
+        self._runner_stream = stream
+
+    def _drop(self, worker: Worker, stream: int) -> None:
+        if stream == self._runner_stream:
+            worker.runner.reset()
+            log.info("step_stream_state_dropped", stream=stream)
+
+    def _execute(
+        self, worker: Worker, stream: int, plan: worker_pb2.StepPlan
+    ) -> worker_pb2.StepResult:
+        if stream != self._runner_stream:
+            raise _Superseded
+        return worker.runner.execute(plan)
+
+
+def _mark_retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
