@@ -24,8 +24,9 @@ from worker_svc.errors import ModelLoadError
 from worker_svc.model_source import ModelSourceError, model_source
 from worker_svc.models import MODEL_IMPLS
 from worker_svc.models.architectures import architecture_for
+from worker_svc.models.checkpoint.gguf_config import read_gguf_config
 from worker_svc.models.checkpoint.weights import load_state_dict
-from worker_svc.models.config_file import attention_dims, read_declared_config
+from worker_svc.models.config_file import attention_dims, raw_config, read_declared_config
 from worker_svc.models.declaration import Architecture, DecoderSpec
 from worker_svc.models.forward.decoder import DecoderForCausalLM
 from worker_svc.models.forward.hf_model import TransformersCausalLM
@@ -149,9 +150,14 @@ def _read_config(model_path: Path, source: str, extra: dict, model_impl: str):
     architecture's config.json is read directly (no transformers on the own forward's
     start path); anything else, a GGUF included, through transformers' AutoConfig."""
     try:
-        if model_impl != "transformers" and (declared := read_declared_config(model_path)):
-            return declared
-    except (OSError, ValueError) as exc:
+        if model_impl != "transformers":
+            if model_path.suffix == ".gguf":
+                declared = read_gguf_config(model_path)
+            else:
+                declared = read_declared_config(model_path)
+            if declared:
+                return declared
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
     from transformers import AutoConfig
 
@@ -254,3 +260,33 @@ def _load_transformers(model_path: Path, source: str, extra: dict, dtype: torch.
         )
     except Exception as exc:  # transformers raises many types; the model path is what matters
         raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
+
+
+def own_forward_serves(model_path: str | Path, model_impl: str) -> bool:
+    """Whether the own forward will serve this model, as far as can be read without
+    transformers: `--dtype auto` must not pick a path that needs the own forward for a
+    model whose architecture has no declaration (it falls to transformers' modules). A
+    declared architecture whose config only transformers reads counts as served."""
+    if model_impl == "transformers":
+        return False
+    path = Path(model_path)
+    try:
+        if path.suffix == ".gguf":
+            declared = read_gguf_config(path)
+            if declared is None:
+                return False
+            config, architecture = declared
+            architecture.spec(config)
+            return True
+        raw = raw_config(path)
+        if raw is None:
+            return False
+        if architecture_for(raw.get("architectures"), raw.get("model_type")) is None:
+            return False
+        declared = read_declared_config(path)
+        if declared is not None:
+            config, architecture = declared
+            architecture.spec(config)
+    except (OSError, ValueError, KeyError, TypeError, NotImplementedError):
+        return False
+    return True

@@ -18,7 +18,7 @@ from worker_svc.compute.model_shapes import read_projection_shapes
 from worker_svc.compute.selection import select_path
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
-from worker_svc.model_loader import load_model, resolve_device
+from worker_svc.model_loader import load_model, own_forward_serves, resolve_device
 from worker_svc.model_runner import ModelRunner
 from worker_svc.worker import Worker, pool_blocks
 
@@ -43,7 +43,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         config.dtype,
         device.type,
         cpu_flags(),
-        own_forward=config.model_impl != "transformers",
+        own_forward=own_forward_serves(config.model, config.model_impl),
         # auto times its candidates on these shapes at a CPU's first start (compute/auto_choice.py).
         shapes=read_projection_shapes(config.model) if config.dtype == "auto" else None,
     )
@@ -76,6 +76,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         compute_path=loaded.compute_path,
         compute_path_choice=path_choice,
         model_impl=loaded.model_impl,
+        architecture=loaded.architecture.name if loaded.architecture else None,
         compiled=config.compile,
         native_decode=native_decode_status(loaded.model),
         processor=processor,

@@ -127,7 +127,7 @@ def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
 def rope_spec(params: dict[str, Any], default_theta: float) -> RopeSpec:
     """Raises NotImplementedError for a scaling the own forward does not compute."""
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", "linear", "llama3"):
+    if kind not in ("default", "linear", "llama3", "factors"):
         raise NotImplementedError(f"rope_type {kind!r}")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise NotImplementedError("a partial rotary factor")
@@ -136,6 +136,8 @@ def rope_spec(params: dict[str, Any], default_theta: float) -> RopeSpec:
         return RopeSpec(theta)
     if kind == "linear":
         return RopeSpec(theta, "linear", factor=float(params["factor"]))
+    if kind == "factors":
+        return RopeSpec(theta, "factors", factors=tuple(params["factors"]))
     return RopeSpec(
         theta,
         "llama3",

@@ -46,16 +46,18 @@ class RopeSpec:
     """One rotary table: its base and, where the config asks, its frequency scaling."""
 
     theta: float
-    # "default", "linear" (positions divided by `factor`) or "llama3" (Llama 3.1's
-    # smoothed per-frequency scaling).
+    # "default", "linear" (positions divided by `factor`), "llama3" (Llama 3.1's
+    # smoothed per-frequency scaling) or "factors" (each frequency divided by its own
+    # factor, as a GGUF's rope_freqs tensor gives Llama 3's scaling).
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    factors: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("default", "linear", "llama3"):
+        if self.kind not in ("default", "linear", "llama3", "factors"):
             raise ValueError(f"rope type {self.kind!r} is not computed by the own forward")
         if self.theta <= 0 or self.factor <= 0:
             raise ValueError(f"rope theta and factor must be positive: {self}")
@@ -183,4 +185,7 @@ class Architecture:
     gguf_permutes_qk: bool = False
     # llama.cpp's converter writes Gemma's norm weights with the 1 already added.
     gguf_norms_plus_one: bool = False
+    # Fills in, from a GGUF's metadata (`get("rope.freq_base_swa")`), the config keys
+    # that llama.cpp stores under its own names or fixes per architecture.
+    gguf_config: Callable[[dict[str, Any], Callable[..., Any]], None] | None = None
     ignored_config_keys: frozenset[str] = field(default_factory=frozenset)

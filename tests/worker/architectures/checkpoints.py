@@ -45,7 +45,7 @@ def configs() -> dict:
         "qwen2": hf.Qwen2Config(**COMMON, tie_word_embeddings=True),
         "qwen3": hf.Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=True),
         "gemma3": hf.Gemma3TextConfig(
-            **COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24
+            **COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16
         ),
     }
 

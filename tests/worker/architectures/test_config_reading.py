@@ -180,3 +180,14 @@ def test_the_own_forward_and_the_null_model_load_without_transformers():
     # A fresh interpreter: this test process imports transformers for other tests.
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["49152", "2", "False", "cbserve", "False"]
+
+
+@pytest.mark.model
+def test_auto_knows_which_models_the_own_forward_serves(tmp_path, checkpoints):
+    """`--dtype auto` may pick a path that needs the own forward only for these."""
+    from worker_svc.model_loader import own_forward_serves
+
+    assert all(own_forward_serves(path, "auto") for path in checkpoints.values())
+    assert not own_forward_serves(checkpoints["qwen3"], "transformers")
+    gpt2 = {**SMALL, "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}
+    assert not own_forward_serves(written(tmp_path, gpt2), "auto")

@@ -100,6 +100,23 @@ def _spec(config) -> DecoderSpec:
     )
 
 
+def _gguf_config(values: dict, get) -> None:
+    """What llama.cpp fixes for Gemma 3 rather than storing: every sixth layer global,
+    the local rope base (stored since 2025 as freq_base_swa), and the attention scale,
+    by head_dim except on the 27B (62 layers), which scales by hidden / heads."""
+    values["rope_parameters"] = {
+        "full_attention": values["rope_parameters"],
+        "sliding_attention": {
+            "rope_type": "default",
+            "rope_theta": float(get("rope.freq_base_swa", LOCAL_THETA)),
+        },
+    }
+    values["layer_types"] = None  # the pattern of six
+    wide = values["num_hidden_layers"] == 62
+    heads = values["num_attention_heads"]
+    values["query_pre_attn_scalar"] = values["hidden_size"] // heads if wide else values["head_dim"]
+
+
 ARCHITECTURE = Architecture(
     name="gemma3",
     hf_architectures=("Gemma3ForCausalLM",),
@@ -116,4 +133,5 @@ ARCHITECTURE = Architecture(
     ),
     gguf_names=names(GGUF_NAMES, PLAIN_ROLES + NORM_ROLES),
     gguf_norms_plus_one=True,
+    gguf_config=_gguf_config,
 )

@@ -25,6 +25,10 @@ def inverse_frequencies(spec: RopeSpec, head_dim: int) -> torch.Tensor:
         return inv_freq / spec.factor
     if spec.kind == "llama3":
         return _llama3_scaled(inv_freq, spec)
+    if spec.kind == "factors":
+        if len(spec.factors) != len(inv_freq):
+            raise ValueError(f"{len(spec.factors)} rope factors for {len(inv_freq)} frequencies")
+        return inv_freq / torch.tensor(spec.factors, dtype=torch.float32)
     return inv_freq
 
 

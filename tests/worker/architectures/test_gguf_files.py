@@ -1,0 +1,76 @@
+"""GGUF files written by llama.cpp's own converter (`convert_hf_to_gguf.py`, from the
+sdist `make bench-peers` builds) from the random checkpoints, served by the own forward:
+its config read from the file's metadata (no transformers), names, rope pairing (llama
+permuted, qwen/gemma not), Gemma's stored (1 + w) norms and Llama 3's rope_freqs.
+
+- an f32 file computes exactly what its safetensors original computes;
+- a q8_0 file runs on its own blocks (`--dtype q4_1`), natively, and computes what the
+  float forward computes on the same file's dequantized weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.worker.architectures.test_float_forward import CPU, Paged, prompt
+from worker_svc.attention import CpuAttentionBackend
+from worker_svc.model_loader import load_model
+
+pytestmark = [pytest.mark.model, pytest.mark.process]  # the converter is a subprocess
+
+# Qwen2 is left out: this converter refuses the test tokenizer (SmolLM2's) for it, as a
+# pre-tokenizer it does not recognize.
+CONVERTED = ("llama3", "qwen3", "gemma3")
+
+
+@pytest.fixture(scope="module", params=CONVERTED)
+def files(request, checkpoints, tmp_path_factory):
+    from bench.peers.converter import convert
+
+    name, out = request.param, tmp_path_factory.mktemp(f"gguf-{request.param}")
+    source = checkpoints[name]
+    return (
+        name,
+        source,
+        convert(source, out / "f32.gguf", "f32"),
+        convert(source, out / "q8_0.gguf", "q8_0"),
+    )
+
+
+def logits(loaded, ids) -> torch.Tensor:
+    with torch.inference_mode():
+        paged = Paged(loaded, CpuAttentionBackend())
+        half = len(ids) // 2
+        parts = [paged.step(ids[:half], 0)]
+        parts += [paged.step(ids[i : i + 1], i) for i in range(half, len(ids))]
+    return torch.cat(parts)
+
+
+def test_an_f32_file_computes_what_its_original_computes(files):
+    name, source, f32, _ = files
+    ids = prompt(11)
+    original = load_model(source, "float32", CPU)
+    from_file = load_model(f32, "float32", CPU)
+    assert from_file.model_impl == "cbserve" and from_file.architecture.name in name
+    mine, theirs = from_file.model.spec, original.model.spec
+    # The file stores eps as float32, and Llama 3's scaling as divisors (rope_freqs).
+    assert mine.features() == theirs.features() and mine.windows == theirs.windows
+    assert (mine.hidden_size, mine.num_heads, mine.num_kv_heads, mine.head_dim) == (
+        theirs.hidden_size,
+        theirs.num_heads,
+        theirs.num_kv_heads,
+        theirs.head_dim,
+    )
+    assert mine.tied_head == theirs.tied_head and mine.scale == theirs.scale
+    torch.testing.assert_close(logits(from_file, ids), logits(original, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_a_q8_0_file_runs_on_its_own_blocks(files):
+    _, _, _, q8_0 = files
+    ids = prompt(12)
+    blocks = load_model(q8_0, "q4_1", CPU)
+    assert "own blocks" in blocks.model.qblock_source
+    assert blocks.model.native_decode_status == "native decode steps"
+    dequantized = load_model(q8_0, "float32", CPU)
+    torch.testing.assert_close(logits(blocks, ids), logits(dequantized, ids), rtol=1e-3, atol=1e-3)
