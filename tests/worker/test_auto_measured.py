@@ -12,9 +12,10 @@ from worker_svc import native_build
 from worker_svc.compute import auto_choice
 from worker_svc.compute.auto_choice import TIE_MARGIN, decide, measured_choice
 from worker_svc.compute.choice_cache import ChoiceKey, read_choice
+from worker_svc.compute.measured import closest_measured
 from worker_svc.compute.model_shapes import ProjectionShapes, read_projection_shapes
 from worker_svc.compute.path_timing import StepTime
-from worker_svc.compute.selection import closest_measured, select_path
+from worker_svc.compute.selection import select_path
 
 TINY = ProjectionShapes(hidden=64, intermediate=128, q_width=64, kv_width=32, vocab=256, layers=2)
 # No avx2/fma: like no CPU in compute/measured.py, yet it computes bfloat16 natively.

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from worker_svc.compute import qblock_linear
-from worker_svc.compute.measured import QBlockStrategy
+from worker_svc.compute.measured import QBlockStrategy, closest_measured
 from worker_svc.compute.qblock import (
     Q4_1,
     Q8_0,
@@ -17,7 +17,6 @@ from worker_svc.compute.qblock import (
     vnni_matmul,
 )
 from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
-from worker_svc.compute.selection import closest_measured
 
 ICE_LAKE = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 

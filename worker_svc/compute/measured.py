@@ -101,3 +101,9 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         source="issue 12's measurement, 2 vCPUs, torch 2.13.0, 2026-11-23",
     ),
 )
+
+
+def closest_measured(flags: frozenset[str]) -> MeasuredCpu | None:
+    """The measured CPU with the most flags, all of which this CPU has."""
+    matches = [cpu for cpu in MEASURED if cpu.flags <= flags]
+    return max(matches, key=lambda cpu: len(cpu.flags), default=None)

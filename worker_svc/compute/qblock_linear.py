@@ -14,7 +14,7 @@ import torch
 
 from worker_svc.compute.cpu_features import cpu_flags
 from worker_svc.compute.linear import Projection
-from worker_svc.compute.measured import QBlockStrategy
+from worker_svc.compute.measured import QBlockStrategy, closest_measured
 from worker_svc.compute.qblock import (
     QK,
     BlockFormat,
@@ -25,7 +25,6 @@ from worker_svc.compute.qblock import (
     quantize,
     vnni_matmul,
 )
-from worker_svc.compute.selection import closest_measured
 
 # Which kernel a projection takes by its number of rows M is measured per CPU class
 # (compute/measured.py, QBlockStrategy; bench/qblock_bench.py prints the figures):

@@ -15,7 +15,7 @@ lacks fails at start with one line naming the missing feature.
 
 from __future__ import annotations
 
-from worker_svc.compute.measured import MEASURED, MeasuredCpu
+from worker_svc.compute.measured import closest_measured
 from worker_svc.compute.model_shapes import ProjectionShapes
 from worker_svc.compute.paths import PATHS, ComputePath
 
@@ -30,12 +30,6 @@ GENERIC_ORDER = ("q4_1", "bfloat16", "float16", "float32", "int8")
 
 class ComputePathUnavailableError(RuntimeError):
     """The requested path cannot run here; the message names what is missing."""
-
-
-def closest_measured(flags: frozenset[str]) -> MeasuredCpu | None:
-    """The measured CPU with the most flags, all of which this CPU has."""
-    matches = [cpu for cpu in MEASURED if cpu.flags <= flags]
-    return max(matches, key=lambda cpu: len(cpu.flags), default=None)
 
 
 def path_order(flags: frozenset[str]) -> tuple[list[str], str]:
