@@ -30,7 +30,7 @@ def table(monkeypatch):
             "t",
         ),
     )
-    monkeypatch.setattr(selection, "MEASURED", rows)
+    monkeypatch.setattr(measured, "MEASURED", rows)
     return rows
 
 
