@@ -101,9 +101,10 @@ def stack_from_args(args: argparse.Namespace) -> LocalStack:
     naming the flag, before any process starts."""
     where = build(ServeConfig, args)
     _check_passed_on(args)
-    # The scheduler reads the tokenizer from the workers' model directory (not a GGUF file).
+    # The scheduler reads the tokenizer from the workers' model: a directory's files, or
+    # the tokenizer and chat template a .gguf carries (scheduler_svc/api/gguf_tokenizer.py).
     model = args.model
-    tokenizer = ["--tokenizer", model] if model and not model.endswith(".gguf") else []
+    tokenizer = ["--tokenizer", model] if model else []
     log_level = ["--log-level", where.log_level]
     return LocalStack(
         num_workers=where.num_workers,

@@ -52,6 +52,7 @@ def converter_dir() -> Path:
 def convert(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
     """`model_dir` (a Hugging Face checkpoint) written as GGUF to `out` by llama.cpp."""
     script = converter_dir() / "convert_hf_to_gguf.py"
+    out.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, str(script), str(model_dir), "--outtype", outtype, "--outfile", str(out)],
         check=True,

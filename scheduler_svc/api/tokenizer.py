@@ -3,7 +3,8 @@
 Built on the `tokenizers` library and jinja2 directly rather than on
 transformers, so that the scheduler process never imports torch. It reads a
 Hugging Face model directory: tokenizer.json, tokenizer_config.json and the
-chat template (chat_template.jinja, or the config's `chat_template` key).
+chat template (chat_template.jinja, or the config's `chat_template` key); a .gguf
+file's are made into such a directory once (api/gguf_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -59,12 +60,17 @@ class Tokenizer:
 
     def __init__(self, model_dir: str | Path) -> None:
         directory = Path(model_dir)
-        if directory.suffix == ".gguf" or not (directory / "tokenizer.json").exists():
+        name = directory.name
+        if directory.suffix == ".gguf" and directory.is_file():
+            from scheduler_svc.api.gguf_tokenizer import tokenizer_dir
+
+            directory = tokenizer_dir(directory)  # the file's own tokenizer and template
+        if not (directory / "tokenizer.json").exists():
             raise FileNotFoundError(
                 f"no tokenizer.json in {directory}: the scheduler reads a Hugging Face model "
-                "directory (convert a .gguf once with `python -m worker_svc.convert_gguf`)"
+                "directory or a .gguf file"
             )
-        self.name = directory.name
+        self.name = name
         self._tokenizer = HFTokenizer.from_file(str(directory / "tokenizer.json"))
         config = self._read_json(directory / "tokenizer_config.json")
         generation = self._read_json(directory / "generation_config.json")

@@ -54,9 +54,10 @@ class ProcessConfig:
     )
     tokenizer: str | None = flag(
         None,
-        metavar="DIR",
+        metavar="PATH",
         default_help="the converted default model",
-        help="Hugging Face model directory to read the tokenizer and chat template from",
+        help="Hugging Face model directory, or .gguf file, to read the tokenizer and chat "
+        "template from",
     )
     metrics_port: int = flag(
         DEFAULT_METRICS_PORT,

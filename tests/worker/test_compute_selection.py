@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worker_svc import native_build
-from worker_svc.compute import measured, selection
+from worker_svc.compute import measured
 from worker_svc.compute.measured import MeasuredCpu
 from worker_svc.compute.paths import PATHS
 from worker_svc.compute.selection import ComputePathUnavailableError, select_path

@@ -74,3 +74,23 @@ def test_a_q8_0_file_runs_on_its_own_blocks(files):
     assert blocks.model.native_decode_status == "native decode steps"
     dequantized = load_model(q8_0, "float32", CPU)
     torch.testing.assert_close(logits(blocks, ids), logits(dequantized, ids), rtol=1e-3, atol=1e-3)
+
+
+def test_the_scheduler_reads_a_files_own_tokenizer_and_template(checkpoints, tmp_path, monkeypatch):
+    """No tokenizer files beside the GGUF: its metadata gives the same ids, template and
+    EOS as the original's files (made once, in a child process: the scheduler never
+    imports transformers or torch for it)."""
+    from bench.peers.converter import convert
+    from scheduler_svc.api.gguf_tokenizer import CACHE_ENV
+    from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
+
+    source = checkpoints["qwen3"]
+    gguf = convert(source, tmp_path / "alone" / "qwen3.gguf", "f32")
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    from_file, original = Tokenizer(gguf), Tokenizer(source)
+    text = "Hello, world! The quick brown fox, ünïcödé and 123."
+    assert from_file.encode(text, False) == original.encode(text, False)
+    chat = [ChatTurn("user", "What is the capital of France?")]
+    assert from_file.encode_chat(chat) == original.encode_chat(chat)
+    assert from_file.eos_token_ids == original.eos_token_ids
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # made once, then read
