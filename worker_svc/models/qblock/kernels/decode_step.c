@@ -1,9 +1,9 @@
-/* A whole decode step of the own forward (worker_svc/models/forward/decoder.py) on GGUF blocks,
- * in one call and one OpenMP parallel region: for every layer RMSNorm, the fused QKV
- * projection, rotary, K/V written into the paged pool, paged decode attention (GQA),
- * o_proj and its residual, RMSNorm, gate/up, SiLU * up, down and its residual; then the
- * final norm and the LM head for the rows that sample. Python hands over the step's
- * tensors and the weights' addresses (models/llama_native.py) and samples from the
+/* A whole decode step of the own forward (worker_svc/models/forward/decoder.py) on GGUF
+ * blocks, in one call and one OpenMP parallel region: for every layer RMSNorm, the fused
+ * QKV projection, rotary, K/V written into the paged pool, paged decode attention (GQA),
+ * o_proj and its residual, RMSNorm, gate/up, act(gate) * up, down and its residual; then
+ * the final norm and the LM head for the rows that sample. Python hands over the step's
+ * tensors and the weights' addresses (models/qblock/native.py) and samples from the
  * float32 logits.
  *
  * Every token is a decode: token t is the last of sequence t, whose K/V so far lie in
@@ -16,8 +16,11 @@
  * The projections are the block kernel's own panels (compute/kernels/qblock_gemm.c) and
  * the attention is the paged-decode kernel's own loop (attention/kernels/paged_decode.c):
  * both objects are linked into this library, so the step computes what the Python path
- * computes, in another order only for the norms' sums. Built with -ffp-contract=off, as
- * the block kernel is: rotary is x1 * cos - x2 * sin with two roundings, as in torch.
+ * computes, but for the last bit of the norms' sums (another order) and of the MLP's
+ * activation (vectorised expf/tanhf, llama_activation.c). Built with -ffp-contract=off,
+ * as the block kernel is: rotary is x1 * cos - x2 * sin with two roundings, as in torch.
+ * What an architecture declares (biases, q/k norms, post-norms, windows, rope tables per
+ * layer, GELU-tanh, a scaled embedding) comes in decode_model.h's per-layer tables.
  *
  * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
  * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
@@ -39,90 +42,10 @@
 #include "../../../attention/kernels/paged_decode.h"
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_vnni.h"
+#include "decode_model.h"
 #include "decode_panels.h"
+#include "decode_rows.h"
 #include "step_team.h"
-
-enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
-enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
-/* Shared-out loops a layer: five, and two more for each post-norm (Gemma's). */
-enum { LOOPS_PER_LAYER = 9 };
-enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
-
-/* The model, prepared once at load. Addresses are int64 so that Python can keep them in
- * one tensor; every array is contiguous. */
-struct decode_model {
-    int64_t hidden, intermediate, num_layers, num_heads, num_kv_heads, head_dim, vocab;
-    double eps, scale;
-    const float *embed;      /* [vocab, hidden] */
-    const float *final_norm; /* [hidden] */
-    const uint8_t *lm_head;  /* [vocab] rows of blocks */
-    int64_t lm_head_format;
-    const int64_t *norms;       /* [layers][NORMS] addresses of float [hidden] */
-    const int64_t *projections; /* [layers][PROJS] addresses of block rows */
-    const int64_t *formats;     /* [layers][PROJS] */
-    /* What the architecture's declaration varies by layer (models/declaration.py). */
-    const int64_t *rope_tables; /* [layers][2] addresses of cos, sin [positions, d / 2] */
-    const int64_t *windows;     /* [layers] sliding window, 0 for full attention */
-    const int64_t *qkv_biases;  /* [layers] address of float [qkv width], 0: none */
-    const int64_t *qk_norms;    /* [layers][2] addresses of float [head_dim], 0: none */
-    const int64_t *post_norms;  /* [layers][2] after attention, after the MLP; 0: none */
-    int64_t activation;         /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
-    double embed_scale;         /* the embedding's multiplier (Gemma); 0: none */
-};
-
-/* One step. */
-struct decode_batch {
-    int64_t num_tokens;
-    const int64_t *token_ids, *positions, *slot_mapping; /* [T] */
-    const int32_t *block_tables;                         /* [T, max_blocks] */
-    const int32_t *context_lens;                         /* [T] */
-    int64_t max_blocks;
-    void *kv_cache; /* [layers, 2, num_blocks, block_size, kv_heads, head_dim] */
-    int64_t kv_dtype; /* KV_FLOAT32 or KV_FLOAT16 */
-    int64_t num_blocks, block_size;
-    const int64_t *sample_rows; /* [S] rows of T */
-    int64_t num_samples;
-    float *logits; /* [S, vocab] */
-    int64_t threads, variant, schedule;
-    int64_t vnni_from_m; /* 0: never */
-    int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
-};
-
-static void rms_norm(const float *x, const float *weight, int64_t n, float eps, float *out)
-{
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; i++)
-        sum += x[i] * x[i];
-    float inv = 1.0f / sqrtf(sum / (float)n + eps);
-    for (int64_t i = 0; i < n; i++)
-        out[i] = weight[i] * (x[i] * inv);
-}
-
-static void rms_norm_rows(const float *x, const int64_t *rows, int64_t count, const float *weight,
-                          int64_t n, float eps, float *out)
-{
-    for (int64_t i = 0; i < count; i++)
-        rms_norm(x + (rows ? rows[i] : i) * n, weight, n, eps, out + i * n);
-}
-
-static void add_row(float *x, const float *y, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] += y[i];
-}
-
-/* x[heads][d] in place: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), torch's order. */
-static void rotate(float *x, int64_t heads, int64_t d, const float *cos, const float *sin)
-{
-    const int64_t half = d / 2;
-    for (int64_t h = 0; h < heads; h++, x += d)
-        for (int64_t i = 0; i < half; i++) {
-            float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * cos[i] - x2 * sin[i];
-            x[i + half] = x2 * cos[i] + x1 * sin[i];
-        }
-}
 
 /* Token t's kv head h: rotary on its query heads and its key, K/V into the pool, then
  * attention over the sequence's blocks. */

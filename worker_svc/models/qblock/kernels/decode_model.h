@@ -1,0 +1,55 @@
+/* The native decode step's two structures (decode_step.c), as Python fills them
+ * (worker_svc/models/qblock/native.py, `_Model` and `_Batch`: the same fields in the same
+ * order), and the codes they use. */
+#ifndef CBSERVE_DECODE_MODEL_H
+#define CBSERVE_DECODE_MODEL_H
+
+#include <stdint.h>
+
+enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
+enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
+/* Shared-out loops a layer: five, and two more for each post-norm (Gemma's). */
+enum { LOOPS_PER_LAYER = 9 };
+enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
+
+/* The model, prepared once at load. Addresses are int64 so that Python can keep them in
+ * one tensor; every array is contiguous. */
+struct decode_model {
+    int64_t hidden, intermediate, num_layers, num_heads, num_kv_heads, head_dim, vocab;
+    double eps, scale;
+    const float *embed;      /* [vocab, hidden] */
+    const float *final_norm; /* [hidden] */
+    const uint8_t *lm_head;  /* [vocab] rows of blocks */
+    int64_t lm_head_format;
+    const int64_t *norms;       /* [layers][NORMS] addresses of float [hidden] */
+    const int64_t *projections; /* [layers][PROJS] addresses of block rows */
+    const int64_t *formats;     /* [layers][PROJS] */
+    /* What the architecture's declaration varies by layer (models/declaration.py). */
+    const int64_t *rope_tables; /* [layers][2] addresses of cos, sin [positions, d / 2] */
+    const int64_t *windows;     /* [layers] sliding window, 0 for full attention */
+    const int64_t *qkv_biases;  /* [layers] address of float [qkv width], 0: none */
+    const int64_t *qk_norms;    /* [layers][2] addresses of float [head_dim], 0: none */
+    const int64_t *post_norms;  /* [layers][2] after attention, after the MLP; 0: none */
+    int64_t activation;         /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
+    double embed_scale;         /* the embedding's multiplier (Gemma); 0: none */
+};
+
+/* One step. */
+struct decode_batch {
+    int64_t num_tokens;
+    const int64_t *token_ids, *positions, *slot_mapping; /* [T] */
+    const int32_t *block_tables;                         /* [T, max_blocks] */
+    const int32_t *context_lens;                         /* [T] */
+    int64_t max_blocks;
+    void *kv_cache; /* [layers, 2, num_blocks, block_size, kv_heads, head_dim] */
+    int64_t kv_dtype; /* KV_FLOAT32 or KV_FLOAT16 */
+    int64_t num_blocks, block_size;
+    const int64_t *sample_rows; /* [S] rows of T */
+    int64_t num_samples;
+    float *logits; /* [S, vocab] */
+    int64_t threads, variant, schedule;
+    int64_t vnni_from_m; /* 0: never */
+    int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
+};
+
+#endif
