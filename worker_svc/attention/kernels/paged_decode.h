@@ -1,5 +1,5 @@
 /* The paged-decode kernel's per-item entry points, shared with the native decode step
- * (worker_svc/models/kernels/llama_decode.c), which links paged_decode.c's object. */
+ * (worker_svc/models/qblock/kernels/decode_step.c), which links paged_decode.c's object. */
 #ifndef CBSERVE_PAGED_DECODE_H
 #define CBSERVE_PAGED_DECODE_H
 

@@ -1,4 +1,4 @@
-/* The native decode step's projections (llama_decode.c): a thread's scratch, and its
+/* The native decode step's projections (decode_step.c): a thread's scratch, and its
  * share of a projection, one panel of QBLOCK_PANEL_ROWS output rows at a time, by the
  * block kernel (float activations) or the VNNI kernel (16-bit activation blocks), with
  * the residual add or SwiGLU applied to the panel while it is in cache. */
