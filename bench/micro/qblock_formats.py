@@ -45,7 +45,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_name()}, {args.threads} threads; GFLOP/s min (median)")
-    print(f"{'format':6s} {'variant':8s} {'M':>3s}  " + "  ".join(f"{n}x{k:<9d}" for n, k in SHAPES))
+    header = "  ".join(f"{n}x{k:<9d}" for n, k in SHAPES)
+    print(f"{'format':6s} {'variant':8s} {'M':>3s}  {header}")
     for fmt in FORMATS.values():
         for variant in supported_variants():
             for m in (int(r) for r in args.rows.split(",")):
@@ -53,7 +54,7 @@ def main() -> None:
                 for n, k in SHAPES:
                     blocks, x = random_blocks(fmt, n, k), torch.randn(m, k)
                     lo, med = timed(
-                        lambda x=x, b=blocks, k=k: qblock_matmul(x, b, fmt, k, variant),
+                        lambda x=x, b=blocks, k=k, f=fmt, v=variant: qblock_matmul(x, b, f, k, v),
                         args.repeats,
                     )
                     flops = 2.0 * m * n * k
