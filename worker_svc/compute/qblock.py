@@ -1,7 +1,8 @@
-"""GGUF's Q4_1 and Q8_0 weight blocks, and the C kernel that multiplies float32
-activations by them (kernels/qblock_gemm.c, built at first use, cached by CPU flags).
+"""GGUF's weight blocks, and the C kernel that multiplies float32 activations by them
+(kernels/qblock_gemm.c with the per-format kernels/qblock_kquants*.c, built at first
+use, cached by CPU flags).
 
-A weight `[N, K]` is kept as its blocks: a uint8 tensor `[N, K / 32 * block_bytes]`,
+A weight `[N, K]` is kept as its blocks: a uint8 tensor `[N, fmt.row_bytes(K)]`,
 row by row as GGUF stores it, so rows can be concatenated (fused QKV, gate/up) or
 permuted (the rotary reordering of q and k) without touching a block.
 
@@ -9,6 +10,10 @@ permuted (the rotary reordering of q and k) without touching a block.
   w = d * q + m. The shipped model's projections.
 - Q8_0: 34 bytes per 32 weights (f16 scale d, 32 int8), w = d * q. The shipped model's
   tied embedding / LM head, and what a float-only model is quantized to at load.
+- Q4_K, Q5_K, Q6_K (super-blocks of 256 weights, sub-block scales of 6 or 8 bits) and
+  Q5_0 (32 weights, 5 bits): what llama.cpp's K-quant files (Q4_K_M, ...) hold, read
+  as they are in the file (layouts in kernels/qblock_kquants.h). `quantize` does not
+  write them: they come from files only.
 """
 
 from __future__ import annotations
@@ -20,26 +25,41 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.native_build import KernelUnavailableError, build_and_load
+from worker_svc.native_build import KernelUnavailableError, build_and_load, build_and_load_parts
 
-SOURCE = Path(__file__).with_name("kernels") / "qblock_gemm.c"
+KERNELS = Path(__file__).with_name("kernels")
+SOURCE = KERNELS / "qblock_gemm.c"
 # No -ffast-math: w = d * q + m must round as gguf's dequantizer rounds it (the plain
 # C sums vectorize through `omp simd reduction` instead).
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
 LINK_FLAGS = ("-shared", "-fopenmp")
+# The block kernel's objects: whoever links it (the native decode step) links all three.
+PARTS = tuple(
+    (KERNELS / name, COMPILE_FLAGS)
+    for name in ("qblock_gemm.c", "qblock_kquants.c", "qblock_kquants_avx512.c")
+)
 QK = 32
 
 
 @dataclass(frozen=True)
 class BlockFormat:
     name: str
-    code: int  # the kernel's format argument
+    code: int  # the kernel's format argument (kernels/qblock_gemm.h QBLOCK_FORMAT_*)
     block_bytes: int
+    block_weights: int = QK  # a block's (or super-block's) weights: K is a multiple
+    vnni: bool = False  # the large-M VNNI kernel (kernels/qblock_vnni.c) reads it
+
+    def row_bytes(self, k: int) -> int:
+        return k // self.block_weights * self.block_bytes
 
 
-Q4_1 = BlockFormat("Q4_1", 0, 20)
-Q8_0 = BlockFormat("Q8_0", 1, 34)
-FORMATS = {f.name: f for f in (Q4_1, Q8_0)}
+Q4_1 = BlockFormat("Q4_1", 0, 20, vnni=True)
+Q8_0 = BlockFormat("Q8_0", 1, 34, vnni=True)
+Q4_K = BlockFormat("Q4_K", 2, 144, 256)
+Q5_K = BlockFormat("Q5_K", 3, 176, 256)
+Q6_K = BlockFormat("Q6_K", 4, 210, 256)
+Q5_0 = BlockFormat("Q5_0", 5, 22)
+FORMATS = {f.name: f for f in (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0)}
 # The kernel's variant argument; AUTO takes the best this CPU runs.
 VARIANTS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
 
@@ -47,7 +67,7 @@ VARIANTS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
 @functools.cache
 def load_qblock_kernel() -> ctypes.CDLL:
     """The compiled kernel; KernelUnavailableError says why not."""
-    lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
+    lib = build_and_load_parts("qblock_gemm", PARTS, LINK_FLAGS)
     lib.qblock_gemm.restype = ctypes.c_int
     lib.qblock_gemm.argtypes = (
         [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
@@ -82,7 +102,10 @@ def load_vnni_kernel() -> ctypes.CDLL | None:
 
 def vnni_matmul(x: torch.Tensor, blocks: torch.Tensor, fmt: BlockFormat, k: int) -> torch.Tensor:
     """x `[M, K]` float32 @ W.T, with x quantized to 16 bits per block of 32 and integer
-    dot products (kernels/qblock_vnni.c). Needs load_vnni_kernel()."""
+    dot products (kernels/qblock_vnni.c), for the formats with `vnni`. Needs
+    load_vnni_kernel()."""
+    if not fmt.vnni:
+        raise ValueError(f"the VNNI kernel does not read {fmt.name}")
     x = x.contiguous()
     out = torch.empty((x.shape[0], blocks.shape[0]), dtype=torch.float32)
     status = load_vnni_kernel().qblock_vnni_gemm(
@@ -158,7 +181,7 @@ def dequantize(
     """Blocks `[N, B]` -> float32 `[N, K]`, each weight as gguf's dequantizer computes it
     (plain C by default: the reference the vector variants are tested against)."""
     blocks = blocks.contiguous()
-    n, k = blocks.shape[0], blocks.shape[1] // fmt.block_bytes * QK
+    n, k = blocks.shape[0], blocks.shape[1] // fmt.block_bytes * fmt.block_weights
     out = torch.empty((n, k), dtype=torch.float32)
     status = load_qblock_kernel().qblock_dequantize(
         fmt.code, VARIANTS[variant], blocks.data_ptr(), out.data_ptr(), n, k, threads
@@ -174,6 +197,8 @@ def quantize(weight: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     The scale is rounded to float16 before the weights are divided by it, so that each
     stored integer is the nearest one for the scale the kernel will multiply by."""
     n, k = weight.shape
+    if fmt not in (Q4_1, Q8_0):
+        raise ValueError(f"{fmt.name} blocks are read from files, not written here")
     if k % QK:
         raise ValueError(f"K = {k} is not a multiple of {QK}")
     w = weight.detach().float().reshape(n, k // QK, QK)
@@ -196,6 +221,10 @@ def quantize(weight: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
 __all__ = [
     "FORMATS",
     "Q4_1",
+    "Q4_K",
+    "Q5_0",
+    "Q5_K",
+    "Q6_K",
     "Q8_0",
     "BlockFormat",
     "KernelUnavailableError",

@@ -1,5 +1,5 @@
-"""A projection whose weight stays in GGUF blocks (Q4_1 or Q8_0), times float32
-activations, through the own C kernel (compute/qblock.py).
+"""A projection whose weight stays in GGUF blocks (any format of compute/qblock.py's
+FORMATS), times float32 activations, through the own C kernel.
 
 The blocks are a buffer, not a parameter: they are uint8 and never trained, and a
 buffer still moves with `.to()` and counts in the module's memory.
@@ -16,7 +16,6 @@ from worker_svc.compute.cpu_features import cpu_flags
 from worker_svc.compute.linear import Projection
 from worker_svc.compute.measured import QBlockStrategy, closest_measured
 from worker_svc.compute.qblock import (
-    QK,
     BlockFormat,
     dense_matmul,
     dequantize,
@@ -35,7 +34,8 @@ from worker_svc.compute.qblock import (
 # - from `dense_from_m`, W dequantized in cache-sized chunks into torch's float32 GEMM.
 # The LM head, 30 MB of Q8_0, never takes the dense chunks (dense_from_m=None): they
 # would stream 113 MB of float32 through the caches a call. CBSERVE_QBLOCK_VNNI=0
-# turns the VNNI kernel off.
+# turns the VNNI kernel off. It reads Q4_1 and Q8_0 only (BlockFormat.vnni): other
+# formats take the float block kernel or the dense chunks from any M.
 DEFAULT_STRATEGY = QBlockStrategy()
 DENSE_FROM_M = DEFAULT_STRATEGY.dense_from_m
 VNNI_FROM_M = DEFAULT_STRATEGY.vnni_from_m
@@ -52,7 +52,7 @@ _HERE = object()  # the thresholds' default: this CPU's measured one
 
 
 class QBlockLinear(Projection):
-    """y = x @ W.T, W `[out, in]` held as blocks `[out, in / 32 * block_bytes]`."""
+    """y = x @ W.T, W `[out, in]` held as blocks `[out, fmt.row_bytes(in)]`."""
 
     def __init__(
         self,
@@ -69,11 +69,16 @@ class QBlockLinear(Projection):
         self.dense_from_m = here.dense_from_m if dense_from_m is _HERE else dense_from_m
         self.vnni_from_m = here.vnni_from_m if vnni_from_m is _HERE else vnni_from_m
         self.vnni = (
-            self.vnni_from_m is not None
+            fmt.vnni
+            and self.vnni_from_m is not None
             and os.environ.get("CBSERVE_QBLOCK_VNNI", "1") != "0"
             and load_vnni_kernel() is not None
         )
-        if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // QK * fmt.block_bytes:
+        if (
+            blocks.dtype != torch.uint8
+            or in_features % fmt.block_weights
+            or blocks.shape[1] != fmt.row_bytes(in_features)
+        ):
             raise ValueError(f"{tuple(blocks.shape)} {blocks.dtype} are not {fmt.name} rows")
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.format = fmt

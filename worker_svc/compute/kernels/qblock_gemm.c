@@ -17,6 +17,10 @@
  * step reads each weight byte once (memory bound, a sixth of float32's bytes); at large
  * M the dequantization is paid once per tile, not once per row of x.
  *
+ * Q4_K, Q5_K, Q6_K and Q5_0 are read by qblock_kquants.c (plain C) and
+ * qblock_kquants_avx512.c, linked with this file: this file's panels, tiles and dispatch
+ * serve every format, and only the unpacking of a block is per format.
+ *
  * Variants (chosen per call; 0 = the best this CPU runs): 1 plain C, 2 AVX2+FMA+F16C,
  * 3 AVX-512 (F, BW, VL). Compiled with -ffp-contract=off: fusing is the kernel's choice
  * where it is exact (above), never the compiler's.
@@ -28,6 +32,8 @@
 #include <immintrin.h>
 
 #include "qblock_gemm.h"
+#include "qblock_half.h"
+#include "qblock_kquants.h"
 
 enum { FORMAT_Q4_1 = QBLOCK_FORMAT_Q4_1, FORMAT_Q8_0 = QBLOCK_FORMAT_Q8_0 };
 enum { VARIANT_AUTO = 0, VARIANT_PLAIN = 1, VARIANT_AVX2 = 2, VARIANT_AVX512 = 3 };
@@ -61,30 +67,23 @@ static float half_to_float(uint16_t h)
     return out;
 }
 
-static uint16_t load_u16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* Every half's float value, filled when the library loads. A block's scale and
- * minimum are read from here rather than converted with F16C: _cvtsh_ss and the
- * broadcast of its result cost 2 uops each on the shuffle port (port 5 on Intel),
+/* Every half's float value (qblock_half.h), filled when the library loads. A block's
+ * scale and minimum are read from here rather than converted with F16C: _cvtsh_ss and
+ * the broadcast of its result cost 2 uops each on the shuffle port (port 5 on Intel),
  * which the nibble unpacking and the table lookups already saturate at M = 1, while
  * a broadcast from memory is a load. The values the blocks use are few (scales of
  * one model), so the lines they touch stay in L1. */
-static float half_values[1 << 16];
+float qblock_half_values[1 << 16];
 
 __attribute__((constructor)) static void fill_half_values(void)
 {
     for (uint32_t h = 0; h < (1u << 16); h++)
-        half_values[h] = half_to_float((uint16_t)h);
+        qblock_half_values[h] = half_to_float((uint16_t)h);
 }
 
 INLINE float half_value(const uint8_t *p)
 {
-    return half_values[load_u16(p)];
+    return qblock_half(p);
 }
 
 /* ---- plain C ------------------------------------------------------------------ */
@@ -94,14 +93,14 @@ static void dequant_plain(int format, const uint8_t *row, int64_t k, float *out)
     for (int64_t b = 0; b < k / QK; b++, out += QK) {
         if (format == FORMAT_Q4_1) {
             const uint8_t *blk = row + b * Q4_1_BYTES;
-            float d = half_to_float(load_u16(blk)), m = half_to_float(load_u16(blk + 2));
+            float d = half_to_float(qblock_load_u16(blk)), m = half_to_float(qblock_load_u16(blk + 2));
             for (int j = 0; j < 16; j++) {
                 out[j] = d * (float)(blk[4 + j] & 0x0f) + m;
                 out[j + 16] = d * (float)(blk[4 + j] >> 4) + m;
             }
         } else {
             const uint8_t *blk = row + b * Q8_0_BYTES;
-            float d = half_to_float(load_u16(blk));
+            float d = half_to_float(qblock_load_u16(blk));
             for (int j = 0; j < QK; j++)
                 out[j] = d * (float)(int8_t)blk[2 + j];
         }
@@ -359,7 +358,12 @@ static void tile(int variant, const float *w, int64_t rows, const float *x, int6
 
 static void dequant(int variant, int format, const uint8_t *row, int64_t k, float *out)
 {
-    if (variant == VARIANT_AVX512)
+    /* The other formats have no AVX2 unpacking (yet): AVX2 runs their plain C one, then
+     * its own float tiles. */
+    if (kq_is_kquant_format(format))
+        variant == VARIANT_AVX512 ? kq_dequant_avx512(format, row, k, out)
+                                  : kq_dequant_plain(format, row, k, out);
+    else if (variant == VARIANT_AVX512)
         dequant_avx512(format, row, k, out);
     else if (variant == VARIANT_AVX2)
         dequant_avx2(format, row, k, out);
@@ -391,9 +395,18 @@ int qblock_resolve_variant(int variant)
     return variant;
 }
 
+/* Weights and bytes of one block (or super-block) of each format, by code. */
+static const int64_t GROUP_WEIGHTS[QBLOCK_FORMATS] = {32, 32, 256, 256, 256, 32};
+static const int64_t GROUP_BYTES[QBLOCK_FORMATS] = {Q4_1_BYTES, Q8_0_BYTES, 144, 176, 210, 22};
+
 int64_t qblock_row_bytes(int format, int64_t k)
 {
-    return k / QK * (format == FORMAT_Q4_1 ? Q4_1_BYTES : Q8_0_BYTES);
+    return k / GROUP_WEIGHTS[format] * GROUP_BYTES[format];
+}
+
+int qblock_format_fits(int format, int64_t k)
+{
+    return format >= 0 && format < QBLOCK_FORMATS && k % GROUP_WEIGHTS[format] == 0;
 }
 
 void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
@@ -401,8 +414,11 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
 {
     const int64_t row_bytes = qblock_row_bytes(format, k);
     if (variant == VARIANT_AVX512 && m_count <= SMALL_M) {
+        void (*small)(int, const uint8_t *, int64_t, int64_t, const float *, int64_t, int64_t,
+                      float *, int64_t) =
+            kq_is_kquant_format(format) ? kq_small_tile_avx512 : small_tile_avx512;
         for (int64_t r = 0; r < rows; r += TILE_ROWS)
-            small_tile_avx512(format, w + (first + r) * row_bytes, row_bytes,
+            small(format, w + (first + r) * row_bytes, row_bytes,
                               rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,
                               y + first + r, ldy);
         return;
@@ -425,7 +441,7 @@ int qblock_gemm(int format, int variant, const uint8_t *w, const float *x, float
     variant = qblock_resolve_variant(variant);
     if (variant < 0)
         return -1;
-    if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0) || m_count < 0 || n < 0)
+    if (!qblock_format_fits(format, k) || m_count < 0 || n < 0)
         return -2;
     const int64_t panels = (n + PANEL_ROWS - 1) / PANEL_ROWS;
     int failed = 0;
@@ -459,7 +475,7 @@ int qblock_dequantize(int format, int variant, const uint8_t *w, float *out, int
     variant = qblock_resolve_variant(variant);
     if (variant < 0)
         return -1;
-    if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0))
+    if (!qblock_format_fits(format, k))
         return -2;
     const int64_t row_bytes = qblock_row_bytes(format, k);
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)

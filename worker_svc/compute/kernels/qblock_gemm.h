@@ -5,7 +5,18 @@
 
 #include <stdint.h>
 
-enum { QBLOCK_FORMAT_Q4_1 = 0, QBLOCK_FORMAT_Q8_0 = 1 };
+/* Format codes (compute/qblock.py's BlockFormat.code). Q4_1 and Q8_0 are blocks of 32
+ * weights (this file); the others are read by qblock_kquants*.c, Q4_K, Q5_K and Q6_K in
+ * super-blocks of 256 (K a multiple of 256), Q5_0 in blocks of 32. */
+enum {
+    QBLOCK_FORMAT_Q4_1 = 0,
+    QBLOCK_FORMAT_Q8_0 = 1,
+    QBLOCK_FORMAT_Q4_K = 2,
+    QBLOCK_FORMAT_Q5_K = 3,
+    QBLOCK_FORMAT_Q6_K = 4,
+    QBLOCK_FORMAT_Q5_0 = 5,
+    QBLOCK_FORMATS = 6
+};
 /* Output rows a thread takes at a time, and the floats its panel buffer must hold per
  * unit of K (PANEL_ROWS rows of K float32 weights). */
 enum { QBLOCK_PANEL_ROWS = 32 };
@@ -16,6 +27,9 @@ int qblock_resolve_variant(int variant);
 
 /* Bytes of one row of K weights in `format`. */
 int64_t qblock_row_bytes(int format, int64_t k);
+
+/* 1 when `format` is a known code and K a whole number of its blocks. */
+int qblock_format_fits(int format, int64_t k);
 
 /* Output rows first .. first + rows - 1 (rows <= QBLOCK_PANEL_ROWS) of y[M, ldy] =
  * x[M, K] @ W^T: one thread's unit of work, run inside the caller's parallel region.

@@ -5,7 +5,9 @@ architecture's declaration.
 Rows of a block format are independent (blocks run along K), so the fused QKV and
 gate/up are the byte rows of their parts stacked, and the rotary reordering of q and
 k (checkpoint.weights.undo_rope_permute, llama only) is a permutation of byte rows.
-Tensors in a format the kernel has no code for are read dequantized and requantized to Q8_0 at load.
+Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 tensors (what llama.cpp's Q4_K_M and its kin
+hold) are kept as the file stores them; tensors in a format the kernel has no code for
+are read dequantized and requantized to Q8_0 at load.
 
 Which GGUF belongs to a converted float directory is checked, not assumed: its
 dequantized blocks must equal the directory's float32 weights bit for bit
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker_svc.compute.qblock import FORMATS, Q8_0, QK, BlockFormat, dequantize, quantize
+from worker_svc.compute.qblock import FORMATS, Q8_0, BlockFormat, dequantize, quantize
 from worker_svc.models.checkpoint.gguf_index import GgufIndex, TensorInfo, read_index
 from worker_svc.models.checkpoint.weights import undo_rope_permute
 from worker_svc.models.declaration import Architecture
@@ -48,17 +50,17 @@ class GgufBlocks:
     parts: dict[str, Blocks] = field(default_factory=dict)
 
 
-# ggml's type ids of the formats the kernel reads.
-_GGML_TYPES = {3: "Q4_1", 8: "Q8_0"}
+# ggml's type ids of the formats the kernel reads (gguf.GGMLQuantizationType).
+_GGML_TYPES = {3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 6: "Q5_0"}
 
 
 def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
     k = info.shape[0]  # GGUF lists the innermost dimension first
     n = int(np.prod(info.shape[1:]))
     fmt = FORMATS.get(_GGML_TYPES.get(info.ggml_type, ""))
-    if fmt is not None:
+    if fmt is not None and k % fmt.block_weights == 0:
         # Copied out of the memory map, so that the file's pages are not kept resident.
-        raw = np.array(index.raw(info, n * k // QK * fmt.block_bytes))
+        raw = np.array(index.raw(info, n * fmt.row_bytes(k)))
         return torch.from_numpy(raw.reshape(n, -1)), fmt, k
     import gguf
 
@@ -112,7 +114,9 @@ def _fuse(pieces: list[Blocks], names: list[str], parts: dict[str, Blocks]) -> B
     take another format."""
     formats = {fmt for _, fmt, _ in pieces}
     if len(formats) > 1:
-        # Parts stored in different formats: the fused weight takes Q8_0 for all.
+        # Parts stored in different formats (a Q4_K_M file's Q6_K attn_v beside Q4_K q
+        # and k): the fused weight takes Q8_0 for all, so it no longer multiplies by the
+        # file's exact weights. Per-part formats in one fused weight are not written yet.
         parts.update(zip(names, pieces, strict=True))
         pieces = [(quantize(dequantize(b, f), Q8_0), Q8_0, k) for b, f, k in pieces]
     # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.

@@ -37,7 +37,7 @@ ACTIVATION_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", 
 PARTS = (
     (KERNELS / "decode_step.c", STEP_FLAGS),
     (KERNELS / "llama_activation.c", ACTIVATION_FLAGS),
-    (qblock.SOURCE, qblock.COMPILE_FLAGS),
+    *qblock.PARTS,
     (qblock.VNNI_SOURCE, qblock.COMPILE_FLAGS),
     (cpu_kernel.SOURCE, cpu_kernel.COMPILE_FLAGS),
 )
@@ -151,14 +151,15 @@ class NativeDecode:
         self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
         self.barrier_spin = barrier_spin
         layers = model.layers
-        # From as many rows as QBlockLinear (this CPU's measured threshold), and only
-        # where it does (CBSERVE_QBLOCK_VNNI).
-        qkv = layers[0].qkv_proj
-        self.vnni_from_m = qkv.vnni_from_m if qkv.vnni else 0
         projections = [
             [getattr(layer, name) for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
             for layer in layers
         ]
+        # From as many rows as QBlockLinear (this CPU's measured threshold), and only
+        # where it does (CBSERVE_QBLOCK_VNNI, and formats the VNNI kernel reads: the step
+        # keeps the others on the float kernel, decode_panels.h's project).
+        vnni = [p for row in [*projections, [model.lm_head]] for p in row if p.vnni]
+        self.vnni_from_m = vnni[0].vnni_from_m if vnni else 0
         self._norms = torch.tensor(
             [
                 [layer.attn_norm.weight.data_ptr(), layer.mlp_norm.weight.data_ptr()]

@@ -1,0 +1,112 @@
+"""A GGUF mixing block formats per tensor, as a Q4_K_M file does, on the q4_1 path: made
+here from the shipped model's weights (tests/worker/kquant_file.py; llama.cpp's
+llama-quantize is not built in the test tiers), loaded on its own blocks (no
+requantization where parts share a format), and run by the Python block forward and the
+native decode step, each against the float forward of the very weights the blocks
+dequantize to."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import gguf
+import pytest
+import torch
+
+from common.defaults import packaged_gguf_path
+from tests.worker.architectures.test_block_path import dequantized_twin, run_prompt
+from tests.worker.architectures.test_float_forward import CPU, prompt
+from tests.worker.kquant_file import QTYPE, rewrite_gguf
+from worker_svc.attention import CpuAttentionBackend
+from worker_svc.compute.qblock import Q4_K, Q5_0, Q6_K, Q8_0, dequantize, supported_variants
+from worker_svc.model_loader import load_model
+from worker_svc.models.qblock.native import NativeDecode
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(packaged_gguf_path() is None, reason="no packaged GGUF"),
+]
+
+# Float32 sums in other orders through 30 layers, on logits of about +-20.
+CLOSE = {"rtol": 1e-3, "atol": 2e-3}
+
+
+def q4_k_m_like(name: str, k: int):
+    """Q4_K / Q6_K where K is a multiple of 256 (SmolLM2's ffn_down), Q5_0 elsewhere, and
+    every third layer's attn_v in Q8_0: its fused QKV mixes formats."""
+    layer = re.match(r"blk\.(\d+)\.", name)
+    if layer is None:
+        return None  # the tied embedding / head stays Q8_0
+    i = int(layer.group(1))
+    if name.endswith("ffn_down.weight"):
+        return QTYPE.Q6_K if i % 2 else QTYPE.Q4_K
+    if name.endswith("attn_v.weight") and i % 3 == 0:
+        return QTYPE.Q8_0
+    return QTYPE.Q5_0
+
+
+@pytest.fixture(scope="module")
+def mixed_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kquants") / "SmolLM2-135M-mixed.gguf"
+    rewrite_gguf(packaged_gguf_path(), path, q4_k_m_like)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed(mixed_file):
+    return load_model(mixed_file, "q4_1", CPU)
+
+
+def test_every_tensor_keeps_the_files_blocks(mixed_file, mixed):
+    model = mixed.model
+    reader = gguf.GGUFReader(str(mixed_file))
+    down = {t.name: t for t in reader.tensors if t.name.endswith("ffn_down.weight")}
+    for i, layer in enumerate(model.layers):
+        assert layer.down_proj.format is (Q6_K if i % 2 else Q4_K)
+        tensor = down[f"blk.{i}.ffn_down.weight"]
+        want = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        assert torch.equal(layer.down_proj.dequantized(), torch.from_numpy(want))
+        assert layer.gate_up_proj.format is Q5_0 and layer.o_proj.format is Q5_0
+        # Q5_0 q, k beside a Q8_0 v: the mixed fused weight takes Q8_0 (gguf_blocks._fuse).
+        assert layer.qkv_proj.format is (Q8_0 if i % 3 == 0 else Q5_0)
+    assert model.lm_head.format is Q8_0
+    assert not any(layer.down_proj.vnni for layer in model.layers)  # VNNI: Q4_1 / Q8_0 only
+
+
+def test_python_forward_equals_the_float_forward_of_the_dequantized_weights(mixed):
+    ids = prompt(11, 24)
+    python = copy.copy(mixed.model)
+    python.native_decode = None
+    with torch.inference_mode():
+        got = run_prompt(mixed, python, CpuAttentionBackend(), ids)
+        want = run_prompt(mixed, dequantized_twin(mixed.model), CpuAttentionBackend(), ids)
+    torch.testing.assert_close(got, want, **CLOSE)
+
+
+@pytest.mark.parametrize("variant", supported_variants())
+def test_native_step_runs_the_mixed_formats(mixed, variant):
+    assert mixed.model.native_decode_status == "native decode steps"
+    ids = prompt(12, 16)
+    python = copy.copy(mixed.model)
+    python.native_decode = None
+    native = copy.copy(mixed.model)
+    step = NativeDecode(mixed.model, variant=variant)
+    ran = []
+
+    def counted(*args):
+        out = step(*args)
+        ran.append(out is not None)
+        return out
+
+    native.native_decode = counted
+    with torch.inference_mode():
+        want = run_prompt(mixed, python, CpuAttentionBackend(), ids)
+        got = run_prompt(mixed, native, CpuAttentionBackend(), ids)
+    assert sum(ran) == len(ids) - len(ids) // 2  # every decode ran natively
+    torch.testing.assert_close(got, want, **CLOSE)
+
+
+def test_dequantize_reads_the_written_q4_k(mixed):
+    blocks = mixed.model.layers[0].down_proj.blocks
+    assert dequantize(blocks, Q4_K).abs().max() < 10  # finite, the scale of real weights
