@@ -57,7 +57,7 @@ def opened(schema: dict, **fields) -> dict:
 def test_the_rewrite_closes_named_objects_at_every_depth_and_leaves_the_input():
     before = copy.deepcopy(SHELF)
     shelf = closed_schema(SHELF)
-    assert SHELF == before
+    assert before == SHELF
     assert shelf["additionalProperties"] is False
     book = shelf["properties"]["books"]["items"]
     assert book["additionalProperties"] is False
