@@ -15,6 +15,7 @@ about half a second.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import llguidance
 
 from common.errors import InvalidArgument
+from scheduler_svc.structured.closed_schema import closed_schema
 from scheduler_svc.structured.constraint import Constraint
 from scheduler_svc.structured.matcher import RequestMatcher
 
@@ -101,8 +103,9 @@ class GrammarCompiler:
         kind, text = constraint.llguidance_format()
         try:
             if kind == "json_schema":
+                # Closed as vLLM's default backend reads schemas (closed_schema.py).
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    text, defaults=JSON_DEFAULTS
+                    closed_schema(json.loads(text)), defaults=JSON_DEFAULTS
                 )
             else:
                 grammar = llguidance.grammar_from(kind, text)

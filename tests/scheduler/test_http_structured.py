@@ -119,3 +119,42 @@ def test_auto_text_that_is_not_a_call_streams_as_content():
     assert second["delta"] == {"content": " there"} and second["finish_reason"] == "stop"
     whole = shaper.full_choice(0, [_response("Hi", pb.STOP)])
     assert whole["message"] == {"role": "assistant", "content": "Hi"}
+
+
+def test_a_forced_call_cut_by_max_tokens_is_a_call_that_says_length():
+    named = {"type": "function", "function": {"name": "weather"}}
+    shaper = _shaper(_chat(tools=TOOLS, tool_choice=named))
+    whole = shaper.full_choice(0, [_response('{"city": "Ro', pb.LENGTH)])
+    assert whole["finish_reason"] == "length" and whole["message"]["content"] is None
+    [call] = whole["message"]["tool_calls"]
+    # The arguments as they were cut, not completed or dropped (as vLLM returns them).
+    assert call["function"] == {"name": "weather", "arguments": '{"city": "Ro'}
+    assert shaper.chunk_choices(0, _response('{"city": '), True) == []
+    [last] = shaper.chunk_choices(0, _response('"Ro', pb.LENGTH), False)
+    assert last["finish_reason"] == "length"
+    assert last["delta"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Ro'
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "arguments"),
+    [
+        ('{"name": "weather", "arguments": {"city": "Ro', "weather", '{"city": "Ro'),
+        ('{"name": "weather", "arg', "weather", ""),
+        ('{"name": "wea', "weather", ""),  # only one tool starts so
+        ('{"name": "', "", ""),  # two tools could: the name as far as it was written
+        ('{"name": "time", "arguments": {}}', "time", "{}"),  # complete at the limit
+    ],
+)
+def test_a_required_call_cut_by_max_tokens_keeps_what_was_written(text, name, arguments):
+    shaper = _shaper(_chat(tools=TOOLS, tool_choice="required"))
+    whole = shaper.full_choice(0, [_response(text, pb.LENGTH)])
+    assert whole["finish_reason"] == "length"
+    [call] = whole["message"]["tool_calls"]
+    assert call["function"] == {"name": name, "arguments": arguments}
+
+
+def test_an_auto_reply_cut_by_max_tokens_stays_text():
+    shaper = _shaper(_chat(tools=TOOLS))
+    whole = shaper.full_choice(0, [_response('{"name": "weather", "argu', pb.LENGTH)])
+    assert whole["finish_reason"] == "length" and "tool_calls" not in whole["message"]
+    assert whole["message"]["content"] == '{"name": "weather", "argu'

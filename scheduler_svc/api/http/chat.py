@@ -1,10 +1,11 @@
 """/v1/chat/completions responses: `chat.completion` and `chat.completion.chunk`.
 
 With tools (tools.py), a reply that is a call is answered as `tool_calls` with
-finish_reason "tool_calls". A stream holds a choice's text back while it may still
-become a call (always, for a forced call) and sends the call whole, arguments
-included, in the choice's last chunk; text found not to be a call is sent as
-content from then on. Held text carries no logprobs.
+finish_reason "tool_calls"; a forced call (named or required) cut by max_tokens is
+still answered as `tool_calls`, with finish_reason "length", as vLLM answers it.
+A stream holds a choice's text back while it may still become a call (always, for a
+forced call) and sends the call whole, arguments included, in the choice's last
+chunk; text found not to be a call is sent as content from then on. Held text carries no logprobs.
 """
 
 from __future__ import annotations
@@ -55,10 +56,15 @@ class ChatShaper(Shaper):
         return {"content": content}
 
     def _calls(self, text: str, reason: str | None) -> list[dict] | None:
-        # A call cut short (length, abort) is not a call: its text is returned as is.
-        if self.tools is None or reason != "stop":
+        if self.tools is None:
             return None
-        return self.tools.calls(text)
+        if reason == "stop":
+            return self.tools.calls(text)
+        # A forced reply is a call even when max_tokens cut it; an "auto" one cut short,
+        # or any reply aborted, is returned as text.
+        if reason == "length":
+            return self.tools.cut_calls(text)
+        return None
 
     def full_choice(self, index: int, responses: list[pb.GenerateResponse]) -> dict:
         text = "".join(r.text for r in responses)
@@ -67,7 +73,7 @@ class ChatShaper(Shaper):
         calls = self._calls(text, reason)
         if calls:
             message = {"role": "assistant", "content": None, "tool_calls": calls}
-            reason = TOOL_CALLS
+            reason = TOOL_CALLS if reason == "stop" else reason
         return {
             "index": index,
             "message": message,
@@ -106,7 +112,8 @@ class ChatShaper(Shaper):
         if calls:
             delta = {"role": "assistant", "content": None}
             delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-            return [{"index": index, "delta": delta, "logprobs": None, "finish_reason": TOOL_CALLS}]
+            reason = TOOL_CALLS if reason == "stop" else reason
+            return [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}]
         self._passing.add(index)
         choice = self._chunk_choice(index, {"content": text}, response, first)
         choice["logprobs"] = None if text != response.text else choice["logprobs"]

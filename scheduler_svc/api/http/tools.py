@@ -7,11 +7,16 @@ call: a named function's arguments object, or {"name", "arguments"} for one of
 the tools; it is then always a call. With "auto" the reply is free and becomes a
 call only if it is one ({"name", "arguments"} JSON, bare or in <tool_call> tags,
 naming a tool). "none" hides the tools from the template, as if none were given.
+
+A forced call cut by max_tokens is still a call, as vLLM returns it (with
+finish_reason "length"): its arguments are the text as it was cut, usually not
+complete JSON, for the client to see what it got.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -20,6 +25,12 @@ from common.errors import InvalidArgument
 from scheduler_svc.api.http.protocol import ChatCompletionRequest, NamedToolChoice
 
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
+# The start of a "required" reply: the grammar writes "name" first, then "arguments"
+# (llguidance keeps the schema's property order). The name's closing quote and the
+# arguments may be missing from a cut reply.
+_CUT_CALL = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"(?P<name>[^"]*)(?P<closed>")?(?P<arguments>\s*,\s*"arguments"\s*:\s*)?',
+)
 # A function without a parameters schema takes any object, as OpenAI reads it.
 _ANY_OBJECT = {"type": "object"}
 
@@ -65,6 +76,28 @@ class ToolPlan:
         if call is None or call[0] not in self.functions:
             return None
         return [_call(*call)]
+
+    def cut_calls(self, text: str) -> list[dict] | None:
+        """A forced call cut short (by max_tokens): the call with its arguments as they
+        were cut; None for "auto", whose cut text may never have been a call."""
+        if self.mode == "named":
+            return [_raw_call(self.named, text)]
+        if self.mode != "required":
+            return None
+        whole = _parse_call(text)  # complete, by the max_tokens-th token
+        if whole is not None and whole[0] in self.functions:
+            return [_call(*whole)]
+        start = _CUT_CALL.match(text)
+        if start is None:  # cut before the name began
+            return [_raw_call(self._cut_name(""), "")]
+        name = start["name"] if start["closed"] else self._cut_name(start["name"])
+        return [_raw_call(name, text[start.end() :] if start["arguments"] else "")]
+
+    def _cut_name(self, prefix: str) -> str:
+        """The one tool a cut name can only be (the grammar allows tool names only),
+        else the name as far as it was written."""
+        matches = [name for name in self.functions if name.startswith(prefix)]
+        return matches[0] if len(matches) == 1 else prefix
 
     def may_become_call(self, text: str) -> bool:
         """Whether a reply that starts with text may still turn out to be a call: a
@@ -117,10 +150,14 @@ def _schema_output(schema: dict) -> pb.StructuredOutput:
 
 
 def _call(name: str, arguments: object) -> dict:
+    return _raw_call(name, json.dumps(arguments, ensure_ascii=False))
+
+
+def _raw_call(name: str, arguments: str) -> dict:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+        "function": {"name": name, "arguments": arguments},
     }
 
 
