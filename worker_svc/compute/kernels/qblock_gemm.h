@@ -1,5 +1,5 @@
 /* The block kernel's entry points shared with other native code (the decode step,
- * worker_svc/models/kernels/llama_decode.c), which links qblock_gemm.c's object. */
+ * worker_svc/models/qblock/kernels/decode_step.c), which links qblock_gemm.c's object. */
 #ifndef CBSERVE_QBLOCK_GEMM_H
 #define CBSERVE_QBLOCK_GEMM_H
 

@@ -1,5 +1,5 @@
 /* The VNNI kernel's pieces shared with the native decode step
- * (worker_svc/models/kernels/llama_decode.c), which links qblock_vnni.c's object. Run
+ * (worker_svc/models/qblock/kernels/decode_step.c), which links qblock_vnni.c's object. Run
  * them only where qblock_vnni_supported() says so. */
 #ifndef CBSERVE_QBLOCK_VNNI_H
 #define CBSERVE_QBLOCK_VNNI_H
