@@ -17,8 +17,6 @@ import logging
 import os
 import sys
 
-import structlog
-
 from common import parent_watch
 from common.cli_config import FlagError, add_flags, build
 from common.logging import configure_logging
@@ -54,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except FlagError as error:
         parser.error(str(error))
     configure_logging(config.log_level)
-    # Before torch loads libgomp, which reads it once (worker_svc/wait_policy.py).
-    policy, source = apply_wait_policy()
-    structlog.get_logger("worker_svc").info("openmp_wait_policy", policy=policy, source=source)
+    # Before torch loads libgomp, which reads it once (worker_svc/wait_policy.py); the
+    # worker_built log line says which policy is in effect.
+    apply_wait_policy()
     from worker_svc.server import run
 
     return run(config, config.metrics_port, config.grace_period_s)

@@ -20,6 +20,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, own_forward_serves, resolve_device
 from worker_svc.model_runner import ModelRunner
+from worker_svc.wait_policy import applied_policy
 from worker_svc.worker import Worker, pool_blocks
 
 log = structlog.get_logger("worker_svc.startup")
@@ -87,6 +88,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         kv_blocks=pool.num_blocks,
         kv_bytes=pool.num_bytes,
         kv_cache_dtype=dtype_name(kv_dtype),
+        openmp_wait_policy=applied_policy(),
     )
     description = worker_pb2.WorkerDescription(
         model_name=loaded.name,

@@ -39,10 +39,22 @@ def apply_wait_policy(
 ) -> tuple[dict[str, str], str]:
     """Sets the policy's variables where the user set none of them; returns what is in
     effect and where it comes from (for the start log)."""
+    global _applied
     chosen = {name: environ[name] for name in POLICY_VARIABLES if name in environ}
     if chosen:
-        return chosen, "set by the user"
-    if "torch" in sys.modules:
-        return {}, "libgomp already loaded: its defaults"
-    environ.update(policy.environment)
-    return dict(policy.environment), "the worker's default (bench/micro/wait_policy.py)"
+        _applied = chosen, "set by the user"
+    elif "torch" in sys.modules:
+        _applied = {}, "libgomp already loaded: its defaults"
+    else:
+        environ.update(policy.environment)
+        _applied = dict(policy.environment), "the worker's default (bench/micro/wait_policy.py)"
+    return _applied
+
+
+_applied: tuple[dict[str, str], str] | None = None
+
+
+def applied_policy() -> dict[str, object] | None:
+    """What apply_wait_policy set at this process's start, for the worker's start log
+    (logged there, not at once: a worker that cannot start says so in one line)."""
+    return None if _applied is None else {"policy": _applied[0], "source": _applied[1]}
