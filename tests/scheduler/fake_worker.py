@@ -156,7 +156,11 @@ class FakeWorker:
         allowed = self._allowed_tokens(plan.allowed_tokens, plan, sampling)
         if plan.deferred_mask_seq_ids:
             self._check(not allowed.keys() & set(plan.deferred_mask_seq_ids), "masked twice")
-            came = self._allowed_tokens(deferred.deferred_allowed_tokens, plan, sampling)
+            came = (
+                self._allowed_tokens(deferred.deferred_allowed_tokens, plan, sampling)
+                if deferred is not None
+                else {}
+            )
             for seq_id in plan.deferred_mask_seq_ids:
                 if seq_id in came:
                     allowed[seq_id] = came[seq_id]

@@ -134,9 +134,8 @@ class Harness:
         # result, in the order sent, as a real one whose sampler waits for deferred
         # masks: those the scheduler sent come with it.
         self.in_flight: deque[StepPlan] = deque()
+        # Deferred masks sent, by step id, until their plan runs (a test may lose one).
         self.deferred_masks: dict[int, DeferredMasks] = {}
-        # Step ids whose deferred masks get lost on the way (tests of that).
-        self.lose_masks_of: set[int] = set()
 
     @property
     def block_manager(self):
@@ -184,7 +183,7 @@ class Harness:
         result = self.worker.step(plan, self.deferred_masks.pop(plan.step_id, None))
         outputs = self.scheduler.update_from_output(plan, result)
         masks = self.scheduler.take_deferred_masks()
-        if masks is not None and masks.step_id not in self.lose_masks_of:
+        if masks is not None:
             self.deferred_masks[masks.step_id] = masks
         self.deliver(outputs)
         return plan
