@@ -24,6 +24,7 @@ rejected plan leaves the worker as it was.
 from __future__ import annotations
 
 import time
+
 import torch
 
 from cbserve.worker.v1 import worker_pb2

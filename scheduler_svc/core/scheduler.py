@@ -181,9 +181,8 @@ class Scheduler:
                 break
             if request.num_pending_samples and room_to_sample(request, self.max_model_len) <= 0:
                 continue  # its last token is being sampled: it ends when that comes
-            if request.structured is not None and request.num_pending_samples:
-                if not self.deferred_masks:
-                    continue  # its next mask needs the token in flight (see the module doc)
+            if request.structured and request.num_pending_samples and not self.deferred_masks:
+                continue  # its next mask needs the token in flight (see the module doc)
             num_scheduled = min(request.num_planned_tokens - request.num_computed_tokens, budget)
             if num_scheduled == 0:
                 continue
@@ -236,7 +235,8 @@ class Scheduler:
         if plan.deferred_mask_seq_ids:
             deferred = set(plan.deferred_mask_seq_ids)
             self._deferred[plan.step_id] = [
-                (request, planned_at) for request, planned_at, _ in planned
+                (request, planned_at)
+                for request, planned_at, _ in planned
                 if request.seq_id in deferred
             ]
         return plan

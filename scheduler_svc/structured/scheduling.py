@@ -21,8 +21,9 @@ def add_allowed_tokens(plan: StepPlan, request: Request) -> None:
     """Adds the mask row of a constrained request that samples in this plan.
 
     A row goes in the plan only when no sample of the request is pending (else it is
-    deferred: deferred_masks), so its output tokens are all it has: the matcher is synced to them first (a no-op unless it
-    disagrees, as after a recompute) and the row is the allowed next tokens.
+    deferred: deferred_masks), so its output tokens are all it has: the matcher is
+    synced to them first (a no-op unless it disagrees, as after a recompute) and the
+    row is the allowed next tokens.
     """
     matcher = request.structured
     assert matcher is not None and request.num_pending_samples == 1, request.request_id

@@ -30,8 +30,7 @@ from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
 from common.tls import ChannelSecurity, open_channel
-from scheduler_svc.core.plan import StepOutput, StepPlan
-from scheduler_svc.core.plan import DeferredMasks
+from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
 from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_proto, plan_to_proto
 from scheduler_svc.workers.liveness import (
     LossCause,

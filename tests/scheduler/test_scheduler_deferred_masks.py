@@ -119,9 +119,7 @@ def test_an_abort_while_its_mask_is_pending_leaves_the_others_masked(compiler):
 
 
 def test_preemption_while_masks_are_pending_recomputes_from_the_output(compiler):
-    harness = Harness(
-        async_scheduling=True, num_blocks=9, block_size=4, max_num_batched_tokens=32
-    )
+    harness = Harness(async_scheduling=True, num_blocks=9, block_size=4, max_num_batched_tokens=32)
     requests = [constrained(compiler, harness, f"json{i}", SCRIPT) for i in range(3)]
     plans = []
     while (plan := harness.step()) is not None:
@@ -132,7 +130,7 @@ def test_preemption_while_masks_are_pending_recomputes_from_the_output(compiler)
     # that mask's token is dropped, and the recompute starts with a mask in its plan.
     pending = [
         (before, after)
-        for before, after in zip(plans, plans[1:])
+        for before, after in zip(plans, plans[1:], strict=False)
         if set(before.deferred_mask_seq_ids) & set(after.finished_seq_ids)
     ]
     assert pending, "the test needs a preemption while a mask is pending"

@@ -119,9 +119,7 @@ class StepMasks:
         except PlanError as error:  # a malformed message: its rows count as missing
             log.warning("deferred_masks_malformed", step_id=self.step_id, error=str(error))
             return {}
-        return {
-            sid: row for sid, row in zip(message.seq_ids, rows, strict=True) if sid in deferred
-        }
+        return {sid: row for sid, row in zip(message.seq_ids, rows, strict=True) if sid in deferred}
 
 
 # A step without masks: what multi-step's later steps use.
