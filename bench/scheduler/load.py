@@ -71,8 +71,11 @@ class LoadResult:
     wall_s: float = 0.0
     completed: int = 0  # requests that ended normally with exactly output_len tokens
     tokens: int = 0
-    # Of the tokens, those of the constrained streams.
+    # Of the tokens, those of the constrained streams; and the seconds the constrained
+    # and the free streams took, summed over the streams of each kind.
     constrained_tokens: int = 0
+    constrained_stream_s: float = 0.0
+    free_stream_s: float = 0.0
     messages: int = 0
     client_cpu_s: float = 0.0
     # Every process on the machine, this one and the watched ones included.
@@ -224,7 +227,17 @@ async def _timed(args, result: LoadResult, streams: list) -> None:
     roots = {label: int(pid) for label, pid in watched.items()}
     before, own_before, machine_before = cpu_snapshot(roots), own_cpu_s(), machine_cpu_s()
     started = time.perf_counter()
-    await asyncio.gather(*streams)
+
+    async def timed(index: int, stream) -> None:
+        # Each stream's own time: a stream that gets fewer tokens a step takes longer.
+        began = time.perf_counter()
+        await stream
+        if constrained(args, index):
+            result.constrained_stream_s += time.perf_counter() - began
+        else:
+            result.free_stream_s += time.perf_counter() - began
+
+    await asyncio.gather(*(timed(index, stream) for index, stream in enumerate(streams)))
     result.wall_s = time.perf_counter() - started
     result.client_cpu_s = own_cpu_s() - own_before
     result.machine_cpu_s = machine_cpu_s() - machine_before

@@ -128,8 +128,11 @@ class Measurement:
     # The whole machine's busy CPU over the run: what is not ours was someone else's.
     machine_cpu_s: float = 0.0
     errors: tuple[str, ...] = ()
-    # Of the tokens, those of the constrained streams.
+    # Of the tokens, those of the constrained streams; the seconds each kind of stream
+    # took, summed over its streams (from its first request to its last answer).
     constrained_tokens: int = 0
+    constrained_stream_s: float = 0.0
+    free_stream_s: float = 0.0
 
     @property
     def tok_s(self) -> float:
@@ -188,11 +191,11 @@ class Measurement:
         return self.requests - self.completed
 
     def tok_s_a_stream(self, constrained: bool) -> float:
-        """Output tokens a second one constrained (or one free) stream got."""
-        count = self.load.constrained_streams
-        streams = count if constrained else self.load.streams - count
+        """Output tokens a second a constrained (or a free) stream got over its own time:
+        every stream asks for as many tokens, so over the whole run's they would tie."""
         tokens = self.constrained_tokens if constrained else self.tokens - self.constrained_tokens
-        return tokens / self.wall_s / streams if streams and self.wall_s else math.nan
+        seconds = self.constrained_stream_s if constrained else self.free_stream_s
+        return tokens / seconds if seconds else math.nan
 
 
 def measurement_from_json(data: dict) -> Measurement:

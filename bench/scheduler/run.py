@@ -122,6 +122,8 @@ def _measurement(load: Load, front: str, raw: dict, busy_s: float = 0.0, steps: 
         client_cpu_s=raw["client_cpu_s"], cpu_s=raw["cpu_s"], worker_busy_s=busy_s,
         worker_steps=steps, machine_cpu_s=raw.get("machine_cpu_s", 0.0),
         errors=tuple(raw["errors"]), constrained_tokens=raw.get("constrained_tokens", 0),
+        constrained_stream_s=raw.get("constrained_stream_s", 0.0),
+        free_stream_s=raw.get("free_stream_s", 0.0),
     )  # fmt: skip
 
 
