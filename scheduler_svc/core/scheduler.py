@@ -38,17 +38,12 @@ between schedulers when a worker is lost: handover.py.
 
 Structured outputs (scheduler_svc/structured): a constrained request's mask for
 its next token depends on the token before. With no sample pending its row goes in
-the plan. Ahead of a pending sample (async scheduling) it is planned all the same
-where the worker accepts deferred masks (deferred_masks=True): the plan lists it in
-deferred_mask_seq_ids, the worker runs the forward at once and its sampler waits for
-the row, which `take_deferred_masks()` builds once the result before that plan is
-taken (the step loop sends it then, as vLLM defers sample_tokens and SGLang waits on
-its sampling info). A row that never reaches the sampler comes back in
-mask_missing_seq_ids and fails its request, not the worker. Without deferred masks
-it is not planned ahead of a pending sample (as if its max_in_flight were 1). Never
-in a multi-step plan. Its matcher takes each token the request accepts and nothing
-else, and is rebuilt from the output tokens if it ever disagrees (a recompute after
-a preemption or on another worker checks that).
+the plan. Ahead of a pending sample it is planned all the same where the worker
+accepts deferred masks, its row sent after the plan (pending_masks.py); elsewhere it
+waits for its sample (as if its max_in_flight were 1). Never in a multi-step plan.
+Its matcher takes each token the request accepts and nothing else, and is rebuilt
+from the output tokens if it ever disagrees (a recompute after a preemption or on
+another worker checks that).
 
 How a step's tokens are taken (stops, logprobs, a grammar's forced EOS, the output
 the edge streams): token_intake.py.
@@ -64,6 +59,7 @@ from scheduler_svc.core import handover
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
+from scheduler_svc.core.pending_masks import PendingMasks
 from scheduler_svc.core.plan import (
     ContinuingSequence,
     DeferredMasks,
@@ -77,11 +73,7 @@ from scheduler_svc.core.request import FinishReason, Request, RequestOutput, Req
 from scheduler_svc.core.request_table import RequestTable
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.token_intake import take_output
-from scheduler_svc.structured.scheduling import (
-    add_allowed_tokens,
-    deferred_masks,
-    mask_missing_error,
-)
+from scheduler_svc.structured.scheduling import add_allowed_tokens, mask_missing_error
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale) and whether it samples.
@@ -122,9 +114,7 @@ class Scheduler:
         # Plan constrained rows ahead of their pending sample, their masks sent later
         # (the worker says whether it accepts that: WorkerDescription).
         self.deferred_masks = deferred_masks
-        # Plans in flight with deferred rows whose masks are not built yet: each row's
-        # request and its num_preemptions when planned.
-        self._deferred: dict[int, list[tuple[Request, int]]] = {}
+        self._pending_masks = PendingMasks()
 
     @property
     def waiting(self) -> list[Request]:
@@ -232,13 +222,7 @@ class Scheduler:
             plan.allowed_tokens.fill()
         self._next_step_id += 1
         self._in_flight[plan.step_id] = planned
-        if plan.deferred_mask_seq_ids:
-            deferred = set(plan.deferred_mask_seq_ids)
-            self._deferred[plan.step_id] = [
-                (request, planned_at)
-                for request, planned_at, _ in planned
-                if request.seq_id in deferred
-            ]
+        self._pending_masks.note(plan, planned)
         return plan
 
     def _add_to_plan(
@@ -288,13 +272,7 @@ class Scheduler:
             )
         planned = self._in_flight.pop(plan.step_id)
         _, sampled = match_output(plan, result)
-        missing = set(result.mask_missing_seq_ids)
-        if not missing <= set(plan.deferred_mask_seq_ids):
-            raise RuntimeError(
-                f"step {result.step_id}: masks missing for {sorted(missing)}, but only "
-                f"{plan.deferred_mask_seq_ids} were deferred"
-            )
-        self._deferred.pop(plan.step_id, None)  # never taken: the worker said missing
+        missing = self._pending_masks.missing(plan, result)
         outputs = []
         for request, planned_at, samples in planned:
             indices = sampled.get(request.seq_id)
@@ -323,11 +301,7 @@ class Scheduler:
         """The deferred rows of the oldest plan in flight, once every plan before it has
         answered (call after each update_from_output); None if it has none, or they
         were taken already. The worker's sampler waits for them: send them at once."""
-        step_id = next(iter(self._in_flight), None)
-        deferred = self._deferred.pop(step_id, None)
-        if deferred is None:
-            return None
-        return deferred_masks(step_id, deferred, deferred[0][0].structured.num_words)
+        return self._pending_masks.take(next(iter(self._in_flight), None))
 
     # -- handing requests to another scheduler when the worker is lost (handover.py) ----
 
@@ -336,7 +310,7 @@ class Scheduler:
         (`adopt` there). Called when the worker is lost: its steps will never answer."""
         taken = handover.take_unfinished(self.queue, self.requests)
         self._in_flight.clear()
-        self._deferred.clear()
+        self._pending_masks.clear()
         return taken
 
     def adopt(self, request: Request) -> None:
