@@ -106,13 +106,21 @@ class StepMasks:
             deferred, self._deferred = self._deferred, ()
             self._rows = {**self._rows, **self._arrived_rows(deferred)}
             self.missing = [sid for sid in deferred if sid not in self._rows]
-            if self.missing:
-                log.warning("deferred_masks_missing", step_id=self.step_id, seq_ids=self.missing)
         return self._rows
 
     def _arrived_rows(self, deferred: Collection[int]) -> dict[int, np.ndarray]:
         message = self._mailbox.take(self.step_id, self._timeout_s) if self._mailbox else None
-        if message is None or not message.seq_ids:
+        if message is None:
+            # Rows left out of a message that came are no news (their requests ended
+            # meanwhile, as a row does at its forced EOS); a message that never came is.
+            log.warning(
+                "deferred_masks_missing",
+                step_id=self.step_id,
+                seq_ids=sorted(deferred),
+                waited_s=self._timeout_s,
+            )
+            return {}
+        if not message.seq_ids:
             return {}
         try:
             rows = mask_rows(message.words, len(message.seq_ids))
