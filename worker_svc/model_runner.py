@@ -9,6 +9,10 @@ sequences become one flat `[T]` batch with no padding; logits are computed only
 at the last scheduled position of each sequence that samples, which is every
 sequence whose scheduled tokens reach the end of the tokens it has.
 
+Constrained rows planned ahead of their pending sample (async scheduling) get their
+masks in a later message (step/deferred_masks.py): the forward runs at once and
+only the sampler waits for them.
+
 A plan of num_steps > 1 (multi-step decoding; decodes only) runs that many
 forwards back to back: each samples one token per sequence, which the next
 computes, into the blocks the plan gave.
@@ -20,9 +24,7 @@ rejected plan leaves the worker as it was.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
-import numpy as np
 import torch
 
 from cbserve.worker.v1 import worker_pb2
@@ -32,7 +34,8 @@ from worker_svc.model_loader import LoadedModel
 from worker_svc.prompt_logprobs import PromptRows, prompt_rows, score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
-from worker_svc.step.description import NO_MASKS, Step
+from worker_svc.step.deferred_masks import UNMASKED, MaskMailbox, StepMasks
+from worker_svc.step.description import Step
 from worker_svc.step.reader import PlanReader
 
 
@@ -50,6 +53,8 @@ class ModelRunner:
         self.sampler = sampler or Sampler(loaded.device)
         self.sequences: dict[int, SequenceState] = {}
         self.reader = PlanReader(loaded.vocab_size, loaded.max_model_len, pool)
+        # Deferred masks as the Step stream reads them (the servicer posts them).
+        self.mailbox = MaskMailbox()
 
     def reset(self) -> None:
         """Forget every sequence (a new Step stream starts empty)."""
@@ -73,11 +78,19 @@ class ModelRunner:
             key=lambda w: (w[1] != 1, -w[0].num_computed_tokens if w[1] == 1 else 0),
         )
         num_tokens = sum(n for _, n in work)
-        decoding = self._run(work, step.allowed_tokens, result) if work else []
+        masks = StepMasks(
+            step.step_id,
+            step.allowed_tokens,
+            step.deferred_mask_seq_ids,
+            self.mailbox,
+            step.deferred_mask_timeout_s,
+        )
+        decoding = self._run(work, masks, result) if work else []
+        result.mask_missing_seq_ids.extend(masks.missing)
         # Multi-step (the reader allowed decodes only, and no masks): each further step
         # computes the token the step before sampled, back to back, with no round trip.
         for _ in range(1, step.num_steps if decoding else 1):
-            self._run([(seq, 1) for seq in decoding], NO_MASKS, result)
+            self._run([(seq, 1) for seq in decoding], UNMASKED, result)
             num_tokens += len(decoding)
         result.num_tokens = num_tokens
         return result
@@ -112,7 +125,7 @@ class ModelRunner:
     def _run(
         self,
         work: list[tuple[SequenceState, int]],
-        masks: Mapping[int, np.ndarray],
+        masks: StepMasks,
         result: worker_pb2.StepResult,
     ) -> list[SequenceState]:
         """One forward; appends each sampled token to its sequence and to the result.
@@ -156,7 +169,9 @@ class ModelRunner:
                 # is still asked for: the model needs some index, the row is ignored.
                 torch.tensor(keep + scoring_rows or [len(input_ids) - 1], device=device),
             )
-            allowed = [masks.get(seq.seq_id) for seq in samplers] if masks else None
+            # Where rows are deferred, this waits for them: after the forward.
+            rows = masks.rows() if masks else None
+            allowed = [rows.get(seq.seq_id) for seq in samplers] if rows else None
             sampled = (
                 self.sampler.sample(logits[: len(keep)], samplers, allowed) if samplers else None
             )

@@ -13,6 +13,10 @@ too, so that a worker without a scheduler holds nothing and waits for the next.
 Draining (server.py, on SIGTERM) refuses new streams with UNAVAILABLE and gives
 the open one a grace period to be closed by its scheduler; past that it ends with
 UNAVAILABLE after the step in flight.
+
+A message that carries deferred masks (worker.proto's deferred_allowed_tokens) is no
+plan: it goes to the runner's mailbox at once, where the sampler of its step waits
+(step/deferred_masks.py), and gets no result.
 """
 
 from __future__ import annotations
@@ -159,10 +163,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     except StopAsyncIteration:
                         ended = True
                     else:
-                        future = loop.run_in_executor(
-                            self.executor, self._execute, worker, stream, plan
-                        )
-                        queued.append((plan, future))
+                        if plan.HasField("deferred_allowed_tokens"):
+                            # Masks for a plan queued or running: its sampler may wait
+                            # on them now, so they go straight to it (no result).
+                            worker.runner.mailbox.post(stream, plan)
+                        else:
+                            future = loop.run_in_executor(
+                                self.executor, self._execute, worker, stream, plan
+                            )
+                            queued.append((plan, future))
                     next_plan = None
                 if queued and queued[0][1].done():
                     plan, future = queued.popleft()
@@ -204,6 +213,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # Run on the forward thread only.
     def _reset(self, worker: Worker, stream: int) -> None:
         worker.runner.reset()
+        worker.runner.mailbox.reset(stream)
         self._runner_stream = stream
 
     def _drop(self, worker: Worker, stream: int) -> None:

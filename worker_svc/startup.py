@@ -102,6 +102,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         instance_id=uuid.uuid4().hex,
         model_impl=loaded.model_impl,
         processor=processor,
+        accepts_deferred_masks=True,
     )
     return Worker(ModelRunner(loaded, pool, backend), description, torch.get_num_threads())
 

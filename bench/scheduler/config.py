@@ -31,10 +31,11 @@ class SchedulerBenchConfig:
         several=True,
         metavar="LOAD",
         default_help=" ".join(DEFAULT_LOADS),
-        help="WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT] each: 2x10:64 is 2 null "
-        "workers with 10 ms steps and 64 client streams; 1x0:512 workers with no step time; "
-        "1x0:64/json50 the same with half the streams constrained by a JSON schema (the "
-        "scheduler's CPU with allowed-token masks: compare with 1x0:64)",
+        help="WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT|/regexPERCENT] each: 2x10:64 "
+        "is 2 null workers with 10 ms steps and 64 client streams; 1x0:512 workers with no "
+        "step time; 1x0:64/json50 the same with half the streams constrained by a JSON schema "
+        "(the scheduler's CPU with allowed-token masks: compare with 1x0:64); 1x10:48/regex50 "
+        "half by a regex (the tokens a constrained and a free stream get: their own table)",
     )
     fronts: list[str] = flag(
         default_factory=lambda: list(FRONTS),

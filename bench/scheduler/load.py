@@ -8,8 +8,9 @@ Each of --streams streams sends --requests-per-stream requests one after the oth
 token ids asking for exactly --output-len tokens (EOS ignored), over gRPC
 (`Generation.Generate`, one channel) or the OpenAI-compatible HTTP front
 (/v1/completions, streamed); the first --constrained-streams streams ask for a JSON
-schema as a structured output (gRPC's structured_output, HTTP's structured_outputs),
-and their requests may end sooner, when the schema is complete. It runs in its own
+schema (or, with --constraint regex, a regex) as a structured output (gRPC's
+structured_output, HTTP's structured_outputs), and their requests may end sooner,
+when the schema is complete; their tokens are also counted apart. It runs in its own
 process so that its CPU is not the server's, and does as little as it can per message
 (counts them; JSON is parsed only for the last chunk of an HTTP stream), because on a
 2-core machine it shares the CPU with what it measures. It reads the CPU of the
@@ -57,6 +58,10 @@ JSON_SCHEMA = {
     "required": ["customer", "status", "total", "items", "note"],
 }
 
+# The regex streams' pattern: words and numbers without end, so that a null worker's
+# walk within it runs to --output-len as a free stream does.
+REGEX = r"([a-z]+|[0-9]+)( ([a-z]+|[0-9]+))*"
+
 
 @dataclass
 class LoadResult:
@@ -66,6 +71,11 @@ class LoadResult:
     wall_s: float = 0.0
     completed: int = 0  # requests that ended normally with exactly output_len tokens
     tokens: int = 0
+    # Of the tokens, those of the constrained streams; and the seconds the constrained
+    # and the free streams took, summed over the streams of each kind.
+    constrained_tokens: int = 0
+    constrained_stream_s: float = 0.0
+    free_stream_s: float = 0.0
     messages: int = 0
     client_cpu_s: float = 0.0
     # Every process on the machine, this one and the watched ones included.
@@ -109,7 +119,9 @@ async def _grpc_streams(args, result: LoadResult, batches: list[list[list[int]]]
     def request(ids: list[int], is_constrained: bool) -> pb.GenerateRequest:
         sampling = pb.SamplingParams(max_tokens=args.output_len, ignore_eos=True)
         message = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=ids), sampling=sampling)
-        if is_constrained:
+        if is_constrained and args.constraint == "regex":
+            message.structured_output.regex = REGEX
+        elif is_constrained:
             message.structured_output.json_schema = schema
         return message
 
@@ -143,6 +155,7 @@ async def _grpc_streams(args, result: LoadResult, batches: list[list[list[int]]]
                 final = pb.GenerateResponse.FromString(last)
                 tokens = final.usage.completion_tokens
                 result.tokens += tokens
+                result.constrained_tokens += tokens if is_constrained else 0
                 result.messages += messages
                 if completed(args, is_constrained, tokens, final.finish_reason == pb.LENGTH):
                     result.completed += 1
@@ -164,7 +177,8 @@ async def _http_streams(args, result: LoadResult, batches: list[list[list[int]]]
             "stream_options": {"include_usage": True},
         }
         if is_constrained:
-            fields["structured_outputs"] = {"json": JSON_SCHEMA}
+            kind = args.constraint
+            fields["structured_outputs"] = {kind: REGEX if kind == "regex" else JSON_SCHEMA}
         return json.dumps(fields).encode()
 
     bodies = [
@@ -197,6 +211,7 @@ async def _http_streams(args, result: LoadResult, batches: list[list[list[int]]]
                 except aiohttp.ClientError as error:
                     result.fail(f"{type(error).__name__}: {error}")
                 result.tokens += tokens
+                result.constrained_tokens += tokens if is_constrained else 0
                 result.messages += messages
                 if completed(args, is_constrained, tokens, tokens == args.output_len):
                     result.completed += 1
@@ -212,7 +227,17 @@ async def _timed(args, result: LoadResult, streams: list) -> None:
     roots = {label: int(pid) for label, pid in watched.items()}
     before, own_before, machine_before = cpu_snapshot(roots), own_cpu_s(), machine_cpu_s()
     started = time.perf_counter()
-    await asyncio.gather(*streams)
+
+    async def timed(index: int, stream) -> None:
+        # Each stream's own time: a stream that gets fewer tokens a step takes longer.
+        began = time.perf_counter()
+        await stream
+        if constrained(args, index):
+            result.constrained_stream_s += time.perf_counter() - began
+        else:
+            result.free_stream_s += time.perf_counter() - began
+
+    await asyncio.gather(*(timed(index, stream) for index, stream in enumerate(streams)))
     result.wall_s = time.perf_counter() - started
     result.client_cpu_s = own_cpu_s() - own_before
     result.machine_cpu_s = machine_cpu_s() - machine_before
@@ -233,7 +258,13 @@ def _parser() -> argparse.ArgumentParser:
         "--constrained-streams",
         type=int,
         default=0,
-        help="how many of the streams ask for JSON_SCHEMA as a structured output",
+        help="how many of the streams ask for a structured output (--constraint)",
+    )
+    parser.add_argument(
+        "--constraint",
+        choices=("json", "regex"),
+        default="json",
+        help="what those streams ask for: JSON_SCHEMA or REGEX",
     )
     parser.add_argument(
         "--watch", action="append", default=[], metavar="LABEL=PID", help="read this CPU"

@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 
 from bench.scheduler.cpu_accounting import per_1k
 
-_LOAD = re.compile(r"^\s*(\d+)x(\d+(?:\.\d+)?)(?:\+(\d+(?:\.\d+)?))?:(\d+)(?:/json(\d+))?\s*$")
+_LOAD = re.compile(
+    r"^\s*(\d+)x(\d+(?:\.\d+)?)(?:\+(\d+(?:\.\d+)?))?:(\d+)(?:/(json|regex)(\d+))?\s*$"
+)
+CONSTRAINTS = ("json", "regex")
 # The scheduler deployment's processes carry this label (and label/PID for children).
 SCHEDULER = "scheduler"
 BARE = "bare"
@@ -33,24 +36,28 @@ BARE = "bare"
 
 @dataclass(frozen=True)
 class Load:
-    """`WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT]`, e.g. `2x10:64`, `1x0:512`,
-    `2x5+20:64`, `1x0:64/json50` (half the streams constrained by a JSON schema: the
-    scheduler then computes an allowed-token mask per constrained row and step)."""
+    """`WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT|/regexPERCENT]`, e.g.
+    `2x10:64`, `1x0:512`, `2x5+20:64`, `1x0:64/json50` (half the streams constrained by
+    a JSON schema: the scheduler then computes an allowed-token mask per constrained
+    row and step), `1x10:48/regex50` (half by a regex)."""
 
     workers: int
     step_ms: float
     streams: int
     us_per_token: float = 0.0
-    # Percent of the streams whose requests carry a JSON-schema structured output.
+    # Percent of the streams whose requests carry a structured output (the name is
+    # older than regex loads: results.json files keep it).
     json_pct: int = 0
+    # What constrains them: "json" (load.py's JSON_SCHEMA) or "regex" (its REGEX).
+    constraint: str = "json"
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.streams < 1:
             raise ValueError(f"a load needs >= 1 worker and >= 1 stream, got {self}")
         if not (0 <= self.step_ms < math.inf and 0 <= self.us_per_token < math.inf):
             raise ValueError(f"step times must be finite and >= 0, got {self}")
-        if not 0 <= self.json_pct <= 100:
-            raise ValueError(f"the JSON-constrained share is 0 to 100 percent, got {self}")
+        if not 0 <= self.json_pct <= 100 or self.constraint not in CONSTRAINTS:
+            raise ValueError(f"the constrained share is 0 to 100 percent, got {self}")
 
     @classmethod
     def parse(cls, text: str) -> Load:
@@ -59,9 +66,14 @@ class Load:
             raise ValueError(
                 f"a load is WORKERSxSTEP_MS[+US_PER_TOKEN]:STREAMS[/jsonPERCENT], got {text!r}"
             )
-        workers, step_ms, per_token, streams, json_pct = match.groups()
+        workers, step_ms, per_token, streams, constraint, pct = match.groups()
         return cls(
-            int(workers), float(step_ms), int(streams), float(per_token or 0), int(json_pct or 0)
+            int(workers),
+            float(step_ms),
+            int(streams),
+            float(per_token or 0),
+            int(pct or 0),
+            constraint or "json",
         )
 
     @property
@@ -71,7 +83,7 @@ class Load:
     @property
     def spec(self) -> str:
         extra = f"+{self.us_per_token:g}" if self.us_per_token else ""
-        constrained = f"/json{self.json_pct}" if self.json_pct else ""
+        constrained = f"/{self.constraint}{self.json_pct}" if self.json_pct else ""
         return f"{self.workers}x{self.step_ms:g}{extra}:{self.streams}{constrained}"
 
     @property
@@ -80,7 +92,8 @@ class Load:
         step = f"{self.step_ms:g} ms steps" if self.step_ms else "no step time"
         if self.us_per_token:
             step += f" + {self.us_per_token:g} us/token"
-        constrained = f" ({self.constrained_streams} JSON-constrained)" if self.json_pct else ""
+        kind = "JSON" if self.constraint == "json" else "regex"
+        constrained = f" ({self.constrained_streams} {kind}-constrained)" if self.json_pct else ""
         return f"{workers}, {step}, {self.streams} streams{constrained}"
 
     @property
@@ -115,6 +128,11 @@ class Measurement:
     # The whole machine's busy CPU over the run: what is not ours was someone else's.
     machine_cpu_s: float = 0.0
     errors: tuple[str, ...] = ()
+    # Of the tokens, those of the constrained streams; the seconds each kind of stream
+    # took, summed over its streams (from its first request to its last answer).
+    constrained_tokens: int = 0
+    constrained_stream_s: float = 0.0
+    free_stream_s: float = 0.0
 
     @property
     def tok_s(self) -> float:
@@ -172,6 +190,13 @@ class Measurement:
     def failed(self) -> int:
         return self.requests - self.completed
 
+    def tok_s_a_stream(self, constrained: bool) -> float:
+        """Output tokens a second a constrained (or a free) stream got over its own time:
+        every stream asks for as many tokens, so over the whole run's they would tie."""
+        tokens = self.constrained_tokens if constrained else self.tokens - self.constrained_tokens
+        seconds = self.constrained_stream_s if constrained else self.free_stream_s
+        return tokens / seconds if seconds else math.nan
+
 
 def measurement_from_json(data: dict) -> Measurement:
     """A Measurement back from results.json (asdict, plus derived values ignored), so that
@@ -222,6 +247,24 @@ def capacity_table(rows: list[Measurement]) -> str:
     return "\n".join(lines)
 
 
+def structured_table(rows: list[Measurement]) -> str:
+    """Loads with constrained streams: what one constrained and one free stream got (a
+    constrained row planned every step gets about what a free one gets)."""
+    lines = [
+        "| load | front | constrained tok/s a stream | free tok/s a stream | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        if row.front == BARE or not row.load.constrained_streams:
+            continue
+        constrained, free = row.tok_s_a_stream(True), row.tok_s_a_stream(False)
+        lines.append(
+            f"| {row.load.label} | {row.front} | {_num(constrained, 1)} | {_num(free, 1)} "
+            f"| {_num(constrained / free if free else math.nan, 2)} |"
+        )
+    return "\n".join(lines)
+
+
 def floor_table(rows: list[Measurement]) -> str:
     lines = [
         "| streams | bare server messages/s | bare server CPU s/1k messages "
@@ -257,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     (path,) = sys.argv[1:] if argv is None else argv
     with open(path) as results:
         rows = [measurement_from_json(data) for data in json.load(results)]
-    print("\n\n".join([capacity_table(rows), floor_table(rows), process_table(rows)]))
+    tables = [capacity_table(rows), floor_table(rows), process_table(rows)]
+    if any(row.load.constrained_streams for row in rows):
+        tables.insert(1, structured_table(rows))
+    print("\n\n".join(tables))
     return 0
 
 

@@ -38,6 +38,7 @@ from bench.scheduler.report import (
     capacity_table,
     floor_table,
     process_table,
+    structured_table,
 )
 from common.cli_config import FlagError, add_flags, build
 from common.defaults import DEFAULT_BLOCK_SIZE, REPO_ROOT
@@ -93,11 +94,12 @@ def worker_counters(url: str) -> tuple[float, int]:
 
 
 def run_load(config: SchedulerBenchConfig, front: str, address: str, streams: int,
-             watch: dict[str, int], seed: int, constrained: int = 0) -> dict:  # fmt: skip
+             watch: dict[str, int], seed: int, constrained: int = 0,
+             constraint: str = "json") -> dict:  # fmt: skip
     """One run of the load generator; its LoadResult as a dict."""
     argv = [sys.executable, "-m", "bench.scheduler.load", "--front", front]
     argv += ["--address", address, "--streams", str(streams)]
-    argv += ["--constrained-streams", str(constrained)]
+    argv += ["--constrained-streams", str(constrained), "--constraint", constraint]
     argv += ["--requests-per-stream", str(config.requests_per_stream)]
     argv += ["--prompt-len", str(config.prompt_len), "--output-len", str(config.output_len)]
     argv += ["--seed", str(seed)]
@@ -119,7 +121,9 @@ def _measurement(load: Load, front: str, raw: dict, busy_s: float = 0.0, steps: 
         completed=raw["completed"], tokens=raw["tokens"], messages=raw["messages"],
         client_cpu_s=raw["client_cpu_s"], cpu_s=raw["cpu_s"], worker_busy_s=busy_s,
         worker_steps=steps, machine_cpu_s=raw.get("machine_cpu_s", 0.0),
-        errors=tuple(raw["errors"]),
+        errors=tuple(raw["errors"]), constrained_tokens=raw.get("constrained_tokens", 0),
+        constrained_stream_s=raw.get("constrained_stream_s", 0.0),
+        free_stream_s=raw.get("free_stream_s", 0.0),
     )  # fmt: skip
 
 
@@ -159,7 +163,8 @@ def measure_stack(config: SchedulerBenchConfig, loads: list[Load]) -> list[Measu
                 _say(f"  {load.label} over {front} ...")
                 before = [worker_counters(url) for url in urls]
                 raw = run_load(config, front, address, load.streams, watch, seed=len(rows),
-                               constrained=load.constrained_streams)  # fmt: skip
+                               constrained=load.constrained_streams,
+                               constraint=load.constraint)  # fmt: skip
                 after = [worker_counters(url) for url in urls]
                 busy = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
                 steps = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
@@ -205,6 +210,7 @@ def write_results(config: SchedulerBenchConfig, rows: list[Measurement], command
     config.out_dir.mkdir(parents=True, exist_ok=True)
     text = "\n\n".join(
         [f"`{command}` on {cpu_model()}", capacity_table(rows)]
+        + ([structured_table(rows)] if any(row.load.constrained_streams for row in rows) else [])
         + ([floor_table(rows)] if any(row.front == BARE for row in rows) else [])
         + [process_table(rows)]
     )

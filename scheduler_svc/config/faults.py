@@ -68,6 +68,13 @@ class FaultConfig:
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise ValueError(f"max_concurrent_streams must be an integer >= 1, got {streams!r}")
 
+    @property
+    def deferred_mask_timeout_s(self) -> float:
+        """How long a worker's sampler waits for a deferred mask before it fails that
+        request: half a one-token step's deadline, so that the wait and the forward
+        fit in it and the request fails, not the worker."""
+        return self.worker_timeout_s / 2
+
     def step_deadline_s(self, num_tokens: int) -> float:
         """Seconds a step computing num_tokens may take before its worker counts as hung."""
         return self.worker_timeout_s + num_tokens * self.step_seconds_per_token

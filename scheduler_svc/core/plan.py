@@ -52,6 +52,12 @@ class StepPlan:
     # Allowed tokens of the constrained sequences that sample in this step
     # (structured outputs); None when there are none.
     allowed_tokens: TokenBitmask | None = None
+    # Constrained sequences that sample here ahead of a pending sample: their rows
+    # follow in a DeferredMasks once the result before this plan is taken.
+    deferred_mask_seq_ids: list[int] = field(default_factory=list)
+    # How long the worker's sampler waits for them (set by the step loop, inside the
+    # step's deadline); 0: the worker's own default.
+    deferred_mask_timeout_s: float = 0.0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -62,6 +68,16 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not (self.new_sequences or self.continuing_sequences or self.finished_seq_ids)
+
+
+@dataclass(frozen=True)
+class DeferredMasks:
+    """The rows of a plan's deferred_mask_seq_ids, sent after the plan (worker.proto's
+    deferred_allowed_tokens): those of requests that still run; the others' tokens
+    are dropped, so their rows are left out and they sample unconstrained."""
+
+    step_id: int
+    allowed_tokens: TokenBitmask
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,8 @@ class StepOutput:
     forward_seconds: float = 0.0
     # Tokens the worker computed in the step, as it counted them.
     num_tokens: int = 0
+    # Deferred rows whose mask never reached the sampler: their tokens are not taken.
+    mask_missing_seq_ids: list[int] = field(default_factory=list)
 
 
 def match_output(

@@ -37,12 +37,13 @@ fail, deadlines): request_table.py. `take_unfinished` and `adopt` move requests
 between schedulers when a worker is lost: handover.py.
 
 Structured outputs (scheduler_svc/structured): a constrained request's mask for
-its next token depends on the token before, so it is never planned ahead of a
-pending sample (as if its max_in_flight were 1) and never in a multi-step plan;
-the other rows of the same steps are planned as usual. The row that samples gets
-its mask in the plan; its matcher takes each token the request accepts and
-nothing else, and is rebuilt from the output tokens if it ever disagrees (a
-recompute after a preemption or on another worker checks that).
+its next token depends on the token before. With no sample pending its row goes in
+the plan. Ahead of a pending sample it is planned all the same where the worker
+accepts deferred masks, its row sent after the plan (pending_masks.py); elsewhere it
+waits for its sample (as if its max_in_flight were 1). Never in a multi-step plan.
+Its matcher takes each token the request accepts and nothing else, and is rebuilt
+from the output tokens if it ever disagrees (a recompute after a preemption or on
+another worker checks that).
 
 How a step's tokens are taken (stops, logprobs, a grammar's forced EOS, the output
 the edge streams): token_intake.py.
@@ -58,8 +59,10 @@ from scheduler_svc.core import handover
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
+from scheduler_svc.core.pending_masks import PendingMasks
 from scheduler_svc.core.plan import (
     ContinuingSequence,
+    DeferredMasks,
     NewSequence,
     StepOutput,
     StepPlan,
@@ -70,7 +73,7 @@ from scheduler_svc.core.request import FinishReason, Request, RequestOutput, Req
 from scheduler_svc.core.request_table import RequestTable
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.token_intake import take_output
-from scheduler_svc.structured.scheduling import add_allowed_tokens
+from scheduler_svc.structured.scheduling import add_allowed_tokens, mask_missing_error
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale) and whether it samples.
@@ -88,6 +91,7 @@ class Scheduler:
         stats: SchedulerStats | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_in_flight: int = 1,
+        deferred_masks: bool = False,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -107,6 +111,10 @@ class Scheduler:
         # Plans sent and not answered yet, oldest first, with what each asked of whom.
         self.max_in_flight = max_in_flight
         self._in_flight: dict[int, list[_Planned]] = {}
+        # Plan constrained rows ahead of their pending sample, their masks sent later
+        # (the worker says whether it accepts that: WorkerDescription).
+        self.deferred_masks = deferred_masks
+        self._pending_masks = PendingMasks()
 
     @property
     def waiting(self) -> list[Request]:
@@ -163,7 +171,7 @@ class Scheduler:
                 break
             if request.num_pending_samples and room_to_sample(request, self.max_model_len) <= 0:
                 continue  # its last token is being sampled: it ends when that comes
-            if request.structured is not None and request.num_pending_samples:
+            if request.structured and request.num_pending_samples and not self.deferred_masks:
                 continue  # its next mask needs the token in flight (see the module doc)
             num_scheduled = min(request.num_planned_tokens - request.num_computed_tokens, budget)
             if num_scheduled == 0:
@@ -210,8 +218,11 @@ class Scheduler:
             )
         if plan.is_empty:
             return None
+        if plan.allowed_tokens is not None:
+            plan.allowed_tokens.fill()
         self._next_step_id += 1
         self._in_flight[plan.step_id] = planned
+        self._pending_masks.note(plan, planned)
         return plan
 
     def _add_to_plan(
@@ -224,7 +235,11 @@ class Scheduler:
         samples = end == request.num_planned_tokens
         if samples:
             request.num_pending_samples += 1
-            if request.structured is not None:
+            if request.structured is None:
+                pass
+            elif request.num_pending_samples > 1:
+                plan.deferred_mask_seq_ids.append(request.seq_id)  # take_deferred_masks
+            else:
                 add_allowed_tokens(plan, request)
         planned.append((request, request.num_preemptions, samples))
         if request.seen_by_worker:
@@ -257,6 +272,7 @@ class Scheduler:
             )
         planned = self._in_flight.pop(plan.step_id)
         _, sampled = match_output(plan, result)
+        missing = self._pending_masks.missing(plan, result)
         outputs = []
         for request, planned_at, samples in planned:
             indices = sampled.get(request.seq_id)
@@ -269,6 +285,10 @@ class Scheduler:
                 request.num_preemptions != planned_at
             ):
                 continue  # finished, aborted or preempted since: its tokens are dropped
+            if request.seq_id in missing:
+                # Sampled without its grammar: that token must never be taken.
+                self.requests.fail(request, mask_missing_error(plan.step_id))
+                continue
             self.block_manager.cache_computed_blocks(request)
             take_prompt_logprobs(request, result)
             if indices is not None:
@@ -277,6 +297,12 @@ class Scheduler:
                     outputs.append(output)
         return outputs
 
+    def take_deferred_masks(self) -> DeferredMasks | None:
+        """The deferred rows of the oldest plan in flight, once every plan before it has
+        answered (call after each update_from_output); None if it has none, or they
+        were taken already. The worker's sampler waits for them: send them at once."""
+        return self._pending_masks.take(next(iter(self._in_flight), None))
+
     # -- handing requests to another scheduler when the worker is lost (handover.py) ----
 
     def take_unfinished(self) -> list[Request]:
@@ -284,6 +310,7 @@ class Scheduler:
         (`adopt` there). Called when the worker is lost: its steps will never answer."""
         taken = handover.take_unfinished(self.queue, self.requests)
         self._in_flight.clear()
+        self._pending_masks.clear()
         return taken
 
     def adopt(self, request: Request) -> None:

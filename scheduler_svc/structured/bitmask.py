@@ -1,15 +1,17 @@
 """The allowed-token bitmask of one plan: a row per constrained sequence that samples.
 
-Rows are filled in place as the scheduler adds sequences to the plan, into one
-int32 buffer that grows by doubling; `words` is that buffer's bytes, the one blob
-the worker protocol carries (worker.proto's TokenBitmask says why one blob).
+The scheduler adds sequences as it builds the plan (or, for deferred rows, once the
+result before it is taken), then fills every row at once (`fill`: by llguidance's
+threads when there are many, matcher.fill_mask_rows) into one int32 buffer that
+grows by doubling; `words` is that buffer's bytes, the one blob the worker protocol
+carries (worker.proto's TokenBitmask says why one blob).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from scheduler_svc.structured.matcher import RequestMatcher
+from scheduler_svc.structured.matcher import RequestMatcher, fill_mask_rows
 
 _INITIAL_ROWS = 8
 
@@ -21,12 +23,16 @@ class TokenBitmask:
         self.num_words = num_words
         self.seq_ids: list[int] = []
         self._rows = np.empty((_INITIAL_ROWS, num_words), dtype=np.int32)
+        # Matchers of the rows added and not filled yet, from row _num_filled on.
+        self._unfilled: list[RequestMatcher] = []
+        self._num_filled = 0
 
     def __len__(self) -> int:
         return len(self.seq_ids)
 
     def add(self, seq_id: int, matcher: RequestMatcher) -> None:
-        """The row of a sequence that samples in this plan, from its matcher's state."""
+        """The row of a sequence that samples in this plan, from its matcher's state at
+        the next fill(): nothing may advance the matcher before that."""
         if matcher.num_words != self.num_words:
             raise ValueError(f"matcher rows have {matcher.num_words} words, not {self.num_words}")
         index = len(self.seq_ids)
@@ -34,12 +40,22 @@ class TokenBitmask:
             grown = np.empty((2 * index, self.num_words), dtype=np.int32)
             grown[:index] = self._rows
             self._rows = grown
-        matcher.fill_mask(self._rows[index])
+        self._unfilled.append(matcher)
         self.seq_ids.append(seq_id)
+
+    def fill(self) -> TokenBitmask:
+        """Fills the rows added since the last fill, all at once; returns self."""
+        if self._unfilled:
+            fill_mask_rows(self._unfilled, self._rows[self._num_filled :])
+            self._num_filled += len(self._unfilled)
+            self._unfilled = []
+        return self
 
     @property
     def rows(self) -> np.ndarray:
-        return self._rows[: len(self.seq_ids)]
+        """The rows, filled first if some are not (the scheduler fills them as soon as
+        its plan or deferred message is complete, before any matcher moves on)."""
+        return self.fill()._rows[: len(self.seq_ids)]
 
     @property
     def words(self) -> bytes:

@@ -30,8 +30,8 @@ from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import channel_options
 from common.tls import ChannelSecurity, open_channel
-from scheduler_svc.core.plan import StepOutput, StepPlan
-from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
+from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
+from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_proto, plan_to_proto
 from scheduler_svc.workers.liveness import (
     LossCause,
     WorkerLost,
@@ -167,6 +167,19 @@ class WorkerClient:
             self._lose(epoch, WorkerLost(f"worker {self.address}: its Step stream has ended"))
         self.raise_if_lost()
         return answer
+
+    async def send_masks(self, masks: DeferredMasks) -> None:
+        """Writes a plan's deferred masks on the stream (no result comes for them)."""
+        self.raise_if_lost()
+        epoch = self.epoch
+        try:
+            await self._stream.write(deferred_masks_to_proto(masks))
+        except grpc.aio.AioRpcError as error:
+            self._lose(epoch, self._rpc_lost(error))
+        except asyncio.InvalidStateError:
+            await asyncio.sleep(0)
+            self._lose(epoch, WorkerLost(f"worker {self.address}: its Step stream has ended"))
+        self.raise_if_lost()
 
     async def result(
         self, plan: StepPlan, answer: asyncio.Future[wpb.StepResult], deadline_s: float

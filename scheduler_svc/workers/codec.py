@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.sampling_codec import sampling_to_worker
-from scheduler_svc.core.plan import PromptLogprobsSlice, SampledLogprobs, StepOutput, StepPlan
+from scheduler_svc.core.plan import (
+    DeferredMasks,
+    PromptLogprobsSlice,
+    SampledLogprobs,
+    StepOutput,
+    StepPlan,
+)
 
 
 def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
@@ -41,6 +47,20 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
     if plan.allowed_tokens:
         message.allowed_tokens.seq_ids.extend(plan.allowed_tokens.seq_ids)
         message.allowed_tokens.words = plan.allowed_tokens.words
+    if plan.deferred_mask_seq_ids:
+        message.deferred_mask_seq_ids.extend(plan.deferred_mask_seq_ids)
+        message.deferred_mask_timeout_seconds = plan.deferred_mask_timeout_s
+    return message
+
+
+def deferred_masks_to_proto(masks: DeferredMasks) -> wpb.StepPlan:
+    """The message that completes plan masks.step_id with its deferred rows."""
+    message = wpb.StepPlan(step_id=masks.step_id)
+    # Set even with no row: its arrival is what the worker's sampler waits for.
+    message.deferred_allowed_tokens.SetInParent()
+    if masks.allowed_tokens:
+        message.deferred_allowed_tokens.seq_ids.extend(masks.allowed_tokens.seq_ids)
+        message.deferred_allowed_tokens.words = masks.allowed_tokens.words
     return message
 
 
@@ -59,6 +79,7 @@ def output_from_proto(result: wpb.StepResult) -> StepOutput:
         prompt_logprobs={entry.seq_id: _prompt_slice(entry) for entry in result.prompt_logprobs},
         forward_seconds=result.forward_seconds,
         num_tokens=result.num_tokens,
+        mask_missing_seq_ids=list(result.mask_missing_seq_ids),
     )
 
 

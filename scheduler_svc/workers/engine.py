@@ -195,6 +195,7 @@ class WorkerEngine:
             eos_token_ids=self.tokenizer.eos_token_ids,
             stats=self.stats,
             max_in_flight=self.config.max_steps_in_flight,
+            deferred_masks=description.accepts_deferred_masks,
         )
         self._set_connected(True)
         self._comeback.connected()

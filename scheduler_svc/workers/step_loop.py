@@ -5,8 +5,10 @@ With async scheduling (SchedulerConfig.max_steps_in_flight == 2) the loop builds
 sends plan N+1 before it reads the result of plan N, which the worker is running:
 the worker finds its next step waiting when it answers, and the scheduler's own work
 (reading the result, detokenizing, streaming, planning) overlaps the forward. See
-core/scheduler.py for what that asks of the bookkeeping. With one plan in flight it
-is the plain loop: schedule, step, postprocess.
+core/scheduler.py for what that asks of the bookkeeping. The deferred masks of the
+plan in flight (constrained rows planned ahead of their sample) go out right after
+the result before it is applied: the worker's sampler waits for them. With one plan
+in flight it is the plain loop: schedule, step, postprocess.
 
 The loop ends only by WorkerLost (the stream broke, a step missed its deadline, or
 the worker answered out of protocol); the engine recovers and starts a new one.
@@ -68,6 +70,8 @@ class StepLoop:
                 self.handles.deliver_failures(scheduler.take_failed())
                 if plan is not None:
                     self._note_first_scheduled(plan, scheduler)
+                    if plan.deferred_mask_seq_ids:
+                        plan.deferred_mask_timeout_s = self.faults.deferred_mask_timeout_s
                     sent_at = time.monotonic()
                     in_flight.append(_SentStep(plan, await self.client.send(plan), sent_at))
                     continue  # plan the next one while this one runs
@@ -84,6 +88,10 @@ class StepLoop:
             except RuntimeError as error:
                 # The worker broke the protocol: its state cannot be trusted.
                 raise WorkerLost(f"protocol error: {error}", LossCause.PROTOCOL) from error
+            # The next plan's sampler may be waiting for these: before anything else.
+            masks = scheduler.take_deferred_masks()
+            if masks is not None:
+                await self.client.send_masks(masks)
             self._on_step()
             for output in outputs:
                 self.handles.deliver(output)

@@ -35,9 +35,9 @@ import numpy as np
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.plan_sequences import continuing_sequences
-from scheduler_svc.core.plan import StepOutput, StepPlan
+from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
 from scheduler_svc.structured.bitmask import allowed_ids
-from scheduler_svc.workers.codec import output_from_proto, plan_to_proto
+from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_proto, plan_to_proto
 
 # (seq_id, index of the output token to sample) -> token id
 TokenScript = Callable[[int, int], int]
@@ -101,11 +101,17 @@ class FakeWorker:
         # Slots written so far, for tests that want to see what was (re)computed.
         self.num_slots_written = 0
 
-    def step(self, plan: StepPlan) -> StepOutput:
-        """Runs a scheduler's plan through the wire format, as a real worker gets it."""
-        return output_from_proto(self.step_proto(plan_to_proto(plan)))
+    def step(self, plan: StepPlan, masks: DeferredMasks | None = None) -> StepOutput:
+        """Runs a scheduler's plan (and its deferred masks, if they came) through the
+        wire format, as a real worker gets them."""
+        deferred = deferred_masks_to_proto(masks) if masks is not None else None
+        return output_from_proto(self.step_proto(plan_to_proto(plan), deferred))
 
-    def step_proto(self, plan: wpb.StepPlan) -> wpb.StepResult:
+    def step_proto(
+        self, plan: wpb.StepPlan, deferred: wpb.StepPlan | None = None
+    ) -> wpb.StepResult:
+        """`deferred`: the message with the plan's deferred masks; rows it lacks sample
+        unconstrained and are reported missing, as a real worker's that waited in vain."""
         self.plans.append(plan)
         self._check(plan.step_id > self.last_step_id, f"step {plan.step_id} out of order")
         self.last_step_id = plan.step_id
@@ -147,7 +153,19 @@ class FakeWorker:
                 len(sampling) == len(scheduled) and all(n == 1 for _, n in scheduled),
                 f"step {plan.step_id}: a multi-step plan with a sequence that is not a decode",
             )
-        allowed = self._allowed_tokens(plan, sampling)
+        allowed = self._allowed_tokens(plan.allowed_tokens, plan, sampling)
+        if plan.deferred_mask_seq_ids:
+            self._check(not allowed.keys() & set(plan.deferred_mask_seq_ids), "masked twice")
+            came = (
+                self._allowed_tokens(deferred.deferred_allowed_tokens, plan, sampling)
+                if deferred is not None
+                else {}
+            )
+            for seq_id in plan.deferred_mask_seq_ids:
+                if seq_id in came:
+                    allowed[seq_id] = came[seq_id]
+                else:
+                    result.mask_missing_seq_ids.append(seq_id)
         for step in range(num_steps):
             if step:  # each step computes the token the one before sampled
                 for seq_id in sampling:
@@ -220,10 +238,11 @@ class FakeWorker:
                 entry.top_token_ids.append(seq.token_ids[position] + rank)
                 entry.top_logprobs.append(-float(rank))
 
-    def _allowed_tokens(self, plan: wpb.StepPlan, sampling: list[int]) -> dict[int, np.ndarray]:
+    def _allowed_tokens(
+        self, mask: wpb.TokenBitmask, plan: wpb.StepPlan, sampling: list[int]
+    ) -> dict[int, np.ndarray]:
         """The allowed ids of each masked row; a mask must be for sampling rows of a
         one-step plan, as the worker protocol says."""
-        mask = plan.allowed_tokens
         if not mask.seq_ids:
             return {}
         self._check(

@@ -20,7 +20,7 @@ from common.defaults import converted_model_dir
 from common.sampling_params import SamplingParams
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.core.plan import StepOutput, StepPlan
+from scheduler_svc.core.plan import DeferredMasks, StepPlan
 from scheduler_svc.core.request import FinishReason, Request, RequestError, RequestOutput
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.output.text_stream import TextStream
@@ -95,12 +95,15 @@ class Harness:
         num_blocks: int = 64,
         block_size: int = 4,
         max_model_len: int = 256,
+        deferred_masks: bool = True,
         **config,
     ) -> None:
         """`config`: further SchedulerConfig fields (prefix caching, bypasses, ...).
 
         One plan at a time unless async_scheduling=True is given: the step-by-step
-        tests state what each plan holds after the result before it.
+        tests state what each plan holds after the result before it. deferred_masks:
+        the worker accepts them (as this project's do), so constrained rows are
+        planned ahead of their samples under async scheduling.
         """
         self.clock = FakeClock()
         config.setdefault("async_scheduling", False)
@@ -110,6 +113,7 @@ class Harness:
         self.scheduler = Scheduler(
             scheduler_config,
             max_in_flight=scheduler_config.max_steps_in_flight,
+            deferred_masks=deferred_masks,
             num_blocks=num_blocks,
             block_size=block_size,
             max_model_len=max_model_len,
@@ -126,10 +130,12 @@ class Harness:
         self.streams: dict[str, TextStream] = {}
         # Errors of the requests the scheduler ended itself (take_failed).
         self.errors: dict[str, RequestError] = {}
-        # Plans sent, oldest first, with the results the worker computed at once: it
-        # runs plans in the order sent, as a real one does, whenever the scheduler
-        # reads the results.
-        self.in_flight: deque[tuple[StepPlan, StepOutput]] = deque()
+        # Plans sent, oldest first. The worker runs each when the scheduler reads its
+        # result, in the order sent, as a real one whose sampler waits for deferred
+        # masks: those the scheduler sent come with it.
+        self.in_flight: deque[StepPlan] = deque()
+        # Deferred masks sent, by step id, until their plan runs (a test may lose one).
+        self.deferred_masks: dict[int, DeferredMasks] = {}
 
     @property
     def block_manager(self):
@@ -168,12 +174,18 @@ class Harness:
         return len(self.in_flight) < self.scheduler.max_in_flight
 
     def send(self, plan: StepPlan) -> None:
-        self.in_flight.append((plan, self.worker.step(plan)))
+        self.in_flight.append(plan)
 
     def answer_oldest(self) -> StepPlan:
-        """Applies the result of the oldest plan in flight; returns that plan."""
-        plan, result = self.in_flight.popleft()
-        self.deliver(self.scheduler.update_from_output(plan, result))
+        """Applies the result of the oldest plan in flight, then sends the deferred
+        masks of the next one, as the step loop does; returns that plan."""
+        plan = self.in_flight.popleft()
+        result = self.worker.step(plan, self.deferred_masks.pop(plan.step_id, None))
+        outputs = self.scheduler.update_from_output(plan, result)
+        masks = self.scheduler.take_deferred_masks()
+        if masks is not None:
+            self.deferred_masks[masks.step_id] = masks
+        self.deliver(outputs)
         return plan
 
     def schedule(self) -> StepPlan | None:

@@ -87,15 +87,24 @@ def test_constrained_and_free_rows_share_steps(compiler, async_scheduling):
     assert harness.token_ids("free") == FREE and harness.text("free") == load_tokenizer().decode(
         FREE
     )
-    masked = [p for p in plans if p.allowed_tokens is not None]
+    masked = [p for p in plans if p.allowed_tokens is not None or p.deferred_mask_seq_ids]
     seq_ids = {r.request_id: r.seq_id for r in harness.requests.values()}
     # Free rows sampled in the same steps as masked ones, and never got a mask row.
     assert any(seq_ids["free"] in {s.seq_id for s in p.continuing_sequences} for p in masked)
-    assert all(seq_ids["free"] not in p.allowed_tokens.seq_ids for p in masked)
+    assert all(seq_ids["free"] not in masked_seq_ids(p) for p in masked)
 
 
-def test_async_never_plans_a_constrained_row_ahead_of_its_sample(compiler):
-    harness = Harness(async_scheduling=True)
+def masked_seq_ids(plan) -> list[int]:
+    """The rows a plan masks: in the plan, and those whose masks follow it."""
+    inline = plan.allowed_tokens.seq_ids if plan.allowed_tokens is not None else []
+    return [*inline, *plan.deferred_mask_seq_ids]
+
+
+def test_async_without_deferred_masks_never_plans_a_constrained_row_ahead_of_its_sample(
+    compiler,
+):
+    """A worker that does not accept deferred masks (an older one)."""
+    harness = Harness(async_scheduling=True, deferred_masks=False)
     request = constrained(compiler, harness, "json", encode(ANSWER) + [EOS])
     free(harness, "free", max_tokens=30)
     while harness.may_send() and (plan := harness.schedule()) is not None:
@@ -105,7 +114,7 @@ def test_async_never_plans_a_constrained_row_ahead_of_its_sample(compiler):
         # Of the plans in flight, at most one samples for the constrained request.
         sampling = [
             p
-            for p, _ in harness.in_flight
+            for p in harness.in_flight
             if p.allowed_tokens and request.seq_id in p.allowed_tokens.seq_ids
         ]
         assert len(sampling) <= 1 and request.num_pending_samples <= 1

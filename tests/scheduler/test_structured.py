@@ -19,6 +19,7 @@ from scheduler_svc.structured.constraint import (
     constraint_from_proto,
     constraint_to_proto,
 )
+from scheduler_svc.structured.matcher import PARALLEL_MIN_ROWS
 
 from .harness import EOS, encode, load_tokenizer
 
@@ -149,6 +150,21 @@ def test_bitmask_packs_rows_in_order_and_grows(compiler):
     for row in rows:
         assert list(allowed_ids(row)) == expected
     assert len(mask.words) == 20 * 4 * ((load_tokenizer().vocab_size + 31) // 32)
+
+
+def test_many_rows_filled_by_llguidances_pool_equal_rows_filled_one_by_one(compiler):
+    compiled = compiler.compile_now(Constraint("json_object", ""))
+    reply = encode('{"name": "Ann", "tags": [1, 2]}')
+    matchers = [compiled.new_matcher() for _ in range(2 * PARALLEL_MIN_ROWS)]
+    for index, matcher in enumerate(matchers):  # each in a different state
+        assert all(matcher.advance(token_id) for token_id in reply[: index % len(reply)])
+    mask = TokenBitmask(compiler.num_words)
+    for seq_id, matcher in enumerate(matchers):
+        mask.add(seq_id, matcher)
+    for matcher, row in zip(matchers, mask.fill().rows, strict=True):
+        alone = np.zeros(compiler.num_words, dtype=np.int32)
+        matcher.fill_mask(alone)
+        assert np.array_equal(row, alone)
 
 
 def test_a_template_without_tools_gets_them_in_the_system_message():

@@ -13,6 +13,10 @@ a run, divided by the wall time, is how busy the worker was.
 Prompt logprobs are answered in the protocol's shape with made-up values (each
 prompt token as the most likely one, as NullSampler.logprobs makes them): the
 scheduler's side of them runs as it does on a real worker, no number means anything.
+
+A step with deferred masks lets its simulated forward time pass first, then waits
+for them, as a real worker's sampler does: so the scheduler's lateness with them
+shows in the step times, as it would on a GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from worker_svc.model_runner import ModelRunner, record_sample
 from worker_svc.null.sampler import NullSampler
 from worker_svc.prompt_logprobs import prompt_rows
 from worker_svc.sequence import SequenceState
+from worker_svc.step.deferred_masks import StepMasks
 from worker_svc.token_bitmask import allowed_ids
 
 
@@ -66,23 +71,22 @@ class NullRunner(ModelRunner):
         super().__init__(model, pool, backend=None, sampler=sampler)
         self.step_time = step_time
         self._simulated_s = 0.0
+        self._started = 0.0
 
     def execute(self, plan: worker_pb2.StepPlan) -> worker_pb2.StepResult:
-        started = time.perf_counter()
+        started = self._started = time.perf_counter()
         self._simulated_s = 0.0
         result = super().execute(plan)
         # Sleep, not spin: the machines this runs on have few cores, and a spinning
         # worker would take them from the scheduler it is there to measure.
-        remaining = started + self._simulated_s - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
+        self._sleep_until(started + self._simulated_s)
         result.forward_seconds = time.perf_counter() - started
         return result
 
     def _run(
         self,
         work: list[tuple[SequenceState, int]],
-        masks: Mapping[int, np.ndarray],
+        masks: StepMasks,
         result: worker_pb2.StepResult,
     ) -> list[SequenceState]:
         """One simulated forward, with the real one's effect on the sequences and the
@@ -103,7 +107,10 @@ class NullRunner(ModelRunner):
         first_step = not result.token_ids
         tokens = self.sampler.sample(samplers)
         if masks:
-            tokens = self._within_masks(samplers, tokens, masks)
+            if masks.waits:
+                # As a real step: the forward's time passes before the sampler waits.
+                self._sleep_until(self._started + self._simulated_s)
+            tokens = self._within_masks(samplers, tokens, masks.rows())
         for seq, token in zip(samplers, tokens, strict=True):
             # Not seq.append_token: its penalty counts are tensors, and no torch op
             # runs per step here (penalties do not change which ids are drawn).
@@ -112,6 +119,12 @@ class NullRunner(ModelRunner):
             logprobs = self.sampler.logprobs(token, wanted) if wanted else None
             record_sample(result, seq.seq_id, token, logprobs, first_step)
         return samplers
+
+    @staticmethod
+    def _sleep_until(end: float) -> None:
+        remaining = end - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
 
     def _made_up_prompt_logprobs(self, rows) -> worker_pb2.PromptLogprobs:
         first, num_top = rows.first_position, rows.seq.prompt_logprobs

@@ -100,6 +100,7 @@ def build_null_worker(config: WorkerConfig) -> Worker:
         instance_id=uuid.uuid4().hex,
         model_impl=model.model_impl,
         processor=cpu_name(),
+        accepts_deferred_masks=True,
     )
     # One thread: the server's forward thread, which only sleeps here.
     return Worker(runner, description, threads=1)

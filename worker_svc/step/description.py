@@ -70,3 +70,7 @@ class Step:
     # seq_id -> its allowed-token row (token_bitmask.py), for constrained rows; one-step
     # plans only: the next row needs this step's token.
     allowed_tokens: Mapping[int, np.ndarray] = field(default_factory=dict)
+    # Constrained rows whose mask follows in a message of its own (deferred_masks.py);
+    # the sampler waits for it up to deferred_mask_timeout_s (0: the worker's default).
+    deferred_mask_seq_ids: frozenset[int] = frozenset()
+    deferred_mask_timeout_s: float = 0.0

@@ -62,6 +62,7 @@ class PlanReader:
             self._check_continuing(self._held(sid, held, gone, listed), 1, 0, lookahead)
         mask = plan.allowed_tokens
         masked = mask.seq_ids or mask.words
+        allowed = self._masks(mask, num_steps, listed) if masked else NO_MASKS
         return Step(
             step_id=plan.step_id,
             num_steps=num_steps,
@@ -69,7 +70,9 @@ class PlanReader:
             new_sequences=new,
             continuing_sequences=tuple(continuing),
             decode_seq_ids=decodes,
-            allowed_tokens=self._masks(mask, num_steps, listed) if masked else NO_MASKS,
+            allowed_tokens=allowed,
+            deferred_mask_seq_ids=self._deferred(plan, num_steps, listed, allowed),
+            deferred_mask_timeout_s=max(plan.deferred_mask_timeout_seconds, 0.0),
         )
 
     def _new(
@@ -175,6 +178,22 @@ class PlanReader:
                 f"sequence {sid}: {num_blocks} blocks cannot hold {end} tokens "
                 f"(block size {self.pool.block_size}, {needed} needed)"
             )
+
+    @staticmethod
+    def _deferred(
+        plan: wpb.StepPlan, num_steps: int, planned: Collection[int], allowed: Mapping
+    ) -> frozenset[int]:
+        """The rows whose masks follow: planned, one step, not masked in the plan too."""
+        if not plan.deferred_mask_seq_ids:
+            return frozenset()
+        if num_steps > 1:
+            raise PlanError(f"a plan of {num_steps} steps has deferred masks: one step only")
+        deferred = frozenset(plan.deferred_mask_seq_ids)
+        if len(deferred) != len(plan.deferred_mask_seq_ids) or not deferred <= set(planned):
+            raise PlanError("deferred_mask_seq_ids: a sequence not in the plan, or twice")
+        if deferred & allowed.keys():
+            raise PlanError("a sequence both in allowed_tokens and deferred_mask_seq_ids")
+        return deferred
 
     @staticmethod
     def _masks(

@@ -26,6 +26,7 @@ from bench.scheduler.report import (
     floor_table,
     measurement_from_json,
     process_table,
+    structured_table,
 )
 from bench.scheduler.run import cpu_model
 
@@ -74,6 +75,23 @@ def test_a_load_with_json_constrained_streams():
     for bad in ("1x0:64/json101", "1x0:64/json", "1x0:64/xml5"):
         with pytest.raises(ValueError):
             SchedulerBenchConfig(loads=[bad])
+
+
+def test_a_load_with_regex_constrained_streams_and_its_tokens_a_stream():
+    load = Load.parse("1x10:48/regex50")
+    assert (load.constraint, load.constrained_streams) == ("regex", 24)
+    assert load.spec == "1x10:48/regex50" and Load.parse(load.spec) == load
+    assert load.label == "1 worker, 10 ms steps, 48 streams (24 regex-constrained)"
+    # 24 streams of each kind, 512 tokens each; the constrained ones took twice as long.
+    row = measurement(
+        load=load, tokens=2 * 24 * 512, constrained_tokens=24 * 512,
+        constrained_stream_s=24 * 10.0, free_stream_s=24 * 5.0,
+    )  # fmt: skip
+    assert row.tok_s_a_stream(True) == pytest.approx(51.2)
+    assert row.tok_s_a_stream(False) == pytest.approx(102.4)
+    assert "| 51.2 | 102.4 | 0.50 |" in structured_table([row])
+    data = json.loads(json.dumps({**dataclasses.asdict(row), "derived": {}}))
+    assert measurement_from_json(data) == row
 
 
 def test_measurement_derived_numbers():
