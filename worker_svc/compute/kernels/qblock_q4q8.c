@@ -40,7 +40,8 @@ void q4q8_dequant_plain(int format, const uint8_t *row, int64_t k, float *out)
     for (int64_t b = 0; b < k / QK; b++, out += QK) {
         if (format == FORMAT_Q4_1) {
             const uint8_t *blk = row + b * Q4_1_BYTES;
-            float d = qblock_half_to_float(qblock_load_u16(blk)), m = qblock_half_to_float(qblock_load_u16(blk + 2));
+            float d = qblock_half_to_float(qblock_load_u16(blk));
+            float m = qblock_half_to_float(qblock_load_u16(blk + 2));
             for (int j = 0; j < 16; j++) {
                 out[j] = d * (float)(blk[4 + j] & 0x0f) + m;
                 out[j + 16] = d * (float)(blk[4 + j] >> 4) + m;
