@@ -30,12 +30,12 @@ from cbserve.v1 import generation_pb2_grpc as pb_grpc
 from common.errors import ServiceError
 from common.metrics import exposition
 from scheduler_svc.api import admission
+from scheduler_svc.api.limits import ModelLimits
 from scheduler_svc.api.pool_view import PlacedRequest, PoolView
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.api.validation import (
     MAX_REQUEST_ID_CHARS,
-    ModelLimits,
     ValidatedRequest,
     validate_request,
 )

@@ -7,8 +7,9 @@ import pytest
 from cbserve.client import build_request
 from common.defaults import default_model_path
 from common.errors import InvalidArgument
+from scheduler_svc.api.limits import ModelLimits
 from scheduler_svc.api.tokenizer import Tokenizer
-from scheduler_svc.api.validation import ModelLimits, validate_request
+from scheduler_svc.api.validation import validate_request
 
 LIMITS = ModelLimits(max_model_len=512, vocab_size=49152, kv_capacity_tokens=400)
 

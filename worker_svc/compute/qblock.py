@@ -1,6 +1,7 @@
 """GGUF's weight blocks, and the C kernel that multiplies float32 activations by them
-(kernels/qblock_gemm.c with the per-format kernels/qblock_kquants*.c, built at first
-use, cached by CPU flags).
+(kernels/qblock_gemm.c's panels with the float tiles of kernels/qblock_tiles.c and the
+per-format unpacking of kernels/qblock_q4q8.c and kernels/qblock_kquants*.c, built at
+first use, cached by CPU flags).
 
 A weight `[N, K]` is kept as its blocks: a uint8 tensor `[N, fmt.row_bytes(K)]`,
 row by row as GGUF stores it, so rows can be concatenated (fused QKV, gate/up) or
@@ -33,10 +34,16 @@ SOURCE = KERNELS / "qblock_gemm.c"
 # C sums vectorize through `omp simd reduction` instead).
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
 LINK_FLAGS = ("-shared", "-fopenmp")
-# The block kernel's objects: whoever links it (the native decode step) links all three.
+# The block kernel's objects: whoever links it (the native decode step) links them all.
 PARTS = tuple(
     (KERNELS / name, COMPILE_FLAGS)
-    for name in ("qblock_gemm.c", "qblock_kquants.c", "qblock_kquants_avx512.c")
+    for name in (
+        "qblock_gemm.c",
+        "qblock_tiles.c",
+        "qblock_q4q8.c",
+        "qblock_kquants.c",
+        "qblock_kquants_avx512.c",
+    )
 )
 QK = 32
 

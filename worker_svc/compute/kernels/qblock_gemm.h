@@ -1,5 +1,6 @@
 /* The block kernel's entry points shared with other native code (the decode step,
- * worker_svc/models/qblock/kernels/decode_step.c), which links qblock_gemm.c's object. */
+ * worker_svc/models/qblock/kernels/decode_step.c), which links the kernel's objects
+ * (compute/qblock.py PARTS). */
 #ifndef CBSERVE_QBLOCK_GEMM_H
 #define CBSERVE_QBLOCK_GEMM_H
 
@@ -16,6 +17,14 @@ enum {
     QBLOCK_FORMAT_Q6_K = 4,
     QBLOCK_FORMAT_Q5_0 = 5,
     QBLOCK_FORMATS = 6
+};
+/* Variant codes (compute/qblock.py's VARIANTS): AUTO asks for the best this CPU runs;
+ * the kernel's parts take only a resolved one. */
+enum {
+    QBLOCK_VARIANT_AUTO = 0,
+    QBLOCK_VARIANT_PLAIN = 1,
+    QBLOCK_VARIANT_AVX2 = 2,
+    QBLOCK_VARIANT_AVX512 = 3
 };
 /* Output rows a thread takes at a time, and the floats its panel buffer must hold per
  * unit of K (PANEL_ROWS rows of K float32 weights). */

@@ -1,7 +1,7 @@
 /* Plain C dequantizers of the K-quant formats and Q5_0 (layouts: qblock_kquants.h).
  * They are the reference the AVX-512 code is tested against, and the plain and AVX2
  * variants' path at every M: a panel's rows are dequantized here into the thread's
- * buffer and multiplied by qblock_gemm.c's float tiles. Built with -ffp-contract=off,
+ * buffer and multiplied by qblock_tiles.c's float tiles. Built with -ffp-contract=off,
  * so ds * q - dm rounds once, after an exact product, as numpy's does. */
 #include <stdint.h>
 

@@ -1,4 +1,4 @@
-/* The block formats of llama.cpp's K-quant files beside Q4_1 and Q8_0 (qblock_gemm.c):
+/* The block formats of llama.cpp's K-quant files beside Q4_1 and Q8_0 (qblock_q4q8.c):
  * Q4_K, Q5_K and Q6_K (super-blocks of 256 weights with 6- or 8-bit sub-block scales)
  * and Q5_0 (32 weights, where a row is not a multiple of 256). Their layouts are those
  * of gguf-py's numpy dequantizers (gguf/quants.py), and each weight is the float32 value
@@ -50,7 +50,7 @@ static inline void kq_sub_scales(const uint8_t *blk, struct kq_scales *g)
 void kq_dequant_plain(int format, const uint8_t *row, int64_t k, float *out);
 void kq_dequant_avx512(int format, const uint8_t *row, int64_t k, float *out);
 /* rows <= 4 weight rows times m_count <= 4 rows of x, weights dequantized in registers
- * (as qblock_gemm.c's small_tile_avx512 for Q4_1 / Q8_0). */
+ * (as qblock_q4q8.c's q4q8_small_tile_avx512 for Q4_1 / Q8_0). */
 void kq_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
                           const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
 

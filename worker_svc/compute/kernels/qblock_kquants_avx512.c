@@ -137,7 +137,7 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
                            _mm512_setzero_ps()};
         for (int r = 0; r < RR; r++) {
             const uint8_t *blk = w + r * row_bytes + b * bytes;
-            /* The next tile's rows, as qblock_gemm.c's small_avx512 fetches them (a line
+            /* The next tile's rows, as qblock_q4q8.c's small_avx512 fetches them (a line
              * of 64 bytes at a time: a super-block spans three or four). */
             for (int line = 0; line < bytes; line += 64)
                 _mm_prefetch((const char *)(blk + RR * row_bytes + line), _MM_HINT_T0);
