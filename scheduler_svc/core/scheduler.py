@@ -38,12 +38,11 @@ between schedulers when a worker is lost: handover.py.
 
 Structured outputs (scheduler_svc/structured): a constrained request's mask for
 its next token depends on the token before. With no sample pending its row goes in
-the plan. Ahead of a pending sample it is planned all the same where the worker
-accepts deferred masks, its row sent after the plan (pending_masks.py); elsewhere it
-waits for its sample (as if its max_in_flight were 1). Never in a multi-step plan.
-Its matcher takes each token the request accepts and nothing else, and is rebuilt
-from the output tokens if it ever disagrees (a recompute after a preemption or on
-another worker checks that).
+the plan; ahead of one it is planned all the same where the worker accepts deferred
+masks, its row sent after the plan (pending_masks.py), else it waits for its sample.
+Never in a multi-step plan. Its matcher takes each token the request accepts and
+nothing else, and is rebuilt from the output tokens if it ever disagrees (a recompute
+after a preemption or on another worker checks that).
 
 How a step's tokens are taken (stops, logprobs, a grammar's forced EOS, the output
 the edge streams): token_intake.py.
