@@ -51,9 +51,10 @@ run: env proto model
 
 # Everything but the `slow` variants: unit tiers, worker tests on the model, real
 # processes (tests/integration). The slowest 25 tests are listed at the end.
-# TEST_WORKERS=2 runs it on two pytest-xdist workers, the tests that share a stack or
-# the loaded weights on one of them (tests/parallel.py); serial until timed idle.
-TEST_WORKERS ?=
+# Two pytest-xdist workers by default, the tests that share a stack or the loaded
+# weights on one of them (tests/parallel.py): 11 min 18 s against 14 min 20 s serial on
+# 2 cores (README, Tests). TEST_WORKERS= (empty) runs it serially.
+TEST_WORKERS ?= 2
 test: env proto model test-refs
 	$(PY) -m pytest -q $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
