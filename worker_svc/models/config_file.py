@@ -109,6 +109,22 @@ def attention_dims(config) -> tuple[int, int, int]:
     return heads, kv_heads, head_dim or config.hidden_size // heads
 
 
+def decoder_shape(config, tied_by_default: bool) -> dict[str, Any]:
+    """The DecoderSpec fields every family reads the same way from its config."""
+    heads, kv_heads, head_dim = attention_dims(config)
+    return {
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": config.vocab_size,
+        "max_positions": config.max_position_embeddings,
+        "rms_norm_eps": float(config.rms_norm_eps),
+        "tied_head": bool(getattr(config, "tie_word_embeddings", tied_by_default)),
+    }
+
+
 def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
     """The rope parameters as transformers 5 standardizes them: `rope_parameters` (for
     Gemma 3 one dict per layer type), else the older `rope_scaling` beside a top-level

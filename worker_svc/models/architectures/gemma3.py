@@ -8,7 +8,7 @@ norms with the 1 already added and keeps rotate-half rotary (NEOX)."""
 from __future__ import annotations
 
 from worker_svc.models.architectures.names import GGUF_NAMES, HF_NAMES, PLAIN_ROLES, names
-from worker_svc.models.config_file import activation_name, attention_dims, rope_spec
+from worker_svc.models.config_file import activation_name, decoder_shape, rope_spec
 from worker_svc.models.declaration import Architecture, DecoderSpec, LayerAttention
 
 # Gemma3TextConfig's defaults (transformers 5.x).
@@ -73,7 +73,6 @@ def _spec(config) -> DecoderSpec:
     for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
         if getattr(config, cap, None) is not None:
             raise NotImplementedError(cap)
-    heads, kv_heads, head_dim = attention_dims(config)
     window = config.sliding_window
     layers = tuple(
         LayerAttention(_rope(config, kind), window if kind == "sliding_attention" else None)
@@ -81,16 +80,8 @@ def _spec(config) -> DecoderSpec:
     )
     return DecoderSpec(
         architecture="gemma3",
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=config.vocab_size,
-        max_positions=config.max_position_embeddings,
-        rms_norm_eps=float(config.rms_norm_eps),
+        **decoder_shape(config, tied_by_default=True),
         layers=layers,
-        tied_head=bool(getattr(config, "tie_word_embeddings", True)),
         qk_norm=True,
         norm_one_plus=True,
         sandwich_norms=True,

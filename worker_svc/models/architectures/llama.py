@@ -11,7 +11,7 @@ from __future__ import annotations
 from worker_svc.models.architectures.names import GGUF_NAMES, HF_NAMES, PLAIN_ROLES, names
 from worker_svc.models.config_file import (
     activation_name,
-    attention_dims,
+    decoder_shape,
     layer_types,
     rope_parameters,
     rope_spec,
@@ -44,7 +44,6 @@ def dense_spec(config, name: str, qkv_bias: bool = False, types: list[str] | Non
     for a setting the own forward does not compute."""
     if getattr(config, "mlp_bias", False):
         raise NotImplementedError("biased MLP projections")
-    heads, kv_heads, head_dim = attention_dims(config)
     rope = rope_spec(rope_parameters(config), 10000.0)
     window = getattr(config, "sliding_window", None)
     types = types if types is not None else layer_types(config)
@@ -55,16 +54,8 @@ def dense_spec(config, name: str, qkv_bias: bool = False, types: list[str] | Non
     )
     return DecoderSpec(
         architecture=name,
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=config.vocab_size,
-        max_positions=config.max_position_embeddings,
-        rms_norm_eps=float(config.rms_norm_eps),
+        **decoder_shape(config, tied_by_default=False),
         layers=layers,
-        tied_head=bool(getattr(config, "tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         activation=activation_name(getattr(config, "hidden_act", "silu")),
     )
