@@ -150,13 +150,8 @@ def _read_config(model_path: Path, source: str, extra: dict, model_impl: str):
     architecture's config.json is read directly (no transformers on the own forward's
     start path); anything else, a GGUF included, through transformers' AutoConfig."""
     try:
-        if model_impl != "transformers":
-            if model_path.suffix == ".gguf":
-                declared = read_gguf_config(model_path)
-            else:
-                declared = read_declared_config(model_path)
-            if declared:
-                return declared
+        if model_impl != "transformers" and (declared := _declared_config(model_path)):
+            return declared
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot load model {model_path}: {exc}") from exc
     from transformers import AutoConfig
@@ -185,6 +180,14 @@ def _as_path(compute: str | torch.dtype | ComputePath) -> ComputePath:
     if compute not in PATHS:
         raise ValueError(f"dtype must be one of {sorted(PATHS)}, got {compute!r}")
     return PATHS[compute]
+
+
+def _declared_config(model_path: Path):
+    """(config, architecture) read without transformers, from a GGUF's metadata or a
+    directory's config.json; None where only transformers can read it."""
+    if model_path.suffix == ".gguf":
+        return read_gguf_config(model_path)
+    return read_declared_config(model_path)
 
 
 def _own_spec(
@@ -271,22 +274,15 @@ def own_forward_serves(model_path: str | Path, model_impl: str) -> bool:
         return False
     path = Path(model_path)
     try:
-        if path.suffix == ".gguf":
-            declared = read_gguf_config(path)
-            if declared is None:
-                return False
-            config, architecture = declared
-            architecture.spec(config)
-            return True
-        raw = raw_config(path)
-        if raw is None:
-            return False
-        if architecture_for(raw.get("architectures"), raw.get("model_type")) is None:
-            return False
-        declared = read_declared_config(path)
+        declared = _declared_config(path)
         if declared is not None:
             config, architecture = declared
             architecture.spec(config)
+            return True
+        raw = raw_config(path) if path.suffix != ".gguf" else None
+        # A declared family whose config only transformers reads: the loader decides.
+        return raw is not None and (
+            architecture_for(raw.get("architectures"), raw.get("model_type")) is not None
+        )
     except (OSError, ValueError, KeyError, TypeError, NotImplementedError):
         return False
-    return True

@@ -69,11 +69,14 @@ class ConfigFile:
         return self
 
 
-def read_config_file(model_path: Path, architecture: Architecture) -> ConfigFile | None:
-    """The directory's config.json for `architecture`, or None when this reader does
-    not fully understand it (see the module's docstring). Raises ValueError (or
-    OSError) for a file it should read but cannot."""
-    raw = json.loads((model_path / "config.json").read_text())
+def read_config_file(
+    model_path: Path, architecture: Architecture, raw: dict[str, Any] | None = None
+) -> ConfigFile | None:
+    """The directory's config.json (or its already-read `raw` dict) for `architecture`,
+    or None when this reader does not fully understand it (see the module's docstring).
+    Raises ValueError (or OSError) for a file it should read but cannot."""
+    if raw is None:
+        raw = json.loads((model_path / "config.json").read_text())
     if not isinstance(raw, dict) or raw.get("model_type") not in architecture.model_types:
         return None
     known = set(architecture.config_defaults) | COMMON_IGNORED_KEYS
@@ -195,5 +198,5 @@ def read_declared_config(model_path: Path) -> tuple[ConfigFile, Architecture] | 
     architecture = architecture_for(raw.get("architectures"), raw.get("model_type"))
     if architecture is None:
         return None
-    config = read_config_file(model_path, architecture)
+    config = read_config_file(model_path, architecture, raw)  # the file read once
     return None if config is None else (config, architecture)
