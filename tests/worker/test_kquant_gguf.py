@@ -15,13 +15,16 @@ import pytest
 import torch
 
 from common.defaults import packaged_gguf_path
-from tests.worker.architectures.test_block_path import dequantized_twin, run_prompt
+from tests.worker.architectures.test_block_path import (
+    dequantized_twin,
+    native_and_python,
+    run_prompt,
+)
 from tests.worker.architectures.test_float_forward import CPU, prompt
 from tests.worker.kquant_file import QTYPE, rewrite_gguf
 from worker_svc.attention import CpuAttentionBackend
 from worker_svc.compute.qblock import Q4_K, Q5_0, Q6_K, Q8_0, dequantize, supported_variants
 from worker_svc.model_loader import load_model
-from worker_svc.models.qblock.native import NativeDecode
 
 pytestmark = [
     pytest.mark.model,
@@ -87,23 +90,7 @@ def test_python_forward_equals_the_float_forward_of_the_dequantized_weights(mixe
 @pytest.mark.parametrize("variant", supported_variants())
 def test_native_step_runs_the_mixed_formats(mixed, variant):
     assert mixed.model.native_decode_status == "native decode steps"
-    ids = prompt(12, 16)
-    python = copy.copy(mixed.model)
-    python.native_decode = None
-    native = copy.copy(mixed.model)
-    step = NativeDecode(mixed.model, variant=variant)
-    ran = []
-
-    def counted(*args):
-        out = step(*args)
-        ran.append(out is not None)
-        return out
-
-    native.native_decode = counted
-    with torch.inference_mode():
-        want = run_prompt(mixed, python, CpuAttentionBackend(), ids)
-        got = run_prompt(mixed, native, CpuAttentionBackend(), ids)
-    assert sum(ran) == len(ids) - len(ids) // 2  # every decode ran natively
+    got, want = native_and_python(mixed, prompt(12, 16), variant)
     torch.testing.assert_close(got, want, **CLOSE)
 
 

@@ -56,6 +56,28 @@ def run_prompt(own, model, backend, ids) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def native_and_python(loaded, ids, variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """run_prompt's logits with the native step on `variant` and with the Python forward,
+    after checking that every decode ran natively."""
+    python = copy.copy(loaded.model)
+    python.native_decode = None
+    native = copy.copy(loaded.model)
+    step = NativeDecode(loaded.model, variant=variant)
+    ran = []
+
+    def counted(*args):
+        out = step(*args)
+        ran.append(out is not None)
+        return out
+
+    native.native_decode = counted
+    with torch.inference_mode():
+        want = run_prompt(loaded, python, CpuAttentionBackend(), ids)
+        got = run_prompt(loaded, native, CpuAttentionBackend(), ids)
+    assert sum(ran) == len(ids) - len(ids) // 2  # every decode ran natively
+    return got, want
+
+
 def test_the_python_block_forward_computes_the_dequantized_weights(blocks):
     _, own = blocks
     ids = prompt(7, 4 * WINDOW)
@@ -107,22 +129,5 @@ def block_models(checkpoints):
 @pytest.mark.parametrize(("name", "variant"), CASES)
 def test_the_native_step_equals_the_python_forward(block_models, name, variant):
     own = block_models(name)
-    ids = prompt(8, 4 * WINDOW)
-    python = copy.copy(own.model)
-    python.native_decode = None
-    native = copy.copy(own.model)
-    native.native_decode = NativeDecode(own.model, variant=variant)
-    calls = []
-    step = native.native_decode.__call__
-
-    def counted(*args):
-        out = step(*args)
-        calls.append(out is not None)
-        return out
-
-    native.native_decode = counted
-    with torch.inference_mode():
-        want = run_prompt(own, python, CpuAttentionBackend(), ids)
-        got = run_prompt(own, native, CpuAttentionBackend(), ids)
-    assert sum(calls) == len(ids) - len(ids) // 2  # every decode ran natively
+    got, want = native_and_python(own, prompt(8, 4 * WINDOW), variant)
     torch.testing.assert_close(got, want, **CLOSE)
