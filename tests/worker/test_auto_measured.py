@@ -26,6 +26,9 @@ UNKNOWN_CPU = "Imaginary Vendor CPU 9000"
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CBSERVE_COMPUTE_PATH_CACHE", str(tmp_path / "choices"))
+    # The machine's load is faked (the suite itself keeps two cores busy); the timings
+    # are real.
+    monkeypatch.setattr(auto_choice, "machine_busy", lambda: False)
     return tmp_path / "choices"
 
 
@@ -144,3 +147,11 @@ def test_projection_shapes_from_a_config_json(tmp_path):
 def test_projection_shapes_from_the_shipped_gguf():
     shapes = read_projection_shapes(packaged_gguf_path())
     assert shapes == ProjectionShapes(576, 1536, 576, 192, 49152, 30)
+
+
+def test_a_choice_timed_on_a_busy_machine_is_used_but_not_cached(monkeypatch, cache_dir):
+    monkeypatch.setattr(auto_choice, "machine_busy", lambda: True)
+    choice = measured_choice(["bfloat16", "float32"], TINY, UNKNOWN_FLAGS, UNKNOWN_CPU)
+    assert choice.path in ("bfloat16", "float32") and "not cached" in choice.source
+    assert read_choice(_key())[0] is None
+    assert not list(cache_dir.glob("*.json"))

@@ -89,7 +89,11 @@ def measured_choice(
     figures = time_paths(candidates, shapes, plan)
     seconds = time.perf_counter() - started
     path = decide(figures, candidates)
-    file = write_choice(key, path, figures)
+    # Figures timed while other processes held the cores can rank the paths wrongly
+    # (seen: q4_1 10x its idle time, bfloat16 chosen): such a choice serves this start
+    # only, and the next start on a quieter machine measures again.
+    busy = machine_busy()
+    file = None if busy else write_choice(key, path, figures)
     log.info(
         "compute_path_measured",
         choice=path,
@@ -101,10 +105,19 @@ def measured_choice(
         load_average=round(os.getloadavg()[0], 2),
         shapes=shapes.describe(),
         figures_ms={n: [round(t.m1_ms, 2), round(t.batch_ms, 2)] for n, t in figures.items()},
-        cache_file=str(file) if file else "not writable",
+        cache_file=str(file)
+        if file
+        else ("not kept: the machine was busy" if busy else "not writable"),
     )
     source = f"measured now in {seconds:.1f} s on {torch.get_num_threads()} threads"
+    if busy:
+        source += ", on a busy machine: not cached"
     return MeasuredChoice(path, figures, plan.batch_m, source)
+
+
+def machine_busy() -> bool:
+    """More runnable work over the last minute than the machine has cores."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1)
 
 
 def _buildable(candidates: list[str]) -> list[str]:
