@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-server and llama-perplexity once: the server for `cbserve
-# bench --baselines llamacpp` and the sweep, llama-perplexity for the llama.cpp row of
-# `cbserve bench accuracy` (bench/peers/llama_perplexity.py). `make bench-peers` runs it
+# Builds llama.cpp's llama-server, llama-perplexity and llama-quantize once: the server
+# for `cbserve bench --baselines llamacpp` and the sweep, llama-perplexity for the
+# llama.cpp row of `cbserve bench accuracy` (bench/peers/llama_perplexity.py), and
+# llama-quantize for the GGUF files people download (Q4_K_M, Q8_0...) that the format
+# benchmarks requantize from the shipped model. `make bench-peers` runs it
 # through `python -m bench.peers.llama_server build`, which passes the pinned version
 # (LLAMA_CPP_PYTHON_VERSION, kept in bench/peers/llama_server.py, where the bench looks for
 # the binaries) and the cache root. No test needs it.
@@ -25,7 +27,7 @@ set -euo pipefail
 VERSION="${LLAMA_CPP_PYTHON_VERSION:?run through python -m bench.peers.llama_server build}"
 PYTHON="${PYTHON:-python3}"
 CACHE="${CBSERVE_PEERS_CACHE:-$HOME/.cache/cbserve}/llama.cpp/$VERSION"
-TARGETS=(llama-server llama-perplexity)
+TARGETS=(llama-server llama-perplexity llama-quantize)
 JOBS="${JOBS:-2}"
 
 all_built() {
