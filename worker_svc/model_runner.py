@@ -24,18 +24,22 @@ rejected plan leaves the worker as it was.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import torch
 
 from cbserve.worker.v1 import worker_pb2
-from worker_svc.attention import AttentionBackend, BatchLayout, PagedAttentionContext
+from worker_svc.attention import AttentionBackend, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
-from worker_svc.prompt_logprobs import PromptRows, prompt_rows, score
+from worker_svc.prompt_logprobs import score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
+from worker_svc.speculation.rows import NO_DRAFTS, propose_drafts, record_counts
+from worker_svc.speculation.verify import emitted_tokens
 from worker_svc.step.deferred_masks import UNMASKED, MaskMailbox, StepMasks
 from worker_svc.step.description import Step
+from worker_svc.step.flat_batch import NO_DRAFT, FlatBatch
 from worker_svc.step.reader import PlanReader
 
 
@@ -69,7 +73,8 @@ class ModelRunner:
 
     def run(self, step: Step) -> worker_pb2.StepResult:
         """Runs a step the reader let through: nothing here checks it again."""
-        scheduled = self._apply(step)
+        scheduled, draft_room = self._apply(step)
+        drafts = propose_drafts(self.sequences, draft_room, step.ngram_lookup)
         result = worker_pb2.StepResult(step_id=step.step_id)
         # Decodes first, longest context first: the attention backends then see
         # decodes, and decodes of similar length, as adjacent slices.
@@ -77,7 +82,7 @@ class ModelRunner:
             ((seq, n) for seq, n in scheduled if n > 0),
             key=lambda w: (w[1] != 1, -w[0].num_computed_tokens if w[1] == 1 else 0),
         )
-        num_tokens = sum(n for _, n in work)
+        num_tokens = sum(n for _, n in work) + sum(len(d) for d in drafts.values())
         masks = StepMasks(
             step.step_id,
             step.allowed_tokens,
@@ -85,7 +90,7 @@ class ModelRunner:
             self.mailbox,
             step.deferred_mask_timeout_s,
         )
-        decoding = self._run(work, masks, result) if work else []
+        decoding = self._run(work, masks, result, drafts) if work else []
         result.mask_missing_seq_ids.extend(masks.missing)
         # Multi-step (the reader allowed decodes only, and no masks): each further step
         # computes the token the step before sampled, back to back, with no round trip.
@@ -97,8 +102,11 @@ class ModelRunner:
 
     # -- state changes and the forward ------------------------------------------------------
 
-    def _apply(self, step: Step) -> list[tuple[SequenceState, int]]:
+    def _apply(self, step: Step) -> tuple[list[tuple[SequenceState, int]], dict[int, int]]:
+        """The plan's state changes; returns what each sequence computes, and the most
+        drafts each speculating one may verify."""
         sequences = self.sequences
+        draft_room: dict[int, int] = {}
         for sid in step.finished_seq_ids:
             sequences.pop(sid, None)
         scheduled: list[tuple[SequenceState, int]] = []
@@ -119,59 +127,48 @@ class ModelRunner:
             seq = sequences[continuing.seq_id]
             seq.block_ids.extend(continuing.new_block_ids)
             scheduled.append((seq, continuing.num_scheduled_tokens))
+            if continuing.num_draft_tokens:
+                draft_room[seq.seq_id] = continuing.num_draft_tokens
         scheduled.extend((sequences[sid], 1) for sid in step.decode_seq_ids)
-        return scheduled
+        return scheduled, draft_room
 
     def _run(
         self,
         work: list[tuple[SequenceState, int]],
         masks: StepMasks,
         result: worker_pb2.StepResult,
+        drafts: Mapping[int, list[int]] = NO_DRAFTS,
     ) -> list[SequenceState]:
         """One forward; appends each sampled token to its sequence and to the result.
 
         Returns the sequences that sampled. The result lists them in seq_ids on its
         first step only: a later step of a multi-step plan samples the same ones, in
-        the same order, so its tokens follow step-major in token_ids.
+        the same order, so its tokens follow step-major in token_ids. A sequence with
+        drafts computes them too, each a decode row of its own (speculation/verify.py),
+        and emits its accepted drafts and the token after them.
         """
-        input_ids: list[int] = []
-        positions: list[int] = []
-        keep: list[int] = []  # flat-batch index of each sampling sequence's last token
-        samplers: list[SequenceState] = []
-        scoring: list[PromptRows] = []
-        scoring_rows: list[int] = []  # flat-batch index of each prompt position scored
-        for seq, n in work:
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            if (rows := prompt_rows(seq, start, end)) is not None:
-                scoring.append(rows)
-                scoring_rows.extend(range(len(input_ids), len(input_ids) + rows.num_rows))
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            if end == seq.num_tokens:
-                keep.append(len(input_ids) - 1)
-                samplers.append(seq)
-        layout = BatchLayout(
-            query_lens=tuple(n for _, n in work),
-            context_lens=tuple(seq.num_computed_tokens + n for seq, n in work),
-            block_tables=tuple(tuple(seq.block_ids) for seq, _ in work),
-            block_size=self.pool.block_size,
-        )
+        batch = FlatBatch(work, drafts, self.pool.block_size)
+        keep, samplers, scoring = batch.keep, batch.sampler_rows, batch.scoring
+        layout = batch.layout
         device = self.loaded.device
         context = PagedAttentionContext(
             self.backend, self.pool, self.backend.build_metadata(layout, device)
         )
         with torch.inference_mode():
             logits = self.loaded.model(
-                torch.tensor(input_ids, device=device),
-                torch.tensor(positions, device=device),
+                torch.tensor(batch.input_ids, device=device),
+                torch.tensor(batch.positions, device=device),
                 context,
                 # With nothing to sample or score (only middle prefill chunks), one row
                 # is still asked for: the model needs some index, the row is ignored.
-                torch.tensor(keep + scoring_rows or [len(input_ids) - 1], device=device),
+                torch.tensor(
+                    keep + batch.scoring_rows or [len(batch.input_ids) - 1], device=device
+                ),
             )
-            # Where rows are deferred, this waits for them: after the forward.
-            rows = masks.rows() if masks else None
-            allowed = [rows.get(seq.seq_id) for seq in samplers] if rows else None
+            # Where rows are deferred, this waits for them: after the forward. Drafting
+            # sequences are never constrained (the reader refuses it).
+            masked = masks.rows() if masks else None
+            allowed = [masked.get(row.seq_id) for row in samplers] if masked else None
             sampled = (
                 self.sampler.sample(logits[: len(keep)], samplers, allowed) if samplers else None
             )
@@ -179,14 +176,27 @@ class ModelRunner:
                 result.prompt_logprobs.extend(score(logits[len(keep) :], scoring))
 
         for seq, n in work:
-            seq.num_computed_tokens += n
+            if seq.seq_id not in drafts:
+                seq.num_computed_tokens += n
         if sampled is None:
             return []
         first_step = not result.token_ids
-        for row, (seq, token) in enumerate(zip(samplers, sampled.token_ids, strict=True)):
-            seq.append_token(token)
-            record_sample(result, seq.seq_id, token, sampled.logprobs[row], first_step)
-        return samplers
+        verified: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens emitted, drafts)
+        for owner, (seq, draft) in enumerate(batch.sampling):
+            rows = batch.rows_of(owner, len(draft) + 1)
+            tokens = [sampled.token_ids[row] for row in rows]
+            emitted = emitted_tokens(tokens, draft) if draft is not NO_DRAFT else 1
+            if draft is not NO_DRAFT:
+                # Its token and the accepted drafts now have KV; the slots after are stale.
+                seq.num_computed_tokens += emitted
+                verified[seq.seq_id] = (emitted, len(draft))
+            for i in range(emitted):
+                seq.append_token(tokens[i])
+                logprobs = sampled.logprobs[rows[i]]
+                record_sample(result, seq.seq_id, tokens[i], logprobs, first_step and i == 0)
+        if verified:
+            record_counts(result, verified)
+        return [seq for seq, _ in batch.sampling]
 
 
 def record_sample(result, seq_id: int, token: int, logprobs, first_step: bool) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from common.sampling_params import SamplingParams
 from worker_svc.sampler import PenaltyCounts
+from worker_svc.speculation.ngram import NgramIndex
 
 
 @dataclass
@@ -26,6 +27,8 @@ class SequenceState:
     # Score the prompt positions this sequence computes, with this many alternatives
     # (NewSequence.prompt_logprobs); None: no.
     prompt_logprobs: int | None = None
+    # Its n-grams, built at its first drafting step (speculation/ngram.py).
+    ngram: NgramIndex | None = field(default=None, repr=False)
 
     @classmethod
     def create(
@@ -62,6 +65,12 @@ class SequenceState:
         # Outputs generated before a recompute count: penalties and seeded
         # sampling continue where they were.
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def propose_drafts(self, k: int, min_n: int, max_n: int) -> list[int]:
+        """Up to k drafts to follow its tokens, from its own earlier n-grams."""
+        if self.ngram is None or (self.ngram.min_n, self.ngram.max_n) != (min_n, max_n):
+            self.ngram = NgramIndex(min_n, max_n)
+        return self.ngram.propose(self.token_ids, k)
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

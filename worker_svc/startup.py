@@ -103,6 +103,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         model_impl=loaded.model_impl,
         processor=processor,
         accepts_deferred_masks=True,
+        accepts_draft_tokens=True,
     )
     return Worker(ModelRunner(loaded, pool, backend), description, torch.get_num_threads())
 

@@ -4,10 +4,12 @@ scheduling; what every per-worker Scheduler plans with (scheduler_svc/core/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 from common.flag_fields import BENCH, SERVE, flag
 from scheduler_svc.config.process import ENV_PREFIX
+from scheduler_svc.config.speculative import SpeculativeConfig, parse_speculative_config
 
 BATCHING_MODES = ("continuous", "static")
 
@@ -72,7 +74,18 @@ class SchedulerConfig:
         "with continuous batching and --num-scheduler-steps 1",
     )
 
+    # Speculative decoding without a draft model (config/speculative.py).
+    speculative_config: str = flag(
+        "",
+        forwarded_by=(SERVE, BENCH),
+        help="speculative decoding, vLLM's JSON: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; '
+        "drafts come from the sequence's own earlier n-grams and are verified exactly; "
+        "how many a step verifies is chosen per step (none where they would not pay)",
+    )
+
     def __post_init__(self) -> None:
+        self.speculative  # noqa: B018 - parsed now, so that a bad flag fails at start
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
         for name in (*positive, "num_scheduler_steps"):
             value = getattr(self, name)
@@ -86,6 +99,11 @@ class SchedulerConfig:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
+
+    @cached_property
+    def speculative(self) -> SpeculativeConfig | None:
+        """--speculative-config parsed; None: speculation off."""
+        return parse_speculative_config(self.speculative_config)
 
     @property
     def max_steps_in_flight(self) -> int:

@@ -56,7 +56,7 @@ def plan_decode_steps(
         request = by_seq_id.get(sequence.seq_id)
         # A plain decode: its one scheduled token is the last it has, and the sample
         # this plan asks for is the only one pending.
-        if request is None or sequence.num_scheduled_tokens != 1:
+        if request is None or sequence.num_scheduled_tokens != 1 or sequence.num_draft_tokens:
             return
         if request.num_pending_samples != 1 or request.num_computed_tokens != request.num_tokens:
             return

@@ -33,13 +33,13 @@ class PendingMasks:
         # By step id: each deferred row's request and its num_preemptions when planned.
         self._by_step: dict[int, list[tuple[Request, int]]] = {}
 
-    def note(self, plan: StepPlan, planned: Sequence[tuple[Request, int, bool]]) -> None:
+    def note(self, plan: StepPlan, planned: Sequence[tuple[Request, int, bool, int]]) -> None:
         """Records a plan just made, if it defers rows."""
         if plan.deferred_mask_seq_ids:
             deferred = set(plan.deferred_mask_seq_ids)
             self._by_step[plan.step_id] = [
                 (request, planned_at)
-                for request, planned_at, _ in planned
+                for request, planned_at, *_ in planned
                 if request.seq_id in deferred
             ]
 

@@ -37,6 +37,9 @@ class ContinuingSequence:
     seq_id: int
     num_scheduled_tokens: int
     new_block_ids: list[int] = field(default_factory=list)
+    # A decode that may also verify up to this many drafts the worker proposes
+    # (speculative decoding, core/speculation.py); its blocks hold room for all.
+    num_draft_tokens: int = 0
 
 
 @dataclass
@@ -58,12 +61,16 @@ class StepPlan:
     # How long the worker's sampler waits for them (set by the step loop, inside the
     # step's deadline); 0: the worker's own default.
     deferred_mask_timeout_s: float = 0.0
+    # (min_n, max_n) of the worker's n-gram drafts, where a sequence may draft.
+    ngram_lookup: tuple[int, int] | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
-        """Tokens the plan has the worker compute: what its deadline scales with."""
-        sequences = (*self.new_sequences, *self.continuing_sequences)
-        return self.num_steps * sum(sequence.num_scheduled_tokens for sequence in sequences)
+        """Tokens the plan may have the worker compute: what its deadline scales with."""
+        computed = sum(sequence.num_scheduled_tokens for sequence in self.new_sequences)
+        for sequence in self.continuing_sequences:
+            computed += sequence.num_scheduled_tokens + sequence.num_draft_tokens
+        return self.num_steps * computed
 
     @property
     def is_empty(self) -> bool:
@@ -118,6 +125,11 @@ class StepOutput:
     num_tokens: int = 0
     # Deferred rows whose mask never reached the sampler: their tokens are not taken.
     mask_missing_seq_ids: list[int] = field(default_factory=list)
+    # Where sequences verified drafts: parallel to seq_ids, how many consecutive
+    # token_ids each has (its accepted drafts and the token after them), and how many
+    # drafts it verified. Empty: one token each, no drafts.
+    token_counts: list[int] = field(default_factory=list)
+    draft_counts: list[int] = field(default_factory=list)
 
 
 def match_output(
@@ -127,12 +139,14 @@ def match_output(
     indices of its tokens in output.token_ids, one per step in order; raises
     RuntimeError for an output out of protocol."""
     num_sampling = len(output.seq_ids)
-    if len(output.token_ids) != num_sampling * plan.num_steps:
+    if output.token_counts:
+        sampled = _counted(output, plan)
+    elif len(output.token_ids) != num_sampling * plan.num_steps:
         raise RuntimeError(
             f"step {output.step_id}: {num_sampling} sequence ids and {plan.num_steps} "
             f"steps but {len(output.token_ids)} token ids"
         )
-    if plan.num_steps == 1:  # the common case, once per sequence per step: no range()
+    elif plan.num_steps == 1:  # the common case, once per sequence per step: no range()
         sampled = {seq_id: [index] for index, seq_id in enumerate(output.seq_ids)}
     else:
         sampled = {
@@ -149,3 +163,23 @@ def match_output(
             f"step {output.step_id}: tokens for unscheduled sequences {sorted(unexpected)}"
         )
     return scheduled, sampled
+
+
+def _counted(output: StepOutput, plan: StepPlan) -> dict[int, list[int]]:
+    """Indices of each sequence's tokens where the worker says how many each has."""
+    counts = output.token_counts
+    if plan.num_steps > 1 or len(counts) != len(output.seq_ids) or min(counts) < 1:
+        raise RuntimeError(
+            f"step {output.step_id}: token_counts must give each of the "
+            f"{len(output.seq_ids)} sequences at least one token, in a one-step plan"
+        )
+    if sum(counts) != len(output.token_ids) or len(output.draft_counts) != len(counts):
+        raise RuntimeError(
+            f"step {output.step_id}: token_counts sum to {sum(counts)} for "
+            f"{len(output.token_ids)} token ids, with {len(output.draft_counts)} draft counts"
+        )
+    sampled, at = {}, 0
+    for seq_id, count in zip(output.seq_ids, counts, strict=True):
+        sampled[seq_id] = list(range(at, at + count))
+        at += count
+    return sampled

@@ -10,6 +10,7 @@ import grpc
 
 from cbserve.v1 import generation_pb2 as pb
 from common.sampling_params import SamplingParams
+from scheduler_svc.core.draft_record import DraftRecord
 from scheduler_svc.structured.matcher import RequestMatcher
 
 # Worker-facing sequence ids are unique in the process, so that ids from a
@@ -88,6 +89,8 @@ class Request:
     # them (core/prompt_logprobs.py); then sent, and never asked of a worker again.
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list, init=False, repr=False)
     prompt_logprobs_sent: bool = field(default=False, init=False)
+    # Speculative decoding: how its drafts have fared (None until it verified one).
+    draft_record: DraftRecord | None = field(default=None, init=False, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -70,13 +70,15 @@ from scheduler_svc.core.plan import (
 from scheduler_svc.core.prompt_logprobs import prompt_logprobs_to_ask, take_prompt_logprobs
 from scheduler_svc.core.request import FinishReason, Request, RequestOutput, RequestStatus
 from scheduler_svc.core.request_table import RequestTable
+from scheduler_svc.core.speculation import Speculation
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.token_intake import take_output
 from scheduler_svc.structured.scheduling import add_allowed_tokens, mask_missing_error
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
-# planned (a preemption since makes the result stale) and whether it samples.
-_Planned = tuple[Request, int, bool]
+# planned (a preemption since makes the result stale), whether it samples and the
+# drafts it may verify.
+_Planned = tuple[Request, int, bool, int]
 
 
 class Scheduler:
@@ -91,6 +93,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         max_in_flight: int = 1,
         deferred_masks: bool = False,
+        drafts: bool = False,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -114,6 +117,10 @@ class Scheduler:
         # (the worker says whether it accepts that: WorkerDescription).
         self.deferred_masks = deferred_masks
         self._pending_masks = PendingMasks()
+        # Speculative decoding, where configured and the worker drafts (core/speculation.py).
+        self.speculation = None
+        if drafts and config.speculative is not None:
+            self.speculation = Speculation(config.speculative, self.stats.drafts, self.queue)
 
     @property
     def waiting(self) -> list[Request]:
@@ -165,7 +172,7 @@ class Scheduler:
         step = self.queue.begin_step()
         if self.config.batching == "continuous":
             self.queue.admit_by_priority(step)
-        for request in self.queue.running_in_order():
+        for seen, request in enumerate(self.queue.running_in_order(), start=1):
             if budget == 0:
                 break
             if request.num_pending_samples and room_to_sample(request, self.max_model_len) <= 0:
@@ -184,8 +191,15 @@ class Scheduler:
                 continue
             elif not self.queue.make_room(request, end, step):
                 continue  # preempted, or failed because it can never fit
-            self._add_to_plan(request, num_scheduled, plan, planned)
-            budget -= num_scheduled
+            # Drafts take what the decodes after this one leave of the budget.
+            later = max(self.num_running - seen, 0)
+            drafts = 0
+            if self.speculation is not None and num_scheduled == 1:
+                drafts = self.speculation.plan_drafts(
+                    request, budget - 1 - later, self.block_manager, self.max_model_len
+                )
+            self._add_to_plan(request, num_scheduled, plan, planned, drafts)
+            budget -= num_scheduled + drafts
         # Continuous batching admits only what this step can start; static
         # batching admits its whole batch at once and prefills it over the
         # next steps.
@@ -225,26 +239,35 @@ class Scheduler:
         return plan
 
     def _add_to_plan(
-        self, request: Request, num_scheduled: int, plan: StepPlan, planned: list[_Planned]
+        self,
+        request: Request,
+        num_scheduled: int,
+        plan: StepPlan,
+        planned: list[_Planned],
+        drafts: int = 0,
     ) -> None:
         end = request.num_computed_tokens + num_scheduled
-        # Cannot fail: make_room or admission secured the blocks.
+        samples = end == request.num_planned_tokens
+        # Counted as if every draft will be accepted; the result settles it.
+        end += drafts
+        # Cannot fail: make_room, admission or _draft_room secured the blocks.
         new_block_ids = self.block_manager.append_slots(request.seq_id, end)
         request.num_computed_tokens = end
-        samples = end == request.num_planned_tokens
         if samples:
-            request.num_pending_samples += 1
+            request.num_pending_samples += 1 + drafts
             if request.structured is None:
                 pass
             elif request.num_pending_samples > 1:
                 plan.deferred_mask_seq_ids.append(request.seq_id)  # take_deferred_masks
             else:
                 add_allowed_tokens(plan, request)
-        planned.append((request, request.num_preemptions, samples))
+        planned.append((request, request.num_preemptions, samples, drafts))
         if request.seen_by_worker:
             plan.continuing_sequences.append(
-                ContinuingSequence(request.seq_id, num_scheduled, list(new_block_ids))
+                ContinuingSequence(request.seq_id, num_scheduled, list(new_block_ids), drafts)
             )
+            if drafts:
+                plan.ngram_lookup = self.speculation.ngram_lookup
             return
         plan.new_sequences.append(
             NewSequence(
@@ -272,13 +295,21 @@ class Scheduler:
         planned = self._in_flight.pop(plan.step_id)
         _, sampled = match_output(plan, result)
         missing = self._pending_masks.missing(plan, result)
+        verified = dict(zip(result.seq_ids, result.draft_counts, strict=False))
+        if self.speculation is not None:
+            self.speculation.observe_step(plan, result)
         outputs = []
-        for request, planned_at, samples in planned:
+        for request, planned_at, samples, drafts in planned:
             indices = sampled.get(request.seq_id)
             if (indices is not None) != samples:
                 raise RuntimeError(
                     f"step {result.step_id}: sequence {request.seq_id} must sample exactly "
                     f"when its scheduled tokens reach its end (planned to sample: {samples})"
+                )
+            if indices is not None and len(indices) > 1 + drafts and plan.num_steps == 1:
+                raise RuntimeError(
+                    f"step {result.step_id}: {len(indices)} tokens for sequence "
+                    f"{request.seq_id}, which had room for {1 + drafts}"
                 )
             if request.status is not RequestStatus.RUNNING or (
                 request.num_preemptions != planned_at
@@ -294,6 +325,9 @@ class Scheduler:
                 output = take_output(request, indices, result, self.requests, self._eos_token_ids)
                 if output is not None:
                     outputs.append(output)
+            if drafts and request.status is RequestStatus.RUNNING:
+                num_verified = verified.get(request.seq_id, 0)
+                self.speculation.settle(request, drafts, len(indices), num_verified)
         return outputs
 
     def take_deferred_masks(self) -> DeferredMasks | None:

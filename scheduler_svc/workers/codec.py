@@ -35,15 +35,22 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
         )
     decodes = []
     for sequence in plan.continuing_sequences:
-        if sequence.num_scheduled_tokens == 1 and not sequence.new_block_ids:
+        if (
+            sequence.num_scheduled_tokens == 1
+            and not sequence.new_block_ids
+            and not sequence.num_draft_tokens
+        ):
             decodes.append(sequence.seq_id)  # packed: common/plan_sequences.py
         else:
             message.continuing_sequences.add(
                 seq_id=sequence.seq_id,
                 num_scheduled_tokens=sequence.num_scheduled_tokens,
                 new_block_ids=sequence.new_block_ids,
+                num_draft_tokens=sequence.num_draft_tokens,
             )
     message.decode_seq_ids.extend(decodes)
+    if plan.ngram_lookup is not None:
+        message.ngram_lookup.min_n, message.ngram_lookup.max_n = plan.ngram_lookup
     if plan.allowed_tokens:
         message.allowed_tokens.seq_ids.extend(plan.allowed_tokens.seq_ids)
         message.allowed_tokens.words = plan.allowed_tokens.words
@@ -80,6 +87,8 @@ def output_from_proto(result: wpb.StepResult) -> StepOutput:
         forward_seconds=result.forward_seconds,
         num_tokens=result.num_tokens,
         mask_missing_seq_ids=list(result.mask_missing_seq_ids),
+        token_counts=list(result.token_counts),
+        draft_counts=list(result.draft_counts),
     )
 
 

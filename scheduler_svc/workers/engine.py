@@ -196,6 +196,7 @@ class WorkerEngine:
             stats=self.stats,
             max_in_flight=self.config.max_steps_in_flight,
             deferred_masks=description.accepts_deferred_masks,
+            drafts=description.accepts_draft_tokens,
         )
         self._set_connected(True)
         self._comeback.connected()

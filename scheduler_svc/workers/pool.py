@@ -20,7 +20,6 @@ request refused at once: its model limits are not known yet.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -228,9 +227,7 @@ class WorkerPool:
             self.metrics.forget_worker(address)
 
     def _retire(self, stats: SchedulerStats) -> None:
-        for item in dataclasses.fields(SchedulerStats):
-            total = getattr(self.retired_stats, item.name) + getattr(stats, item.name)
-            setattr(self.retired_stats, item.name, total)
+        self.retired_stats.add(stats)
 
     async def stop(self) -> None:
         self.orphans.fail_all(

@@ -88,6 +88,7 @@ class NullRunner(ModelRunner):
         work: list[tuple[SequenceState, int]],
         masks: StepMasks,
         result: worker_pb2.StepResult,
+        drafts=None,  # never any: a null worker does not accept drafts
     ) -> list[SequenceState]:
         """One simulated forward, with the real one's effect on the sequences and the
         result (ModelRunner._run): computed counts advance, sampling rows append a token."""

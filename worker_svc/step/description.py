@@ -55,6 +55,16 @@ class ContinuingSequence:
     seq_id: int
     num_scheduled_tokens: int
     new_block_ids: tuple[int, ...] = ()
+    # A decode that may verify up to this many drafts of its own (speculation/).
+    num_draft_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NgramLookup:
+    """How the worker proposes drafts (speculation/ngram.py): suffixes of min_n..max_n."""
+
+    min_n: int
+    max_n: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +84,5 @@ class Step:
     # the sampler waits for it up to deferred_mask_timeout_s (0: the worker's default).
     deferred_mask_seq_ids: frozenset[int] = frozenset()
     deferred_mask_timeout_s: float = 0.0
+    # Set where a continuing sequence has num_draft_tokens.
+    ngram_lookup: NgramLookup | None = None

@@ -23,7 +23,13 @@ from common.sampling_params import MAX_LOGPROBS
 from worker_svc.errors import PlanError
 from worker_svc.kv_pool import KVPool
 from worker_svc.sequence import SequenceState
-from worker_svc.step.description import NO_MASKS, ContinuingSequence, NewSequence, Step
+from worker_svc.step.description import (
+    NO_MASKS,
+    ContinuingSequence,
+    NewSequence,
+    NgramLookup,
+    Step,
+)
 from worker_svc.token_bitmask import mask_rows
 
 if TYPE_CHECKING:
@@ -55,14 +61,19 @@ class PlanReader:
             seq = self._held(sid, held, gone, listed)
             new_block_ids = tuple(message.new_block_ids)
             self._check_block_ids(sid, new_block_ids)
-            self._check_continuing(seq, num_scheduled, len(new_block_ids), lookahead)
-            continuing.append(ContinuingSequence(sid, num_scheduled, new_block_ids))
+            drafts = message.num_draft_tokens
+            if drafts:
+                self._check_drafting(seq, num_scheduled, num_steps)
+            self._check_continuing(seq, num_scheduled, len(new_block_ids), lookahead + drafts)
+            continuing.append(ContinuingSequence(sid, num_scheduled, new_block_ids, drafts))
         decodes = tuple(plan.decode_seq_ids)
         for sid in decodes:
             self._check_continuing(self._held(sid, held, gone, listed), 1, 0, lookahead)
         mask = plan.allowed_tokens
         masked = mask.seq_ids or mask.words
         allowed = self._masks(mask, num_steps, listed) if masked else NO_MASKS
+        deferred = self._deferred(plan, num_steps, listed, allowed)
+        lookup = self._ngram_lookup(plan, continuing, allowed.keys() | deferred)
         return Step(
             step_id=plan.step_id,
             num_steps=num_steps,
@@ -71,8 +82,9 @@ class PlanReader:
             continuing_sequences=tuple(continuing),
             decode_seq_ids=decodes,
             allowed_tokens=allowed,
-            deferred_mask_seq_ids=self._deferred(plan, num_steps, listed, allowed),
+            deferred_mask_seq_ids=deferred,
             deferred_mask_timeout_s=max(plan.deferred_mask_timeout_seconds, 0.0),
+            ngram_lookup=lookup,
         )
 
     def _new(
@@ -133,6 +145,32 @@ class PlanReader:
             len(seq.block_ids) + num_new_blocks,
             lookahead,
         )
+
+    @staticmethod
+    def _check_drafting(seq: SequenceState, num_scheduled: int, num_steps: int) -> None:
+        """Drafts follow the token a decode computes: one step, one token, the last."""
+        if num_steps > 1 or num_scheduled != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
+            raise PlanError(
+                f"sequence {seq.seq_id}: num_draft_tokens needs a one-step plan in which it "
+                "decodes (one scheduled token, the last it has)"
+            )
+
+    @staticmethod
+    def _ngram_lookup(
+        plan: wpb.StepPlan, continuing: list[ContinuingSequence], masked: Collection[int]
+    ) -> NgramLookup | None:
+        drafting = [c.seq_id for c in continuing if c.num_draft_tokens]
+        if not drafting:
+            return None
+        if any(sid in masked for sid in drafting):
+            raise PlanError("a constrained sequence (allowed_tokens) cannot verify drafts")
+        lookup = plan.ngram_lookup
+        if not 1 <= lookup.min_n <= lookup.max_n:
+            raise PlanError(
+                f"num_draft_tokens needs ngram_lookup with 1 <= min_n <= max_n, got "
+                f"{lookup.min_n}..{lookup.max_n}"
+            )
+        return NgramLookup(lookup.min_n, lookup.max_n)
 
     def _check_token_ids(self, sid: int, token_ids: tuple[int, ...]) -> None:
         # max() first: a prompt's ids are checked in C, the list is built only to refuse.

@@ -87,6 +87,7 @@ class _Batch(ctypes.Structure):
         ("num_samples", _I64),
         ("logits", _PTR),
         *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m", "spin")),
+        ("chained", _I64),
     ]
 
 
@@ -268,6 +269,7 @@ class NativeDecode:
             schedule=self.schedule,
             vnni_from_m=self.vnni_from_m,
             spin=self.barrier_spin,
+            chained=int(_shares_sequences(tables, decodes.block_tables.shape[0])),
         )
         status = load_decode_kernel().decode_step(ctypes.byref(self._struct), ctypes.byref(batch))
         if status == -4:
@@ -276,6 +278,14 @@ class NativeDecode:
             reasons = {-1: "kernel variant not supported here", -2: "unsupported shape"}
             raise RuntimeError(f"decode_step: {reasons.get(status, 'out of memory')}")
         return logits
+
+
+def _shares_sequences(tables: torch.Tensor, rows: int) -> bool:
+    """Whether two rows may attend over one block table (a sequence's rows with drafts),
+    so that their K/V must all be written before any attends. Rows with one first block
+    are taken as one sequence: two sequences that share a cached prefix are too, which
+    only costs them the barrier the ordering needs."""
+    return rows > 1 and int(torch.unique(tables[:, 0]).numel()) < rows
 
 
 def _weight(norm) -> torch.Tensor | None:

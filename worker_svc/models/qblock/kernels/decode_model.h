@@ -50,6 +50,7 @@ struct decode_batch {
     int64_t threads, variant, schedule;
     int64_t vnni_from_m; /* 0: never */
     int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
+    int64_t chained;     /* 1: some rows share a sequence (drafts): K/V first, then attend */
 };
 
 #endif

@@ -49,9 +49,10 @@
 
 /* Token t's kv head h: rotary on its query heads and its key, K/V into the pool, then
  * attention over the sequence's blocks. */
-static void attend_item(const struct decode_model *m, const struct decode_batch *b,
-                        int64_t layer, int64_t t, int64_t kv_head, float *qkv_row,
-                        float *attended_row, float *scores)
+/* One (token, kv head) item's query and key, made ready in place (bias, per-head norms,
+ * rotary: the Python forward's order), and its K/V written to the pool. */
+static void prepare_item(const struct decode_model *m, const struct decode_batch *b,
+                         int64_t layer, int64_t t, int64_t kv_head, float *qkv_row)
 {
     const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
     const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
@@ -59,8 +60,6 @@ static void attend_item(const struct decode_model *m, const struct decode_batch 
     const int64_t q_at = kv_head * group * d, k_at = (m->num_heads + kv_head) * d;
     const int64_t v_at = (m->num_heads + m->num_kv_heads + kv_head) * d;
     float *q = qkv_row + q_at, *k = qkv_row + k_at, *v = qkv_row + v_at;
-    /* This item's parts of the projection's bias (Qwen2), then the per-head norms
-     * (Qwen3, Gemma 3), then rotary: the Python forward's order. */
     const float *bias = (const float *)m->qkv_biases[layer];
     if (bias) {
         add_row(q, bias + q_at, group * d);
@@ -79,25 +78,44 @@ static void attend_item(const struct decode_model *m, const struct decode_batch 
     const float *sin = (const float *)m->rope_tables[layer * 2 + 1] + position * half;
     rotate(q, group, d, cos, sin);
     rotate(k, 1, d, cos, sin);
-    const int64_t len = b->context_lens[t], window = m->windows[layer];
-    const int64_t first = window > 0 && len > window ? len - window : 0;
     const int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
     const int64_t layer_at = 2 * layer * layer_elements; /* this layer's K, then its V */
-    const int32_t *table = b->block_tables + t * b->max_blocks;
-    float *out = attended_row + kv_head * group * d;
-    const float scale = (float)m->scale;
     if (b->kv_dtype == KV_FLOAT16) {
         uint16_t *k_cache = (uint16_t *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
         float_row_to_half(k, k_cache + slot_offset, d);
         float_row_to_half(v, v_cache + slot_offset, d);
-        paged_decode_item_f16(q, k_cache, v_cache, table, first, len, out, scores, group,
-                              d, b->block_size, token_stride, block_stride, kv_head * d, scale);
     } else {
         float *k_cache = (float *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
         memcpy(k_cache + slot_offset, k, sizeof(float) * d);
         memcpy(v_cache + slot_offset, v, sizeof(float) * d);
-        paged_decode_item(q, k_cache, v_cache, table, first, len, out, scores, group, d,
-                          b->block_size, token_stride, block_stride, kv_head * d, scale);
+    }
+}
+
+/* The item's query (prepared) over its sequence's cached K/V, this token's included. */
+static void attend_prepared(const struct decode_model *m, const struct decode_batch *b,
+                            int64_t layer, int64_t t, int64_t kv_head, const float *qkv_row,
+                            float *attended_row, float *scores)
+{
+    const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
+    const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
+    const int64_t layer_elements = b->num_blocks * block_stride;
+    const float *q = qkv_row + kv_head * group * d;
+    const int64_t len = b->context_lens[t], window = m->windows[layer];
+    const int64_t first = window > 0 && len > window ? len - window : 0;
+    const int64_t layer_at = 2 * layer * layer_elements;
+    const int32_t *table = b->block_tables + t * b->max_blocks;
+    float *out = attended_row + kv_head * group * d;
+    const float scale = (float)m->scale;
+    if (b->kv_dtype == KV_FLOAT16) {
+        const uint16_t *k_cache = (const uint16_t *)b->kv_cache + layer_at;
+        paged_decode_item_f16(q, k_cache, k_cache + layer_elements, table, first, len, out,
+                              scores, group, d, b->block_size, token_stride, block_stride,
+                              kv_head * d, scale);
+    } else {
+        const float *k_cache = (const float *)b->kv_cache + layer_at;
+        paged_decode_item(q, k_cache, k_cache + layer_elements, table, first, len, out, scores,
+                          group, d, b->block_size, token_stride, block_stride, kv_head * d,
+                          scale);
     }
 }
 
@@ -145,12 +163,23 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
             p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p), ts->normed, T, H, s->qkv, qkv_width,
             ts);
     share_end(me);
-    /* Dynamic always: contexts differ, so items are not equal work. */
-    FOR_SHARED(item, T * m->num_kv_heads, me, 1)
+    /* Dynamic always: contexts differ, so items are not equal work. Rows of one sequence
+     * (a speculative step's drafts) attend to each other's K/V: then every item's K/V is
+     * written before any item attends, at the cost of one more barrier. */
+    const int64_t items = T * m->num_kv_heads;
+    if (b->chained) {
+        FOR_SHARED(item, items, me, 1)
+        prepare_item(m, b, layer, item / m->num_kv_heads, item % m->num_kv_heads,
+                     s->qkv + (item / m->num_kv_heads) * qkv_width);
+        share_end(me);
+    }
+    FOR_SHARED(item, items, me, 1)
     {
-        int64_t t = item / m->num_kv_heads;
-        attend_item(m, b, layer, t, item % m->num_kv_heads, s->qkv + t * qkv_width,
-                    s->attended + t * q_width, ts->scores);
+        int64_t t = item / m->num_kv_heads, kv_head = item % m->num_kv_heads;
+        if (!b->chained)
+            prepare_item(m, b, layer, t, kv_head, s->qkv + t * qkv_width);
+        attend_prepared(m, b, layer, t, kv_head, s->qkv + t * qkv_width,
+                        s->attended + t * q_width, ts->scores);
     }
     share_end(me);
     const float *post_attention = (const float *)m->post_norms[layer * 2];
