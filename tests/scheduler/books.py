@@ -79,6 +79,10 @@ def _check_queues(scheduler: Scheduler) -> None:
     assert not set(map(id, scheduler.running)) & set(map(id, scheduler.waiting))
     assert scheduler.running == sorted(scheduler.running, key=lambda r: r.running_order)
     assert scheduler.waiting == sorted(scheduler.waiting, key=lambda r: r.waiting_order)
+    # Speculative decoding plans up to 1 + K samples a decode, and the blocks of
+    # rejected drafts stay with the request (written again by later steps).
+    speculative = config.speculative if scheduler.speculation is not None else None
+    drafts = speculative.num_speculative_tokens if speculative else 0
     for request in scheduler.running:
         assert request.status is RequestStatus.RUNNING
         table = manager.block_table(request.seq_id)
@@ -86,11 +90,10 @@ def _check_queues(scheduler: Scheduler) -> None:
         # computed ones. So KV never lacks a block, nor has one past the tokens.
         # (With async scheduling the tokens include those a plan in flight samples.)
         assert manager.blocks_needed(request.num_computed_tokens) <= len(table)
-        assert len(table) <= manager.blocks_needed(request.num_planned_tokens)
+        assert len(table) <= manager.blocks_needed(request.num_planned_tokens + drafts)
         assert request.num_computed_tokens <= request.num_planned_tokens
-        assert (
-            0 <= request.num_pending_samples <= scheduler.max_in_flight * config.num_scheduler_steps
-        )
+        most_pending = scheduler.max_in_flight * max(config.num_scheduler_steps, 1 + drafts)
+        assert 0 <= request.num_pending_samples <= most_pending
         if not request.sampled_since_admission:
             assert len(table) >= manager.blocks_needed(request.num_tokens)
     for request in [*scheduler.running, *scheduler.waiting]:

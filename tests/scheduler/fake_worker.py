@@ -20,6 +20,11 @@ it wrote them or they came from the prefix cache (a sequence that arrives
 with num_computed_tokens > 0). A block held by several live sequences is
 shared KV: writing into it would corrupt the others, so that is a violation.
 
+A decode given num_draft_tokens (speculative decoding) verifies the drafts of
+`drafter` (seq_id, output index, room) -> draft ids, if one is set: it writes their
+KV (rejected ones leave stale slots, which any later read catches), emits the
+script's tokens while they equal the drafts and one more, and reports the counts.
+
 A sequence that asks for prompt logprobs gets, for each prompt token its step's
 positions score, fake_prompt_logprob(position) and alternatives of its token id +
 rank, as a real worker's slices come.
@@ -41,6 +46,8 @@ from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_pro
 
 # (seq_id, index of the output token to sample) -> token id
 TokenScript = Callable[[int, int], int]
+# (seq_id, index of the next output token, room) -> the drafts to verify
+Drafter = Callable[[int, int, int], list[int]]
 
 
 class ProtocolViolation(AssertionError):
@@ -100,6 +107,7 @@ class FakeWorker:
         self.kv: list[list[SlotKV | None]] = [[None] * block_size for _ in range(num_blocks)]
         # Slots written so far, for tests that want to see what was (re)computed.
         self.num_slots_written = 0
+        self.drafter: Drafter | None = None
 
     def step(self, plan: StepPlan, masks: DeferredMasks | None = None) -> StepOutput:
         """Runs a scheduler's plan (and its deferred masks, if they came) through the
@@ -166,14 +174,65 @@ class FakeWorker:
                     allowed[seq_id] = came[seq_id]
                 else:
                     result.mask_missing_seq_ids.append(seq_id)
+        room = self._draft_room(plan, sampling)
+        verified: dict[int, tuple[int, int]] = {}
         for step in range(num_steps):
             if step:  # each step computes the token the one before sampled
                 for seq_id in sampling:
                     self._check(self._compute(seq_id, 1, holders), "a decode that did not sample")
             for seq_id in sampling:
-                self._sample(seq_id, result, allowed.get(seq_id))
+                if seq_id in room:
+                    verified[seq_id] = self._verify(seq_id, room[seq_id], result, holders)
+                else:
+                    self._sample(seq_id, result, allowed.get(seq_id))
         result.num_tokens = sum(n for _, n in scheduled) + (num_steps - 1) * len(sampling)
+        if room:
+            for seq_id in result.seq_ids:
+                count, num_drafts = verified.get(seq_id, (1, 0))
+                result.token_counts.append(count)
+                result.draft_counts.append(num_drafts)
+                result.num_tokens += num_drafts
         return result
+
+    def _draft_room(self, plan: wpb.StepPlan, sampling: list[int]) -> dict[int, int]:
+        room = {s.seq_id: s.num_draft_tokens for s in plan.continuing_sequences}
+        room = {seq_id: k for seq_id, k in room.items() if k}
+        if room:
+            self._check(max(plan.num_steps, 1) == 1, "drafts in a multi-step plan")
+            self._check(plan.ngram_lookup.min_n >= 1, "drafts without ngram_lookup")
+            self._check(room.keys() <= set(sampling), "drafts for a sequence that does not sample")
+            masked = set(plan.allowed_tokens.seq_ids) | set(plan.deferred_mask_seq_ids)
+            self._check(not room.keys() & masked, "drafts for a constrained sequence")
+        return room
+
+    def _verify(
+        self, seq_id: int, room: int, result: wpb.StepResult, holders: Counter[int]
+    ) -> tuple[int, int]:
+        """A decode's drafts written and verified; (tokens emitted, drafts verified)."""
+        seq = self.sequences[seq_id]
+        drafts = self.drafter(seq_id, len(seq.sampled), room)[:room] if self.drafter else []
+        start = seq.num_computed_tokens  # the decode's own token is computed already
+        self._check(
+            start + len(drafts) <= len(seq.block_ids) * self.block_size,
+            f"sequence {seq_id}: {len(seq.block_ids)} blocks cannot hold its drafts",
+        )
+        contexts = _contexts([*seq.token_ids, *drafts])
+        for i, draft in enumerate(drafts):
+            position = start + i
+            block_id = seq.block_ids[position // self.block_size]
+            self._check(holders[block_id] == 1, f"a draft written into shared block {block_id}")
+            self.kv[block_id][position % self.block_size] = SlotKV(
+                draft, position, contexts[position]
+            )
+        emitted = 0
+        for i in range(len(drafts) + 1):
+            token_id = self._sample(seq_id, result, None)
+            emitted += 1
+            if i == len(drafts) or token_id != drafts[i]:
+                break
+        # Its token and the accepted drafts have KV now (equal to the emitted tokens').
+        seq.num_computed_tokens = start + emitted - 1
+        return emitted, len(drafts)
 
     def _holders(self) -> Counter[int]:
         """How many live sequences hold each block; a table never holds one twice."""
@@ -258,7 +317,7 @@ class FakeWorker:
             allowed[seq_id] = allowed_ids(row)
         return allowed
 
-    def _sample(self, seq_id: int, result: wpb.StepResult, allowed: np.ndarray | None) -> None:
+    def _sample(self, seq_id: int, result: wpb.StepResult, allowed: np.ndarray | None) -> int:
         seq = self.sequences[seq_id]
         token_id = self.script(seq_id, len(seq.sampled))
         if allowed is not None and token_id not in allowed:
@@ -277,6 +336,7 @@ class FakeWorker:
                 top_token_ids=top,
                 top_logprobs=[-0.5 - rank for rank in range(len(top))],
             )
+        return token_id
 
     def _slot(self, seq: FakeSequence, position: int) -> SlotKV | None:
         return self.kv[seq.block_ids[position // self.block_size]][position % self.block_size]

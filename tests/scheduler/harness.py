@@ -96,6 +96,7 @@ class Harness:
         block_size: int = 4,
         max_model_len: int = 256,
         deferred_masks: bool = True,
+        drafts: bool = False,
         **config,
     ) -> None:
         """`config`: further SchedulerConfig fields (prefix caching, bypasses, ...).
@@ -114,6 +115,7 @@ class Harness:
             scheduler_config,
             max_in_flight=scheduler_config.max_steps_in_flight,
             deferred_masks=deferred_masks,
+            drafts=drafts,
             num_blocks=num_blocks,
             block_size=block_size,
             max_model_len=max_model_len,
