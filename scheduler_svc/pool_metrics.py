@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from common.metrics import MODEL_NAME_LABEL
+from scheduler_svc.core.speculation_stats import DraftStats
 
 PER_WORKER = (MODEL_NAME_LABEL, "worker")
 
@@ -34,6 +35,8 @@ class StatsView(Protocol):
     def prefix_cache_queries(self) -> int: ...
     @property
     def prefix_cache_hits(self) -> int: ...
+    @property
+    def drafts(self) -> DraftStats: ...
 
 
 class EngineView(Protocol):
@@ -91,6 +94,24 @@ _COUNTER_TOTALS = (
         "cbserve_prefix_cache_hits_total",
         "Tokens whose KV was found in the prefix cache at admission.",
         "prefix_cache_hits",
+    ),
+)
+# Speculative decoding, as vLLM's spec_decode_* counters: name, help, DraftStats field.
+_DRAFT_TOTALS = (
+    (
+        "cbserve_spec_decode_num_drafts",
+        "Drafts verified: decodes that checked at least one draft token of their own.",
+        "num_drafts",
+    ),
+    (
+        "cbserve_spec_decode_num_draft_tokens",
+        "Draft tokens verified.",
+        "num_draft_tokens",
+    ),
+    (
+        "cbserve_spec_decode_num_accepted_tokens",
+        "Draft tokens accepted (emitted as the target model's own).",
+        "num_accepted_tokens",
     ),
 )
 # One sample per worker, labelled with its address: family, name, help, value.
@@ -202,8 +223,30 @@ class PoolCollector(Collector):
             summed = sum(getattr(engine.stats, stat) for engine in live)
             counter.add_metric([self.model_name], getattr(pool.retired_stats, stat) + summed)
             yield counter
+        yield from self._draft_counters(live)
         for family, name, help_text, value in _PER_WORKER_SERIES:
             metric = family(name, help_text, labels=list(PER_WORKER))
             for address, engine in engines:
                 metric.add_metric([self.model_name, address], float(value(engine)))
             yield metric
+
+    def _draft_counters(self, live: Sequence[EngineView]) -> Iterator[Metric]:
+        every = [self.pool.retired_stats.drafts, *(engine.stats.drafts for engine in live)]
+        for name, help_text, stat in _DRAFT_TOTALS:
+            counter = CounterMetricFamily(name, help_text, labels=[MODEL_NAME_LABEL])
+            counter.add_metric([self.model_name], sum(getattr(d, stat) for d in every))
+            yield counter
+        per_position = CounterMetricFamily(
+            "cbserve_spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose token at this position (from 0) was accepted.",
+            labels=[MODEL_NAME_LABEL, "position"],
+        )
+        width = max(len(d.accepted_per_position) for d in every)
+        for position in range(width):
+            count = sum(
+                d.accepted_per_position[position]
+                for d in every
+                if position < len(d.accepted_per_position)
+            )
+            per_position.add_metric([self.model_name, str(position)], count)
+        yield per_position

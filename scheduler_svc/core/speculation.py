@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 
+import structlog
+
 from scheduler_svc.config.speculative import SpeculativeConfig
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
@@ -38,7 +40,7 @@ from scheduler_svc.core.draft_record import DraftRecord
 from scheduler_svc.core.multi_step import room_to_sample
 from scheduler_svc.core.plan import StepOutput, StepPlan
 from scheduler_svc.core.request import Request
-from scheduler_svc.core.speculation_stats import DraftStats
+from scheduler_svc.core.speculation_stats import AcceptanceLog, DraftStats
 
 
 class StepCost:
@@ -90,6 +92,7 @@ class Speculation:
         self.stats = stats
         self.cost = StepCost()
         self._queue = queue  # the batch size a draft's cost is weighed at
+        self.acceptance_log = AcceptanceLog(stats, structlog.get_logger("scheduler.speculation"))
 
     def plan_drafts(
         self, request: Request, budget: int, blocks: BlockManager, max_model_len: int

@@ -38,3 +38,55 @@ class DraftStats:
     def mean_acceptance_length(self) -> float:
         """Tokens a drafting step emits on average: 1 + accepted per draft (vLLM's)."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+
+class AcceptanceLog:
+    """Logs the acceptance every `interval_s` while drafts are verified, as vLLM's
+    SpecDecoding metrics line does: drafts, draft and accepted tokens, the mean
+    acceptance length and the rate per position, over the interval."""
+
+    def __init__(self, stats: DraftStats, log, interval_s: float = 10.0):
+        self._stats = stats
+        self._log = log
+        self._interval_s = interval_s
+        self._last = DraftStats()
+        self._last_at: float | None = None
+
+    def maybe_log(self, now: float) -> None:
+        if self._last_at is None:
+            self._last_at = now
+            return
+        if now - self._last_at < self._interval_s:
+            return
+        stats, last = self._stats, self._last
+        drafts = stats.num_drafts - last.num_drafts
+        if drafts:
+            accepted = stats.num_accepted_tokens - last.num_accepted_tokens
+            draft_tokens = stats.num_draft_tokens - last.num_draft_tokens
+            per_position = [
+                round(
+                    (
+                        now_count
+                        - (
+                            last.accepted_per_position[i]
+                            if i < len(last.accepted_per_position)
+                            else 0
+                        )
+                    )
+                    / drafts,
+                    3,
+                )
+                for i, now_count in enumerate(stats.accepted_per_position)
+            ]
+            self._log.info(
+                "spec_decode",
+                drafts=drafts,
+                draft_tokens=draft_tokens,
+                accepted_tokens=accepted,
+                mean_acceptance_length=round(1 + accepted / drafts, 3),
+                draft_acceptance_rate=round(accepted / draft_tokens, 3),
+                acceptance_per_position=per_position,
+            )
+        self._last = DraftStats()
+        self._last.merge(stats)
+        self._last_at = now

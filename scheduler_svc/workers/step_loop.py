@@ -93,6 +93,8 @@ class StepLoop:
             if masks is not None:
                 await self.client.send_masks(masks)
             self._on_step()
+            if scheduler.speculation is not None:
+                scheduler.speculation.acceptance_log.maybe_log(answered_at)
             for output in outputs:
                 self.handles.deliver(output)
             self.handles.deliver_failures(scheduler.take_failed())
