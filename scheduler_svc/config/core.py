@@ -12,6 +12,7 @@ from scheduler_svc.config.process import ENV_PREFIX
 from scheduler_svc.config.speculative import SpeculativeConfig, parse_speculative_config
 
 BATCHING_MODES = ("continuous", "static")
+SPECULATIVE_DRAFTS = ("adaptive", "fixed")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,17 @@ class SchedulerConfig:
         "how many a step verifies is chosen per step (none where they would not pay)",
     )
 
+    # vLLM verifies num_speculative_tokens drafts whenever they are found ("fixed");
+    # "adaptive" weighs each draft's chance against its measured cost per step.
+    speculative_drafts: str = flag(
+        "adaptive",
+        choices=SPECULATIVE_DRAFTS,
+        forwarded_by=(SERVE, BENCH),
+        help="with --speculative-config: adaptive: each step gives a decode the drafts "
+        "likely to pay at this batch (its acceptance so far against the measured cost of a "
+        "row; none at large batches); fixed: always num_speculative_tokens, as vLLM",
+    )
+
     def __post_init__(self) -> None:
         self.speculative  # noqa: B018 - parsed now, so that a bad flag fails at start
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
@@ -97,6 +109,11 @@ class SchedulerConfig:
             raise ValueError(f"max_bypasses must be >= 0, got {self.max_bypasses}")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1), got {self.watermark!r}")
+        if self.speculative_drafts not in SPECULATIVE_DRAFTS:
+            raise ValueError(
+                f"speculative_drafts must be one of {SPECULATIVE_DRAFTS}, "
+                f"got {self.speculative_drafts!r}"
+            )
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
 

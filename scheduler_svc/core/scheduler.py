@@ -120,7 +120,9 @@ class Scheduler:
         # Speculative decoding, where configured and the worker drafts (core/speculation.py).
         self.speculation = None
         if drafts and config.speculative is not None:
-            self.speculation = Speculation(config.speculative, self.stats.drafts, self.queue)
+            self.speculation = Speculation(
+                config.speculative, self.stats.drafts, self.queue, config.speculative_drafts
+            )
 
     @property
     def waiting(self) -> list[Request]:

@@ -24,7 +24,9 @@ per step, one more row pays when p^i > c*n / (1 + c*n), c = b / a (StepCost, fit
 on this worker's decode steps). On a CPU at batch 1 c is small (the weights are read
 once whatever the rows), so drafts pay even at modest acceptance; at batch 64 the
 same row needs an acceptance near 1, which turns speculation off where vLLM's and
-llama.cpp's regress.
+llama.cpp's regress. A request given no drafts drifts back to the prior, so it tries
+again after a while. `--speculative-drafts fixed` gives every decode
+num_speculative_tokens instead, as vLLM does.
 """
 
 from __future__ import annotations
@@ -87,12 +89,21 @@ class StepCost:
 class Speculation:
     """The scheduler's side of speculative decoding for one worker."""
 
-    def __init__(self, config: SpeculativeConfig, stats: DraftStats, queue: AdmissionQueue):
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        stats: DraftStats,
+        queue: AdmissionQueue,
+        drafts: str = "adaptive",
+    ):
         self.config = config
+        self.config_drafts = drafts  # SchedulerConfig.speculative_drafts
         self.stats = stats
         self.cost = StepCost()
         self._queue = queue  # the batch size a draft's cost is weighed at
-        self.acceptance_log = AcceptanceLog(stats, structlog.get_logger("scheduler.speculation"))
+        self.acceptance_log = AcceptanceLog(
+            stats, structlog.get_logger("scheduler.speculation"), lambda: self.cost.ratio
+        )
 
     def plan_drafts(
         self, request: Request, budget: int, blocks: BlockManager, max_model_len: int
@@ -106,6 +117,8 @@ class Speculation:
             return 0  # a prefill chunk, not a decode
         limit = min(budget, room_to_sample(request, max_model_len) - 1)
         drafts = self.draft_room(request, len(self._queue.running), limit)
+        if drafts == 0 and request.draft_record is not None:
+            request.draft_record.relax()
         end = request.num_computed_tokens + 1 + drafts
         if drafts and not blocks.can_append_slots(request.seq_id, end):
             return 0
@@ -129,6 +142,8 @@ class Speculation:
         step of about batch_tokens tokens."""
         if limit <= 0 or request.structured is not None:
             return 0  # a grammar's next mask needs each token: no drafts
+        if self.config_drafts == "fixed":
+            return min(limit, self.config.num_speculative_tokens)
         record = request.draft_record
         p = record.acceptance if record is not None else DraftRecord().acceptance
         cost = self.cost.ratio * max(batch_tokens, 1)

@@ -45,8 +45,9 @@ class AcceptanceLog:
     SpecDecoding metrics line does: drafts, draft and accepted tokens, the mean
     acceptance length and the rate per position, over the interval."""
 
-    def __init__(self, stats: DraftStats, log, interval_s: float = 10.0):
+    def __init__(self, stats: DraftStats, log, cost_ratio, interval_s: float = 10.0):
         self._stats = stats
+        self._cost_ratio = cost_ratio  # () -> the fitted cost of a row (StepCost.ratio)
         self._log = log
         self._interval_s = interval_s
         self._last = DraftStats()
@@ -86,6 +87,7 @@ class AcceptanceLog:
                 mean_acceptance_length=round(1 + accepted / drafts, 3),
                 draft_acceptance_rate=round(accepted / draft_tokens, 3),
                 acceptance_per_position=per_position,
+                row_cost_ratio=round(self._cost_ratio(), 4),
             )
         self._last = DraftStats()
         self._last.merge(stats)

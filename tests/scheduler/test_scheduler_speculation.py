@@ -189,3 +189,28 @@ def test_the_cost_fit_ignores_prefills_and_falls_back_without_varied_rows():
     prefill = StepPlan(step_id=1, new_sequences=[object()])  # type: ignore[list-item]
     speculation.observe_step(prefill, StepOutput(step_id=1, num_tokens=500, forward_seconds=1))
     assert speculation.cost._w == 0
+
+
+def test_a_request_whose_drafts_stopped_paying_tries_again_later():
+    harness = Harness(drafts=True, speculative_config=SPECULATE)
+    speculation = harness.scheduler.speculation
+    for rows in (1, 2, 3, 4, 5) * 4:
+        speculation.cost.observe(rows, 0.010 + 0.0005 * rows)
+    request = make_request(8)
+    request.draft_record = DraftRecord(accepted=0.0, trials=10.0)
+    assert speculation.draft_room(request, batch_tokens=1, limit=4) == 0
+    for _ in range(40):  # decodes planned without drafts
+        request.draft_record.relax()
+    assert speculation.draft_room(request, batch_tokens=1, limit=4) > 0
+
+
+def test_fixed_drafts_give_every_decode_num_speculative_tokens():
+    harness = Harness(drafts=True, speculative_config=SPECULATE, speculative_drafts="fixed")
+    harness.worker.drafter = guessing(harness, right=0)
+    harness.add(make_request(unique_prompt(5), "a", max_tokens=9), tokens=WORDS)
+    rooms = []
+    while (plan := harness.step()) is not None:
+        rooms += [s.num_draft_tokens for s in plan.continuing_sequences]
+    # Never accepted, still 4 each, down to what max_tokens leaves at the end.
+    assert rooms[:4] == [4, 4, 4, 4] and rooms[-3:] == [2, 1, 0]
+    assert len(harness.token_ids("a")) == 9
