@@ -88,9 +88,7 @@ def test_drafts_emit_the_tokens_plain_decodes_emit(path, loaded_model, q4_1, tok
     assert spec_plans[1] < plain_plans[1] and spec_plans[2] < plain_plans[2], spec_plans
 
 
-def test_the_result_counts_drafts_and_the_state_keeps_only_accepted_tokens(
-    make_runner, tokenizer
-):
+def test_the_result_counts_drafts_and_the_state_keeps_only_accepted_tokens(make_runner, tokenizer):
     runner = make_runner(num_blocks=24, block_size=BLOCK_SIZE)
     ids = tokenizer(PROMPTS[2])["input_ids"]
     runner.execute(
