@@ -30,11 +30,14 @@ CACHE="${CBSERVE_PEERS_CACHE:-$HOME/.cache/cbserve}/llama.cpp/$VERSION"
 TARGETS=(llama-server llama-perplexity llama-quantize)
 JOBS="${JOBS:-2}"
 
+# Each binary is there, and llama-server runs on this CPU (llama-quantize has no
+# --version: it prints its usage and exits 1).
 all_built() {
     local target
     for target in "${TARGETS[@]}"; do
-        "$CACHE/bin/$target" --version >/dev/null 2>&1 || return 1
+        [ -x "$CACHE/bin/$target" ] || return 1
     done
+    "$CACHE/bin/llama-server" --version >/dev/null 2>&1
 }
 
 if all_built; then
@@ -82,6 +85,6 @@ mkdir -p "$CACHE/bin"
 for target in "${TARGETS[@]}"; do
     cp "$WORK/build/bin/$target" "$CACHE/bin/$target.partial"
     mv "$CACHE/bin/$target.partial" "$CACHE/bin/$target"  # never a half-copied binary
-    "$CACHE/bin/$target" --version
 done
+"$CACHE/bin/llama-server" --version
 echo "llama.cpp $VERSION built: $CACHE/bin (${TARGETS[*]})"
