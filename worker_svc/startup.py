@@ -20,6 +20,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, own_forward_serves, resolve_device
 from worker_svc.model_runner import ModelRunner
+from worker_svc.speculation.row_cost import measure_draft_row_cost
 from worker_svc.wait_policy import applied_policy
 from worker_svc.worker import Worker, pool_blocks
 
@@ -90,6 +91,9 @@ def build_worker(config: WorkerConfig) -> Worker:
         kv_cache_dtype=dtype_name(kv_dtype),
         openmp_wait_policy=applied_policy(),
     )
+    runner = ModelRunner(loaded, pool, backend)
+    draft_row_cost = measure_draft_row_cost(runner)
+    log.info("draft_row_cost", share_of_a_decode_step=round(draft_row_cost, 4))
     description = worker_pb2.WorkerDescription(
         model_name=loaded.name,
         dtype=loaded.compute_path,
@@ -104,8 +108,9 @@ def build_worker(config: WorkerConfig) -> Worker:
         processor=processor,
         accepts_deferred_masks=True,
         accepts_draft_tokens=True,
+        draft_row_cost=draft_row_cost,
     )
-    return Worker(ModelRunner(loaded, pool, backend), description, torch.get_num_threads())
+    return Worker(runner, description, torch.get_num_threads())
 
 
 def native_decode_status(model) -> str:

@@ -94,6 +94,7 @@ class Scheduler:
         max_in_flight: int = 1,
         deferred_masks: bool = False,
         drafts: bool = False,
+        draft_row_cost: float = 0.0,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -121,7 +122,11 @@ class Scheduler:
         self.speculation = None
         if drafts and config.speculative is not None:
             self.speculation = Speculation(
-                config.speculative, self.stats.drafts, self.queue, config.speculative_drafts
+                config.speculative,
+                self.stats.drafts,
+                self.queue,
+                config.speculative_drafts,
+                draft_row_cost,
             )
 
     @property

@@ -49,14 +49,17 @@ class StepCost:
     """c = b / a for this worker's decode steps, a + b*T seconds for T rows: a weighted
     least-squares fit of (rows, seconds) over recent decode-only steps, each step's
     weight decaying so the fit follows the batch as it changes. Until the steps seen
-    vary enough in their rows, PRIOR_RATIO stands in (a CPU step of a small model at
-    batch 1 measured about 0.05 per row here: bench/RESULTS.md)."""
+    vary enough in their rows, the prior stands in: what the worker measured at start
+    (WorkerDescription.draft_row_cost), else PRIOR_RATIO."""
 
     PRIOR_RATIO = 0.05
+    # A measured 0 (a step with drafts no slower) is taken as this: never free.
+    MIN_PRIOR = 0.005
     DECAY = 0.98
     MAX_RATIO = 10.0
 
-    def __init__(self) -> None:
+    def __init__(self, prior: float = 0.0) -> None:
+        self.prior = max(prior, self.MIN_PRIOR) if prior > 0 else self.PRIOR_RATIO
         self._w = self._x = self._y = self._xx = self._xy = 0.0
 
     def observe(self, rows: int, seconds: float) -> None:
@@ -72,11 +75,11 @@ class StepCost:
     @property
     def ratio(self) -> float:
         if self._w < 8:
-            return self.PRIOR_RATIO
+            return self.prior
         mean_x, mean_y = self._x / self._w, self._y / self._w
         variance = self._xx / self._w - mean_x * mean_x
         if variance < 0.25:  # the rows barely varied: the slope is not measured
-            return self.PRIOR_RATIO
+            return self.prior
         slope = (self._xy / self._w - mean_x * mean_y) / variance
         intercept = mean_y - slope * mean_x
         if slope <= 0:
@@ -95,11 +98,12 @@ class Speculation:
         stats: DraftStats,
         queue: AdmissionQueue,
         drafts: str = "adaptive",
+        row_cost: float = 0.0,
     ):
         self.config = config
         self.config_drafts = drafts  # SchedulerConfig.speculative_drafts
         self.stats = stats
-        self.cost = StepCost()
+        self.cost = StepCost(row_cost)
         self._queue = queue  # the batch size a draft's cost is weighed at
         self.acceptance_log = AcceptanceLog(
             stats, structlog.get_logger("scheduler.speculation"), lambda: self.cost.ratio

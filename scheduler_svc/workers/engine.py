@@ -197,6 +197,7 @@ class WorkerEngine:
             max_in_flight=self.config.max_steps_in_flight,
             deferred_masks=description.accepts_deferred_masks,
             drafts=description.accepts_draft_tokens,
+            draft_row_cost=description.draft_row_cost,
         )
         self._set_connected(True)
         self._comeback.connected()

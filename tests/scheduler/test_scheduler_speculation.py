@@ -214,3 +214,9 @@ def test_fixed_drafts_give_every_decode_num_speculative_tokens():
     # Never accepted, still 4 each, down to what max_tokens leaves at the end.
     assert rooms[:4] == [4, 4, 4, 4] and rooms[-3:] == [2, 1, 0]
     assert len(harness.token_ids("a")) == 9
+
+
+def test_the_cost_fit_starts_from_the_workers_measured_row_cost():
+    assert StepCost(0.12).ratio == 0.12
+    assert StepCost(0.0).ratio == StepCost.PRIOR_RATIO  # not measured
+    assert StepCost(1e-9).ratio == StepCost.MIN_PRIOR  # measured free: never taken as free

@@ -159,3 +159,15 @@ def test_drafts_are_refused_where_they_cannot_be_verified(make_runner, tokenizer
     with pytest.raises(PlanError, match="constrained"):
         runner.execute(plan(ngram_lookup=LOOKUP, allowed_tokens=masked))
     assert runner.sequences[1].num_tokens == 15  # nothing changed
+
+
+def test_the_row_cost_is_measured_on_the_runner_and_leaves_it_empty(q4_1):
+    from worker_svc.speculation.row_cost import measure_draft_row_cost
+
+    runner = build_runner(q4_1, num_blocks=16)
+    cost = measure_draft_row_cost(runner, drafts=4, repeats=3)
+    print(f"draft row cost on q4_1: {cost:.4f} of a one-row step")
+    assert 0.0 <= cost < 5.0  # a share of a step, not seconds
+    assert runner.sequences == {}
+    # A pool too small for the scratch sequence: not measured, and nothing run.
+    assert measure_draft_row_cost(build_runner(q4_1, num_blocks=2)) == 0.0
