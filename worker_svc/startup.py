@@ -92,8 +92,12 @@ def build_worker(config: WorkerConfig) -> Worker:
         openmp_wait_policy=applied_policy(),
     )
     runner = ModelRunner(loaded, pool, backend)
-    draft_row_cost = measure_draft_row_cost(runner)
-    log.info("draft_row_cost", share_of_a_decode_step=round(draft_row_cost, 4))
+    # Timed where a decode step is a few milliseconds (the native step); elsewhere the
+    # scheduler's fit starts from its default and learns from the steps it sees.
+    draft_row_cost = 0.0
+    if native_decode_status(loaded.model) == "native decode steps":
+        draft_row_cost = measure_draft_row_cost(runner)
+        log.info("draft_row_cost", share_of_a_decode_step=round(draft_row_cost, 4))
     description = worker_pb2.WorkerDescription(
         model_name=loaded.name,
         dtype=loaded.compute_path,

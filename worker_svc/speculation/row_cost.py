@@ -6,10 +6,11 @@ every weight once however many rows it has, so a row costs a small share of the
 step; how small depends on the CPU, the compute path and the model, so it is timed
 here, on the real runner and pool, before the worker serves: one scratch sequence
 (a repetitive prompt, so that drafts are found), decode steps with no drafts and
-with `drafts` drafts alternated, the medians compared. About 20 small steps: a
+with `drafts` drafts alternated, the medians compared. About 10 small steps: a
 fraction of a second on the default model.
 
-The scheduler starts its cost fit from this figure (WorkerDescription.draft_row_cost)
+Taken at start where the native decode step runs (a step of a few milliseconds);
+the scheduler starts its cost fit from this figure (WorkerDescription.draft_row_cost)
 and refines it from the steps it sees.
 """
 
@@ -25,11 +26,11 @@ _SEQ_ID = (1 << 63) - 1  # no scheduler's id: the stream has not started
 _PATTERN = (1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007)
 
 
-def measure_draft_row_cost(runner, drafts: int = 4, repeats: int = 7) -> float:
+def measure_draft_row_cost(runner, drafts: int = 4, repeats: int = 5) -> float:
     """(t(1 + drafts) / t(1) - 1) / drafts for this worker's decode steps; 0 when a
     step with drafts is not slower. Leaves the runner holding nothing."""
     pool = runner.pool
-    prompt = list(_PATTERN) * 8
+    prompt = list(_PATTERN) * 4
     tokens_needed = len(prompt) + 2 * repeats * (drafts + 1) + drafts + 1
     num_blocks = pool.spec.blocks_for_tokens(tokens_needed)
     if num_blocks > pool.num_blocks:
