@@ -126,6 +126,8 @@ def _an_argv_setting(each) -> list[str]:
         return [each.option, "key.pem", "--tls-cert", "cert.pem"]
     if each.field.name == "kv_cache_memory":
         return [each.option, "1G"]
+    if each.field.name == "speculative_config":
+        return [each.option, '{"method": "ngram", "num_speculative_tokens": 3}']
     if each.field.name.startswith("null_"):  # the null model's flags need it
         return [each.option, "0.5", "--model-impl", "null"]
     return [each.option, "m" if each.kind is str else "3"]

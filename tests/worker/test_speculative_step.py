@@ -11,6 +11,8 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from tests.worker.conftest import build_runner
 from worker_svc.errors import PlanError
 
+pytestmark = pytest.mark.model
+
 BLOCK_SIZE = 16
 NEW_TOKENS = 24
 SAMPLINGS = [
