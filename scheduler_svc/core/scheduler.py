@@ -60,20 +60,19 @@ from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
 from scheduler_svc.core.pending_masks import PendingMasks
 from scheduler_svc.core.plan import (
-    ContinuingSequence,
     DeferredMasks,
-    NewSequence,
     StepOutput,
     StepPlan,
     match_output,
 )
-from scheduler_svc.core.prompt_logprobs import prompt_logprobs_to_ask, take_prompt_logprobs
+from scheduler_svc.core.plan_entry import add_to_plan
+from scheduler_svc.core.prompt_logprobs import take_prompt_logprobs
 from scheduler_svc.core.request import FinishReason, Request, RequestOutput, RequestStatus
 from scheduler_svc.core.request_table import RequestTable
 from scheduler_svc.core.speculation import Speculation
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.token_intake import take_output
-from scheduler_svc.structured.scheduling import add_allowed_tokens, mask_missing_error
+from scheduler_svc.structured.scheduling import mask_missing_error
 
 # What a plan in flight asked of one request: the request, its num_preemptions when
 # planned (a preemption since makes the result stale), whether it samples and the
@@ -205,7 +204,7 @@ class Scheduler:
                 drafts = self.speculation.plan_drafts(
                     request, budget - 1 - later, self.block_manager, self.max_model_len
                 )
-            self._add_to_plan(request, num_scheduled, plan, planned, drafts)
+            self._plan(request, num_scheduled, plan, planned, drafts)
             budget -= num_scheduled + drafts
         # Continuous batching admits only what this step can start; static
         # batching admits its whole batch at once and prefills it over the
@@ -215,7 +214,7 @@ class Scheduler:
             for request in self.queue.admit_waiting(step):
                 if budget > 0:
                     num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
-                    self._add_to_plan(request, num_scheduled, plan, planned)
+                    self._plan(request, num_scheduled, plan, planned)
                     budget -= num_scheduled
                 if budget == 0 and not static:
                     break
@@ -245,50 +244,12 @@ class Scheduler:
         self._pending_masks.note(plan, planned)
         return plan
 
-    def _add_to_plan(
-        self,
-        request: Request,
-        num_scheduled: int,
-        plan: StepPlan,
-        planned: list[_Planned],
-        drafts: int = 0,
+    def _plan(
+        self, request: Request, num_scheduled: int, plan: StepPlan, planned: list, drafts: int = 0
     ) -> None:
-        end = request.num_computed_tokens + num_scheduled
-        samples = end == request.num_planned_tokens
-        # Counted as if every draft will be accepted; the result settles it.
-        end += drafts
-        # Cannot fail: make_room, admission or _draft_room secured the blocks.
-        new_block_ids = self.block_manager.append_slots(request.seq_id, end)
-        request.num_computed_tokens = end
-        if samples:
-            request.num_pending_samples += 1 + drafts
-            if request.structured is None:
-                pass
-            elif request.num_pending_samples > 1:
-                plan.deferred_mask_seq_ids.append(request.seq_id)  # take_deferred_masks
-            else:
-                add_allowed_tokens(plan, request)
+        lookup = self.speculation.ngram_lookup if drafts else None
+        samples = add_to_plan(request, num_scheduled, plan, self.block_manager, drafts, lookup)
         planned.append((request, request.num_preemptions, samples, drafts))
-        if request.seen_by_worker:
-            plan.continuing_sequences.append(
-                ContinuingSequence(request.seq_id, num_scheduled, list(new_block_ids), drafts)
-            )
-            if drafts:
-                plan.ngram_lookup = self.speculation.ngram_lookup
-            return
-        plan.new_sequences.append(
-            NewSequence(
-                seq_id=request.seq_id,
-                prompt_token_ids=list(request.prompt_token_ids),
-                output_token_ids=list(request.output_token_ids),
-                num_computed_tokens=end - num_scheduled,
-                num_scheduled_tokens=num_scheduled,
-                block_ids=list(self.block_manager.block_table(request.seq_id)),
-                sampling=request.sampling,
-                prompt_logprobs=prompt_logprobs_to_ask(request),
-            )
-        )
-        request.seen_by_worker = True
 
     def update_from_output(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
         """Applies the oldest plan in flight's result; returns one output per request that
