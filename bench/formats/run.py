@@ -123,10 +123,42 @@ def measure_file(key: str, args) -> tuple[FormatRow, list[str]]:
     return row, errors
 
 
+def cpu_line() -> str:
+    """The CPU as the table names it: its model name, family and model (a VM's model
+    name can be as short as "AMD EPYC"), cores and the vector features that pick paths."""
+    import os
+
+    from worker_svc.compute.cpu_features import CPUINFO, cpu_flags, cpu_name
+
+    numbers = {}
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in numbers:
+                numbers[key.strip()] = value.strip()
+    except OSError:
+        pass
+    family = f" (family {numbers['cpu family']} model {numbers['model']})" if numbers else ""
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
+    flags = " ".join(f for f in wanted if f in cpu_flags()) or "no AVX2"
+    return f"{cpu_name()}{family}, {os.cpu_count()} cores, {flags}"
+
+
+def settings_line(args, started: str, command: str) -> str:
+    parts = [started]
+    if "speed" not in args.skip:
+        parts.append(
+            f"at once: {args.num_prompts} ShareGPT prompts; one stream: a 32-token prompt, "
+            f"{args.stream_tokens} tokens"
+        )
+    if "accuracy" not in args.skip:
+        parts.append(f"accuracy: {args.texts} texts, 16 questions")
+    return "; ".join(parts) + f"; `{command}`"
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m bench.formats.run") -> int:
     args = parser(prog).parse_args(argv)
     from bench.peers import gguf_files
-    from worker_svc.compute.cpu_features import cpu_name
 
     try:
         gguf_files.make(args.threads)
@@ -139,15 +171,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.formats.run
         row, problems = measure_file(key, args)
         rows.append(row)
         errors += problems
-    settings = (
-        f"{started}; at once: {args.num_prompts} ShareGPT prompts; one stream: a 32-token "
-        f"prompt, {args.stream_tokens} tokens; accuracy: {args.texts} texts, 16 questions; "
-        f"`{prog} {' '.join(argv if argv is not None else sys.argv[1:])}`"
-    )
-    table = markdown(rows, cpu_name(), args.threads, settings)
+    command = f"{prog} {' '.join(argv if argv is not None else sys.argv[1:])}"
+    settings = settings_line(args, started, command)
+    cpu = cpu_line()
+    table = markdown(rows, cpu, args.threads, settings, args.num_prompts)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "formats.md").write_text(table + "\n")
-    payload = {"cpu": cpu_name(), "threads": args.threads, "settings": settings, "errors": errors}
+    payload = {"cpu": cpu, "threads": args.threads, "settings": settings, "errors": errors}
     payload["rows"] = [_as_dict(row) for row in rows]
     (args.out_dir / "formats.json").write_text(json.dumps(payload, indent=1))
     print(table)

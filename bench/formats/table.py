@@ -83,12 +83,14 @@ def accuracy_from_report(report: dict) -> FileAccuracy:
     )
 
 
-def markdown(rows: list[FormatRow], cpu: str, threads: int, settings: str) -> str:
+def markdown(
+    rows: list[FormatRow], cpu: str, threads: int, settings: str, at_once: int = 64
+) -> str:
     """The table for bench/RESULTS.md, with the CPU and the settings above it."""
     lines = [
         f"{cpu}; {threads} threads each; {settings}",
         "",
-        "| file | cbserve path | 64 prompts at once, tok/s (cbserve vs llama-server) "
+        f"| file | cbserve path | {at_once} prompts at once, tok/s (cbserve vs llama-server) "
         "| one stream, tok/s | perplexity vs llama-perplexity, same chunks "
         "| replies = float32's first 12 tokens (cbserve vs llama-server) |",
         "|---|---|---:|---:|---:|---:|",

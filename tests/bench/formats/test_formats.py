@@ -102,3 +102,16 @@ def test_the_table_names_the_cpu_and_puts_each_side_beside_the_other():
     )
     assert lines[5] == "| SmolLM2 Q8_0 |  | 186.0 vs 128.0: 1.45x | not run | not run | not run |"
     assert "12.5000 (llama-perplexity left out)" in lines[6] and "| 7 of 16 |" in lines[6]
+
+
+def test_the_settings_line_names_only_the_parts_run_and_the_header_the_prompt_count():
+    from bench.formats.run import settings_line
+
+    speed_only = parser("p").parse_args(["--skip", "accuracy", "--num-prompts", "2"])
+    line = settings_line(speed_only, "2026-11-26 16:08 UTC", "cbserve bench formats")
+    assert line.startswith("2026-11-26 16:08 UTC; at once: 2 ShareGPT prompts")
+    assert "accuracy" not in line and line.endswith("; `cbserve bench formats`")
+    both = settings_line(parser("p").parse_args([]), "t", "c")
+    assert "128 tokens" in both and "accuracy: 16 texts" in both
+    header = markdown([], "cpu", 2, "s", at_once=2).splitlines()[2]
+    assert "| 2 prompts at once, tok/s" in header
