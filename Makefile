@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-accuracy bench-peers bench-sweep bench-front bench-scheduler clean
+.PHONY: format bench bench-accuracy bench-formats bench-peers bench-sweep bench-front bench-scheduler clean
 
 env: $(STAMP)
 
@@ -166,6 +166,14 @@ bench: env proto model bench-peers
 # ACCURACY_ARGS="--paths float32,q4_1" narrows it.
 bench-accuracy: env proto model
 	$(PY) -m bench accuracy $(ACCURACY_ARGS)
+
+# Issue 31's table per GGUF format on this CPU: the shipped Q4_1, the shipped model
+# requantized by llama-quantize to Q4_K_M and Q8_0, a random Qwen3 converted and quantized
+# to Q4_K_M (made once into the peers' cache), each served by cbserve beside llama-server
+# at 64 prompts and one stream, and scored beside llama-perplexity and llama-server's
+# replies (bench/formats/run.py; FORMATS_ARGS="--files q8_0 --skip speed" to narrow it).
+bench-formats: env proto model bench-peers
+	$(PY) -m bench formats $(FORMATS_ARGS)
 
 # llama.cpp's llama-server for `cbserve bench --baselines llamacpp` and the sweep, and its
 # llama-perplexity for `bench-accuracy`: built once, in one cmake build, from the source in

@@ -23,6 +23,9 @@ SUBCOMMANDS = {
     "accuracy": Subcommand(
         "bench.accuracy.gate", "the accuracy gate of every compute path against float32"
     ),
+    "formats": Subcommand(
+        "bench.formats.run", "the GGUF files people download, each beside llama.cpp"
+    ),
 }
 
 

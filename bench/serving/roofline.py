@@ -43,12 +43,29 @@ def flops_per_token(shapes: dict[str, tuple[int, int, int]]) -> float:
     return sum(2.0 * out_f * in_f * count for out_f, in_f, count in shapes.values())
 
 
+def shapes_of(model) -> dict[str, tuple[int, int, int]]:
+    """The projection shapes of a model directory or a GGUF file (its metadata)."""
+    if str(model).endswith(".gguf"):
+        from worker_svc.compute.model_shapes import read_projection_shapes
+
+        read = read_projection_shapes(model)
+        if read is None:
+            raise ValueError(f"cannot read the projection shapes of {model}")
+        names = ("qkv", "o", "gate_up", "down")
+        rows = {n: (*s, read.layers) for n, s in zip(names, read.layer_projections(), strict=True)}
+        return {**rows, "lm_head": (*read.head(), 1)}
+    from transformers import AutoConfig
+
+    from bench.micro.kernels import projection_shapes
+
+    return projection_shapes(AutoConfig.from_pretrained(str(model)))
+
+
 def measure(model_dir, dtype: str, threads: int | None) -> Roofline:
     """Times the path `--dtype dtype` resolves to on this CPU, as a worker would."""
     import torch
-    from transformers import AutoConfig
 
-    from bench.micro.kernels import projection_shapes, step_gflops
+    from bench.micro.kernels import step_gflops
     from worker_svc.compute.cpu_features import cpu_flags
     from worker_svc.compute.selection import select_path
 
@@ -57,7 +74,7 @@ def measure(model_dir, dtype: str, threads: int | None) -> Roofline:
     if threads:
         torch.set_num_threads(threads)
     try:
-        shapes = projection_shapes(AutoConfig.from_pretrained(str(model_dir)))
+        shapes = shapes_of(model_dir)
         gflops, _ = step_gflops(path.name, shapes, ROWS, repeats=10)
         return Roofline(path.name, torch.get_num_threads(), gflops, flops_per_token(shapes))
     finally:

@@ -143,7 +143,12 @@ def _llamacpp_columns(args, requests, settings, errors: list[str]) -> list[Colum
     threads = options.worker_threads(args)
     try:
         outcomes = llamacpp.run_rates(
-            requests, args.request_rate, settings, threads, args.out_dir / "llama-server-logs"
+            requests,
+            args.request_rate,
+            settings,
+            threads,
+            args.out_dir / "llama-server-logs",
+            model=args.model,
         )
     except Exception as error:  # a baseline failing must not lose the other results
         errors.append(f"{system} not measured: {type(error).__name__}: {error}")
@@ -173,7 +178,7 @@ def run(args: argparse.Namespace, command: str) -> int:
     if "llamacpp" in args.baselines:
         from bench.peers import llamacpp
 
-        problem = llamacpp.missing()
+        problem = llamacpp.missing(args.model)
         if problem:  # at once, before minutes of other systems are measured
             print(f"cbserve bench: {problem}", file=sys.stderr)
             return 2

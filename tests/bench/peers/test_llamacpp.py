@@ -196,3 +196,20 @@ def test_requests_stream_over_http_and_are_timed_per_token():
 def test_missing_reports_the_build_step(tmp_path, monkeypatch):
     monkeypatch.setenv("CBSERVE_PEERS_CACHE", str(tmp_path))
     assert llamacpp.missing() == llama_server.MISSING
+
+
+def test_llama_server_serves_the_gguf_cbserve_is_given(tmp_path, monkeypatch):
+    from common.defaults import packaged_gguf_path
+
+    given = tmp_path / "model.Q8_0.gguf"
+    assert llamacpp.served_gguf(given) == given
+    assert llamacpp.served_gguf(None) == packaged_gguf_path()
+    assert llamacpp.served_gguf(tmp_path / "a-directory") == packaged_gguf_path()
+    binary = tmp_path / "llama.cpp" / llama_server.LLAMA_CPP_PYTHON_VERSION / "bin"
+    binary.mkdir(parents=True)
+    (binary / "llama-server").write_text("#!/bin/sh\n")
+    (binary / "llama-server").chmod(0o755)
+    monkeypatch.setenv("CBSERVE_PEERS_CACHE", str(tmp_path))
+    assert llamacpp.missing(given) == f"no GGUF file at {given}"
+    given.write_bytes(b"GGUF")
+    assert llamacpp.missing(given) is None

