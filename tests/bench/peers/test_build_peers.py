@@ -1,5 +1,5 @@
-"""bench/peers/build_llama_server.sh's cache check: both llama-server and llama-perplexity,
-or a rebuild. Fake binaries stand in for the real ones; PATH without cmake stops a
+"""bench/peers/build_llama_server.sh's cache check: llama-server, llama-perplexity and
+llama-quantize, or a rebuild. Fake binaries stand in for the real ones; PATH without cmake stops a
 rebuild at its first step, which says what is missing, so nothing is built here."""
 
 from __future__ import annotations
@@ -36,11 +36,18 @@ def _bin(root: Path) -> Path:
     return root / "cache" / "llama.cpp" / VERSION / "bin"
 
 
-def test_a_cache_with_both_binaries_is_kept(tmp_path):
+def test_a_cache_with_every_binary_is_kept(tmp_path):
+    for name in ("llama-server", "llama-perplexity", "llama-quantize"):
+        _fake_binary(_bin(tmp_path) / name)
+    done = _build(tmp_path)
+    assert done.returncode == 0 and "is built" in done.stdout
+
+
+def test_a_cache_without_llama_quantize_is_rebuilt(tmp_path):
     _fake_binary(_bin(tmp_path) / "llama-server")
     _fake_binary(_bin(tmp_path) / "llama-perplexity")
     done = _build(tmp_path)
-    assert done.returncode == 0 and "is built" in done.stdout
+    assert done.returncode == 1 and "cmake is needed" in done.stderr
 
 
 def test_a_cache_with_only_llama_server_is_rebuilt(tmp_path):
