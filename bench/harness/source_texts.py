@@ -12,6 +12,7 @@ source text, so `describe` records the version with the workload.)
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import keyword
 import random
@@ -96,9 +97,15 @@ def _dedent(lines: list[str]) -> str:
     return "\n".join(line[indent:] if line[:indent].isspace() else line for line in lines)
 
 
+@functools.cache
+def _function_pool() -> tuple[SourceFunction, ...]:
+    # Parsing some 70 files takes a second: once per process.
+    return tuple(f for module in MODULES for f in _functions_of(module))
+
+
 def stdlib_functions(count: int, seed: int) -> list[SourceFunction]:
     """`count` functions of the standard library, the same ones for the same seed."""
-    pool = [f for module in MODULES for f in _functions_of(module)]
+    pool = list(_function_pool())
     random.Random(f"edit-{seed}").shuffle(pool)
     if len(pool) < count:
         raise ValueError(f"only {len(pool)} standard-library functions fit; asked for {count}")
@@ -108,6 +115,15 @@ def stdlib_functions(count: int, seed: int) -> list[SourceFunction]:
 def docstrings(count: int, seed: int) -> list[Docstring]:
     """`count` long docstrings (prose) of the standard library's modules, classes and
     functions, the same ones for the same seed."""
+    pool = list(_docstring_pool())
+    random.Random(f"summarize-{seed}").shuffle(pool)
+    if len(pool) < count:
+        raise ValueError(f"only {len(pool)} docstrings fit; asked for {count}")
+    return pool[:count]
+
+
+@functools.cache
+def _docstring_pool() -> tuple[Docstring, ...]:
     pool = []
     for module in MODULES:
         path = _source_path(module)
@@ -119,10 +135,7 @@ def docstrings(count: int, seed: int) -> list[Docstring]:
             text = ast.get_docstring(node)
             if text and DOCSTRING_CHARS[0] <= len(text) <= DOCSTRING_CHARS[1]:
                 pool.append(Docstring(f"{module}.{getattr(node, 'name', '')}".rstrip("."), text))
-    random.Random(f"summarize-{seed}").shuffle(pool)
-    if len(pool) < count:
-        raise ValueError(f"only {len(pool)} docstrings fit; asked for {count}")
-    return pool[:count]
+    return tuple(pool)
 
 
 def python_version() -> str:
