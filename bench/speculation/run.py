@@ -107,11 +107,13 @@ def heading(config: SpeculationBenchConfig, command: str) -> list[str]:
     from bench.scheduler.run import cpu_model
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    llama = LLAMACPP in config.servers
     return [
         f"Speculation off and on, alternated, {when}; CPU: {cpu_model()}.",
         f"`{command}`",
-        f"cbserve `--speculative-config '{config.speculative_config}'`; llama-server "
-        f"`{' '.join(config.llamacpp_spec_argv())}`; greedy, ignore_eos "
+        f"cbserve `--speculative-config '{config.speculative_config}'`"
+        + (f"; llama-server `{' '.join(config.llamacpp_spec_argv())}`" if llama else "")
+        + "; greedy, ignore_eos "
         f"{'on' if config.ignore_eos else 'off'}, max_tokens capped at {config.max_output_tokens}; "
         f"texts from Python {python_version()}'s standard library (edit, summarize) and "
         "ShareGPT (chat).",
@@ -134,17 +136,16 @@ def row_notes(grouped) -> list[str]:
     return notes
 
 
-def run(config: SpeculationBenchConfig, command: str) -> int:
-    notes: list[str] = []
-    runs = measure(config, notes)
+def write(config: SpeculationBenchConfig, runs: list[Run], notes: list[str], command: str) -> str:
+    """results.md and results.json in --out-dir from the recorded runs; the markdown."""
     grouped = rows(runs)
-    notes += row_notes(grouped)
+    notes = notes + row_notes(grouped)
     notes.append(
         "tok/s: output tokens over the run's wall time (first send to last token), the "
         "mean over repeats; mean acceptance length = 1 + accepted / drafts, acceptance "
         "rate = accepted / draft tokens, from each server's spec_decode counters."
     )
-    if LLAMACPP in config.servers and any(r.system == "llama.cpp" for r in runs):
+    if any(r.system == "llama.cpp" for r in runs):
         notes.append(
             "llama.cpp: llama-server on the shipped Q4_1 GGUF (cbserve: its default "
             "--dtype), so compare its on/off ratio rather than its tok/s."
@@ -161,7 +162,13 @@ def run(config: SpeculationBenchConfig, command: str) -> int:
         ],  # fmt: skip
     }
     (config.out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(text)
+    return text
+
+
+def run(config: SpeculationBenchConfig, command: str) -> int:
+    notes: list[str] = []
+    runs = measure(config, notes)
+    print(write(config, runs, notes, command))
     print(
         f"wrote {config.out_dir / 'results.md'}, {config.out_dir / 'results.json'}", file=sys.stderr
     )
