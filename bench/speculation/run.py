@@ -78,10 +78,15 @@ def measure(config: SpeculationBenchConfig, notes: list[str]) -> list[Run]:
                 for server in servers:
                     for speculation in _order(repeat):
                         if server == LLAMACPP:
-                            run = llamacpp_run(
-                                workload, requests, settings, speculation, threads,
-                                config.llamacpp_spec_argv(), log_dir,
-                            )  # fmt: skip
+                            try:
+                                run = llamacpp_run(
+                                    workload, requests, settings, speculation, threads,
+                                    config.llamacpp_spec_argv(), log_dir,
+                                )  # fmt: skip
+                            except (RuntimeError, TimeoutError, OSError) as error:
+                                # A baseline failing must not lose cbserve's figures.
+                                notes.append(f"llama.cpp {workload} x{concurrency}: {error}")
+                                continue
                         else:
                             run = cbserve_run(
                                 workload, requests, settings, speculation, config.worker_argv(),
