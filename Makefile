@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-accuracy bench-formats bench-peers bench-sweep bench-front bench-scheduler clean
+.PHONY: format bench bench-accuracy bench-formats bench-peers bench-sweep bench-front bench-scheduler bench-speculation clean
 
 env: $(STAMP)
 
@@ -202,6 +202,15 @@ bench-front: env proto model
 # (bench/scheduler/run.py; SCHEDULER_BENCH_ARGS="--loads 1x0:512 --fronts grpc").
 bench-scheduler: env proto model
 	$(VENV)/bin/cbserve bench scheduler --out-dir out/bench-scheduler $(SCHEDULER_BENCH_ARGS)
+
+# n-gram speculative decoding off and on, alternated, on fresh stacks: editing (the reply
+# repeats the prompt), summaries and ShareGPT chat at 1 and 64 streams, with the mean
+# acceptance length from the spec_decode counters, and llama-server's own n-gram
+# speculation beside it where `make bench-peers` has built it; table in
+# out/bench-speculation/results.md (bench/speculation/run.py;
+# SPECULATION_BENCH_ARGS="--workload edit --concurrency 1 --repeats 2").
+bench-speculation: env proto model
+	$(VENV)/bin/cbserve bench speculation --out-dir out/bench-speculation $(SPECULATION_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*

@@ -20,6 +20,10 @@ SUBCOMMANDS = {
     "scheduler": Subcommand(
         "bench.scheduler.run", "the scheduler's capacity and CPU cost, with null workers"
     ),
+    "speculation": Subcommand(
+        "bench.speculation.run",
+        "n-gram speculative decoding off and on, side by side (edit, summarize, chat)",
+    ),
     "accuracy": Subcommand(
         "bench.accuracy.gate", "the accuracy gate of every compute path against float32"
     ),
