@@ -23,6 +23,9 @@ SUBCOMMANDS = {
     "accuracy": Subcommand(
         "bench.accuracy.gate", "the accuracy gate of every compute path against float32"
     ),
+    "replicas": Subcommand(
+        "bench.replicas.run", "cbserve replicas behind SGLang's gateway: cached prompt tokens"
+    ),
 }
 
 
