@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from cbserve.local_stack import ChildProcess, LocalStack, free_port
@@ -45,6 +46,25 @@ def start_replica(null_step_ms: float, num_kv_blocks: int, log_path=None) -> Loc
         scheduler_log=log_path,
     )
     return stack.start()
+
+
+def start_replicas(count: int, null_step_ms: float, num_kv_blocks: int, log_path=None):
+    """count replicas started side by side (each start mostly waits on its children's
+    imports); all stopped again if any fails."""
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(start_replica, null_step_ms, num_kv_blocks, log_path)
+                   for _ in range(count)]  # fmt: skip
+    started, failure = [], None
+    for future in futures:
+        try:
+            started.append(future.result())
+        except Exception as error:  # noqa: BLE001 - stopped below, then raised
+            failure = failure or error
+    if failure is not None:
+        for stack in started:
+            stack.stop()
+        raise failure
+    return started
 
 
 def kill_replica(stack: LocalStack) -> None:

@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict
 
 from bench.replicas.config import ReplicasBenchConfig
-from bench.replicas.fleet import router_missing, start_replica
+from bench.replicas.fleet import router_missing, start_replicas
 from bench.replicas.phases import (
     Phase,
     behind_router,
@@ -67,8 +67,8 @@ def run(config: ReplicasBenchConfig, command: str) -> int:
     phases: list[Phase] = []
     try:
         with children_log_to(log):
-            for _ in range(config.replicas):
-                stacks.append(start_replica(config.null_step_ms, config.num_kv_blocks, log))
+            stacks += start_replicas(config.replicas, config.null_step_ms,
+                                     config.num_kv_blocks, log)  # fmt: skip
         model = model_name(stacks[0])
         _say("  one replica serving everything ...")
         phases.append(one_replica(config, stacks, model))
