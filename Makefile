@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-accuracy bench-peers bench-sweep bench-front bench-scheduler clean
+.PHONY: format bench bench-accuracy bench-peers bench-sweep bench-front bench-scheduler bench-replicas clean
 
 env: $(STAMP)
 
@@ -201,6 +201,12 @@ bench-front: env proto model
 # (bench/scheduler/run.py; SCHEDULER_BENCH_ARGS="--loads 1x0:512 --fronts grpc").
 bench-scheduler: env proto model
 	$(VENV)/bin/cbserve bench scheduler --out-dir out/bench-scheduler $(SCHEDULER_BENCH_ARGS)
+
+# Issue 33: 3 cbserve replicas (null workers) behind sglang-router, cache_aware and
+# round_robin against one replica serving everything, then a replica killed mid-run;
+# the table in out/bench-replicas/.
+bench-replicas: env proto model
+	$(VENV)/bin/cbserve bench replicas --out-dir out/bench-replicas $(REPLICAS_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*
