@@ -17,7 +17,7 @@ BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
 .PHONY: compose-config deploy-check
-.PHONY: format bench bench-accuracy bench-formats bench-peers bench-sweep bench-front bench-scheduler bench-speculation clean
+.PHONY: format bench bench-accuracy bench-formats bench-peers bench-sweep bench-front bench-scheduler bench-speculation bench-replicas clean
 
 env: $(STAMP)
 
@@ -110,6 +110,7 @@ lint-proto: $(BUF_STAMP)
 compose-config:
 	docker-compose -f docker-compose.yml config --quiet
 	docker-compose -f docker-compose.yml -f docker-compose.gpu.yml config --quiet
+	docker-compose -f docker-compose.replicas.yml config --quiet
 
 # Everything deploy/ and the compose files promise: both compose variants render; every
 # kustomization under deploy/ renders with `kubectl kustomize` and every object it renders
@@ -120,27 +121,33 @@ compose-config:
 # unknown or misspelt field fails) against the oldest Kubernetes the manifests support
 # (native gRPC probes are GA from 1.27) and the newest schemas kubernetes-validate bundles.
 # A kind it has no schema for is only a WARN to kubernetes-validate; here it fails, since
-# nothing would have been checked. The rendered manifests stay in $(RENDERED_K8S)/.
+# nothing would have been checked. The custom resources of the inference-gateway overlay
+# (InferencePool, HTTPRoute) are checked first against strict schemas of their own
+# (tests/k8s_crds.py), which also writes every other document to *.core.yaml for
+# kubernetes-validate. The rendered manifests stay in $(RENDERED_K8S)/.
 KUBECTL := $(VENV)/bin/kubectl
 K8S_VERSIONS ?= 1.27.0 1.37.0
 KUSTOMIZATIONS := $(sort $(patsubst %/kustomization.yaml,%,$(shell find deploy -name kustomization.yaml)))
 RENDERED_K8S := out/deploy-check
-DEPLOY_TESTS := tests/test_compose.py tests/test_k8s_manifests.py tests/test_health_probe.py
+DEPLOY_TESTS := tests/test_compose.py tests/test_k8s_manifests.py tests/test_health_probe.py \
+	tests/test_k8s_inference_gateway.py tests/test_compose_replicas.py
 deploy-check: env proto compose-config
 	@set -e; mkdir -p $(RENDERED_K8S); \
 	for dir in $(KUSTOMIZATIONS); do \
 	  rendered=$(RENDERED_K8S)/$$(echo "$${dir#deploy/}" | tr / -).yaml; \
 	  echo "$(KUBECTL) kustomize $$dir > $$rendered"; \
 	  $(KUBECTL) kustomize "$$dir" > "$$rendered"; \
+	  core="$${rendered%.yaml}.core.yaml"; \
+	  $(PY) tests/k8s_crds.py "$$rendered" "$$core"; \
 	  status=0; \
 	  report=$$($(VENV)/bin/kubernetes-validate --strict --quiet \
-	      $(addprefix -k ,$(K8S_VERSIONS)) "$$rendered") || status=$$?; \
+	      $(addprefix -k ,$(K8S_VERSIONS)) "$$core") || status=$$?; \
 	  [ -z "$$report" ] || echo "$$report"; \
 	  if [ "$$status" -ne 0 ] || echo "$$report" | grep -q '^WARN'; then \
 	    echo "make: $$rendered fails the Kubernetes schemas ($(K8S_VERSIONS), strict)" >&2; \
 	    exit 1; \
 	  fi; \
-	  echo "  $$(grep -c '^kind:' "$$rendered") objects pass the Kubernetes $(K8S_VERSIONS) schemas (strict)"; \
+	  echo "  $$(grep -c '^kind:' "$$core") objects pass the Kubernetes $(K8S_VERSIONS) schemas (strict)"; \
 	done
 	$(PY) -m pytest -q $(DEPLOY_TESTS)
 
@@ -211,6 +218,12 @@ bench-scheduler: env proto model
 # SPECULATION_BENCH_ARGS="--workload edit --concurrency 1 --repeats 2").
 bench-speculation: env proto model
 	$(VENV)/bin/cbserve bench speculation --out-dir out/bench-speculation $(SPECULATION_BENCH_ARGS)
+
+# Issue 33: 3 cbserve replicas (null workers) behind sglang-router, cache_aware and
+# round_robin against one replica serving everything, then a replica killed mid-run;
+# the table in out/bench-replicas/.
+bench-replicas: env proto model
+	$(VENV)/bin/cbserve bench replicas --out-dir out/bench-replicas $(REPLICAS_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) $(GENERATED) cbserve/v1/*_pb2* cbserve/worker/v1/*_pb2*

@@ -30,6 +30,9 @@ SUBCOMMANDS = {
     "formats": Subcommand(
         "bench.formats.run", "the GGUF files people download, each beside llama.cpp"
     ),
+    "replicas": Subcommand(
+        "bench.replicas.run", "cbserve replicas behind SGLang's gateway: cached prompt tokens"
+    ),
 }
 
 

@@ -29,9 +29,16 @@ from worker_svc.__main__ import config_from_args
 pytestmark = pytest.mark.process
 
 K8S_DIR = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+# The inference-gateway overlay is another topology (replica pods, each a scheduler with
+# its own worker, no shared workers): tests/test_k8s_inference_gateway.py checks it.
+OWN_TESTS = {"inference-gateway"}
 KUSTOMIZATIONS = {
     "base": K8S_DIR / "base",
-    **{path.name: path for path in sorted((K8S_DIR / "overlays").iterdir()) if path.is_dir()},
+    **{
+        path.name: path
+        for path in sorted((K8S_DIR / "overlays").iterdir())
+        if path.is_dir() and path.name not in OWN_TESTS
+    },
 }
 # Native gRPC probes are GA from 1.27; the newest bundled schemas catch removals.
 K8S_VERSIONS = ["1.27.0", latest_version()]
