@@ -38,15 +38,16 @@ from worker_svc.models.qblock.gguf_blocks import read_gguf_blocks
 
 
 def shapes_from_gguf(path) -> dict[str, tuple]:
-    """name -> (blocks, format, K, count per step), from the GGUF's layer 0 and head."""
+    """name -> (blocks, format, K, count per step), from the GGUF's layer 0 and head
+    (a fused weight's first run of rows where its parts mix formats)."""
     blocks = read_gguf_blocks(path, load_architecture("llama"), layers=(0,))
     layer = blocks.layers[0]
     count = blocks.num_layers
     return {
-        "qkv": (*layer["qkv"], count),
-        "o": (*layer["o"], count),
-        "gate_up": (*layer["gate_up"], count),
-        "down": (*layer["down"], count),
+        "qkv": (*layer["qkv"][0], count),
+        "o": (*layer["o"][0], count),
+        "gate_up": (*layer["gate_up"][0], count),
+        "down": (*layer["down"][0], count),
         "lm_head": (*blocks.lm_head, 1),
     }
 

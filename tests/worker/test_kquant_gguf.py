@@ -1,9 +1,9 @@
 """A GGUF mixing block formats per tensor, as a Q4_K_M file does, on the q4_1 path: made
 here from the shipped model's weights (tests/worker/kquant_file.py; llama.cpp's
 llama-quantize is not built in the test tiers), loaded on its own blocks (no
-requantization where parts share a format), and run by the Python block forward and the
-native decode step, each against the float forward of the very weights the blocks
-dequantize to."""
+requantization, fused parts of different formats included), and run by the Python block
+forward and the native decode step, each against the float forward of the very weights
+the blocks dequantize to."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from tests.worker.architectures.test_float_forward import CPU, prompt
 from tests.worker.kquant_file import QTYPE, rewrite_gguf
 from worker_svc.attention import CpuAttentionBackend
 from worker_svc.compute.qblock import Q4_K, Q5_0, Q6_K, Q8_0, dequantize, supported_variants
+from worker_svc.compute.qblock_stack import QBlockStack
 from worker_svc.model_loader import load_model
+from worker_svc.models.checkpoint.weights import undo_rope_permute
 
 pytestmark = [
     pytest.mark.model,
@@ -36,8 +38,9 @@ CLOSE = {"rtol": 1e-3, "atol": 2e-3}
 
 
 def q4_k_m_like(name: str, k: int):
-    """Q4_K / Q6_K where K is a multiple of 256 (SmolLM2's ffn_down), Q5_0 elsewhere, and
-    every third layer's attn_v in Q8_0: its fused QKV mixes formats."""
+    """Q4_K / Q6_K where K is a multiple of 256 (SmolLM2's ffn_down), Q5_0 elsewhere,
+    every third layer's attn_v in Q8_0 (its fused QKV mixes formats, as a Q4_K_M file's
+    Q6_K v beside Q4_K q and k) and every fourth layer's ffn_up in Q8_0 (gate/up mixed)."""
     layer = re.match(r"blk\.(\d+)\.", name)
     if layer is None:
         return None  # the tied embedding / head stays Q8_0
@@ -46,7 +49,20 @@ def q4_k_m_like(name: str, k: int):
         return QTYPE.Q6_K if i % 2 else QTYPE.Q4_K
     if name.endswith("attn_v.weight") and i % 3 == 0:
         return QTYPE.Q8_0
+    if name.endswith("ffn_up.weight") and i % 4 == 1:
+        return QTYPE.Q8_0
     return QTYPE.Q5_0
+
+
+def file_weight(tensors: dict, name: str) -> torch.Tensor:
+    """A tensor of the file as gguf-py's own dequantizer reads it, rows as the model has
+    them (q and k un-permuted, as llama.cpp's converter permuted them)."""
+    tensor = tensors[name]
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    weight = torch.from_numpy(values.reshape(-1, int(tensor.shape[0])).copy())
+    role = name.split(".")[2]
+    heads = {"attn_q": 9, "attn_k": 3}.get(role)  # SmolLM2-135M's heads and kv heads
+    return undo_rope_permute(weight, heads) if heads else weight
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +86,31 @@ def test_every_tensor_keeps_the_files_blocks(mixed_file, mixed):
         tensor = down[f"blk.{i}.ffn_down.weight"]
         want = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         assert torch.equal(layer.down_proj.dequantized(), torch.from_numpy(want))
-        assert layer.gate_up_proj.format is Q5_0 and layer.o_proj.format is Q5_0
-        # Q5_0 q, k beside a Q8_0 v: the mixed fused weight takes Q8_0 (gguf_blocks._fuse).
-        assert layer.qkv_proj.format is (Q8_0 if i % 3 == 0 else Q5_0)
+        assert layer.o_proj.format is Q5_0
+        # Q5_0 q and k beside a Q8_0 v: two runs of rows, each in the file's format.
+        assert formats_of(layer.qkv_proj) == ((Q5_0, Q8_0) if i % 3 == 0 else (Q5_0,))
+        assert formats_of(layer.gate_up_proj) == ((Q5_0, Q8_0) if i % 4 == 1 else (Q5_0,))
     assert model.lm_head.format is Q8_0
     assert not any(layer.down_proj.vnni for layer in model.layers)  # VNNI: Q4_1 / Q8_0 only
+
+
+def formats_of(projection) -> tuple:
+    return projection.formats if isinstance(projection, QBlockStack) else (projection.format,)
+
+
+def test_fused_weights_of_mixed_formats_are_the_files_bit_for_bit(mixed_file, mixed):
+    """Every fused projection, mixed or not, dequantizes to exactly what gguf-py reads
+    from the file for its parts: no part was requantized."""
+    tensors = {t.name: t for t in gguf.GGUFReader(str(mixed_file)).tensors}
+    for i, layer in enumerate(mixed.model.layers):
+        parts = {
+            "qkv_proj": ("attn_q", "attn_k", "attn_v"),
+            "gate_up_proj": ("ffn_gate", "ffn_up"),
+            "o_proj": ("attn_output",),
+        }
+        for name, roles in parts.items():
+            want = torch.cat([file_weight(tensors, f"blk.{i}.{role}.weight") for role in roles])
+            assert torch.equal(getattr(layer, name).dequantized(), want), (i, name)
 
 
 def test_python_forward_equals_the_float_forward_of_the_dequantized_weights(mixed):

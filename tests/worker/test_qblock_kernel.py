@@ -120,7 +120,7 @@ def test_dequantized_blocks_equal_ggufs_own_dequantizer(monkeypatch):
     reader = gguf.GGUFReader(str(packaged_gguf_path()))
     tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")
     expected = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    data, fmt, k = blocks.layers[0]["down"]
+    [(data, fmt, k)] = blocks.layers[0]["down"]
     assert fmt is Q4_1
     assert np.array_equal(dequantize(data, fmt).numpy(), expected.reshape(data.shape[0], k))
     monkeypatch.setenv("CBSERVE_QBLOCK_VNNI", "0")  # its 16-bit activations: test_qblock_vnni

@@ -17,6 +17,7 @@ from worker_svc.attention import CpuAttentionBackend
 from worker_svc.compute.linear import DenseLinear
 from worker_svc.compute.qblock import supported_variants
 from worker_svc.compute.qblock_linear import QBlockLinear
+from worker_svc.compute.qblock_stack import QBlockStack
 from worker_svc.model_loader import load_model
 from worker_svc.models.qblock.native import NATIVE_FEATURES, NativeDecode
 
@@ -41,7 +42,7 @@ def dequantized_twin(model):
     twin = copy.deepcopy(shallow)
     for module in [*twin.layers, twin]:
         for name, child in list(module.named_children()):
-            if isinstance(child, QBlockLinear):
+            if isinstance(child, QBlockLinear | QBlockStack):
                 setattr(module, name, DenseLinear(child.dequantized(), torch.float32, child.bias))
     return twin
 

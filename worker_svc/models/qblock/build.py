@@ -24,6 +24,7 @@ import torch
 
 from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
+from worker_svc.compute.qblock_stack import qblock_projection
 from worker_svc.errors import ModelLoadError
 from worker_svc.models.checkpoint.tensors import CheckpointTensors
 from worker_svc.models.declaration import Architecture, DecoderSpec
@@ -71,7 +72,8 @@ def find_blocks(
 
 
 def to_qblock(model, blocks: GgufBlocks | None) -> None:
-    """In place: every projection and the LM head become QBlockLinear."""
+    """In place: every projection and the LM head become QBlockLinear (a QBlockStack
+    where a fused projection's parts are stored in different formats)."""
     try:
         load_qblock_kernel()  # here, at load, not at the first step
     except KernelUnavailableError as exc:
@@ -80,7 +82,7 @@ def to_qblock(model, blocks: GgufBlocks | None) -> None:
         for name in _PROJECTIONS:
             bias = getattr(layer, name).bias
             if blocks is not None:
-                projection = QBlockLinear(*blocks.layers[index][_GGUF_KEYS[name]], bias=bias)
+                projection = qblock_projection(blocks.layers[index][_GGUF_KEYS[name]], bias)
             else:
                 weight = getattr(layer, name).weight.data
                 projection = QBlockLinear.from_float(weight, Q8_0, bias=bias)

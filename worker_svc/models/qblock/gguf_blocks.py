@@ -7,7 +7,10 @@ gate/up are the byte rows of their parts stacked, and the rotary reordering of q
 k (checkpoint.weights.undo_rope_permute, llama only) is a permutation of byte rows.
 Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 tensors (what llama.cpp's Q4_K_M and its kin
 hold) are kept as the file stores them; tensors in a format the kernel has no code for
-are read dequantized and requantized to Q8_0 at load.
+are read dequantized and requantized to Q8_0 at load. A fused weight whose parts the
+file stores in different formats (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k) is
+kept as runs of rows, one per format (compute/qblock_stack.py), so that it too
+computes with the file's own weights.
 
 Which GGUF belongs to a converted float directory is checked, not assumed: its
 dequantized blocks must equal the directory's float32 weights bit for bit
@@ -42,8 +45,9 @@ _PARTS = {
 @dataclass
 class GgufBlocks:
     num_layers: int
-    # layer index -> {"qkv" | "o" | "gate_up" | "down": Blocks}
-    layers: dict[int, dict[str, Blocks]] = field(default_factory=dict)
+    # layer index -> {"qkv" | "o" | "gate_up" | "down": its runs of rows, each one
+    # format; a single run unless the fused parts are stored in different formats}
+    layers: dict[int, dict[str, list[Blocks]]] = field(default_factory=dict)
     lm_head: Blocks | None = None
     embedding: Blocks | None = None
     # transformers' weight name -> the blocks before fusing (for blocks_match_state).
@@ -108,25 +112,26 @@ def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) 
     return out
 
 
-def _fuse(pieces: list[Blocks], names: list[str], parts: dict[str, Blocks]) -> Blocks:
-    """The pieces' rows stacked into one weight; each piece is recorded in `parts` as a
-    view of the fused rows (no second copy), or as read where the fused weight had to
-    take another format."""
-    formats = {fmt for _, fmt, _ in pieces}
-    if len(formats) > 1:
-        # Parts stored in different formats (a Q4_K_M file's Q6_K attn_v beside Q4_K q
-        # and k): the fused weight takes Q8_0 for all, so it no longer multiplies by the
-        # file's exact weights. Per-part formats in one fused weight are not written yet.
-        parts.update(zip(names, pieces, strict=True))
-        pieces = [(quantize(dequantize(b, f), Q8_0), Q8_0, k) for b, f, k in pieces]
-    # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.
-    stacked = torch.from_numpy(np.concatenate([b.numpy() for b, _, _ in pieces]))
-    if len(formats) == 1:
+def _fuse(pieces: list[Blocks], names: list[str], parts: dict[str, Blocks]) -> list[Blocks]:
+    """The pieces' rows as runs: neighbours of one format stacked into one weight, a new
+    run where the format changes. Each piece is recorded in `parts` as a view of its
+    run's rows (no second copy)."""
+    groups: list[list[tuple[str, Blocks]]] = []
+    for name, piece in zip(names, pieces, strict=True):
+        if groups and groups[-1][0][1][1] is piece[1]:
+            groups[-1].append((name, piece))
+        else:
+            groups.append([(name, piece)])
+    runs = []
+    for group in groups:
+        # numpy's single-threaded copies: torch's 2-thread ones stall on a busy machine.
+        stacked = torch.from_numpy(np.concatenate([b.numpy() for _, (b, _, _) in group]))
         rows = 0
-        for name, (blocks, fmt, k) in zip(names, pieces, strict=True):
+        for name, (blocks, fmt, k) in group:
             parts[name] = (stacked[rows : rows + blocks.shape[0]], fmt, k)
             rows += blocks.shape[0]
-    return stacked, pieces[0][1], pieces[0][2]
+        runs.append((stacked, group[0][1][1], group[0][1][2]))
+    return runs
 
 
 # Rows dequantized at a time when checking: a whole embedding would be another 113 MB.

@@ -27,6 +27,7 @@ import torch
 from worker_svc.attention import PagedAttentionContext, cpu_kernel
 from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
+from worker_svc.compute.qblock_stack import block_runs
 from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -53,6 +54,33 @@ _I64, _F64, _PTR = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
 KV_DTYPES = {torch.float32: 0, torch.float16: 1}
 
 
+WEIGHT_RUNS = 3  # decode_model.h: a fused QKV's three parts, each its own format at most
+
+
+class _Weight(ctypes.Structure):
+    """struct block_weight: a projection's runs of rows, each in its own format."""
+
+    _fields_ = [
+        ("runs", _I64),
+        ("run_end", _I64 * WEIGHT_RUNS),
+        ("format", _I64 * WEIGHT_RUNS),
+        ("blocks", _PTR * WEIGHT_RUNS),
+    ]
+
+    @classmethod
+    def of(cls, projection) -> _Weight:
+        runs = block_runs(projection)
+        if len(runs) > WEIGHT_RUNS:
+            raise ValueError(f"{len(runs)} runs of formats in one projection (at most 3)")
+        weight = cls(runs=len(runs))
+        end = 0
+        for i, run in enumerate(runs):
+            end += run.out_features
+            weight.run_end[i], weight.format[i] = end, run.format.code
+            weight.blocks[i] = run.blocks.data_ptr()
+        return weight
+
+
 class _Model(ctypes.Structure):
     """struct decode_model."""
 
@@ -61,9 +89,10 @@ class _Model(ctypes.Structure):
         *((name, _I64) for name in ("num_kv_heads", "head_dim", "vocab")),
         ("eps", _F64),
         ("scale", _F64),
-        *((name, _PTR) for name in ("embed", "final_norm", "lm_head")),
-        ("lm_head_format", _I64),
-        *((name, _PTR) for name in ("norms", "projections", "formats")),
+        *((name, _PTR) for name in ("embed", "final_norm")),
+        ("lm_head", ctypes.POINTER(_Weight)),
+        ("norms", _PTR),
+        ("weights", ctypes.POINTER(_Weight)),
         *((name, _PTR) for name in ("rope_tables", "windows", "qkv_biases", "qk_norms")),
         ("post_norms", _PTR),
         ("activation", _I64),
@@ -159,7 +188,8 @@ class NativeDecode:
         # From as many rows as QBlockLinear (this CPU's measured threshold), and only
         # where it does (CBSERVE_QBLOCK_VNNI, and formats the VNNI kernel reads: the step
         # keeps the others on the float kernel, decode_panels.h's project).
-        vnni = [p for row in [*projections, [model.lm_head]] for p in row if p.vnni]
+        every = [p for row in [*projections, [model.lm_head]] for p in row]
+        vnni = [run for p in every for run in block_runs(p) if run.vnni]
         self.vnni_from_m = vnni[0].vnni_from_m if vnni else 0
         self._norms = torch.tensor(
             [
@@ -168,12 +198,9 @@ class NativeDecode:
             ],
             dtype=torch.int64,
         )
-        self._projections = torch.tensor(
-            [[p.blocks.data_ptr() for p in row] for row in projections], dtype=torch.int64
-        )
-        self._formats = torch.tensor(
-            [[p.format.code for p in row] for row in projections], dtype=torch.int64
-        )
+        flat = [p for row in projections for p in row]
+        self._weights = (_Weight * len(flat))(*(_Weight.of(p) for p in flat))
+        self._lm_head = _Weight.of(model.lm_head)
         self._per_layer_tables(model)
         self._model = model  # owns every tensor whose address the structure holds
         self._struct = _Model(
@@ -188,11 +215,9 @@ class NativeDecode:
             scale=layers[0].scale,
             embed=model.embed_tokens.data_ptr(),
             final_norm=model.norm.weight.data_ptr(),
-            lm_head=model.lm_head.blocks.data_ptr(),
-            lm_head_format=model.lm_head.format.code,
+            lm_head=ctypes.pointer(self._lm_head),
             norms=self._norms.data_ptr(),
-            projections=self._projections.data_ptr(),
-            formats=self._formats.data_ptr(),
+            weights=ctypes.cast(self._weights, ctypes.POINTER(_Weight)),
             rope_tables=self._rope_tables.data_ptr(),
             windows=self._windows.data_ptr(),
             qkv_biases=self._qkv_biases.data_ptr(),

@@ -12,6 +12,17 @@ enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
 enum { LOOPS_PER_LAYER = 9 };
 enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
 
+/* A projection's weight as runs of output rows, each run in its own block format: one
+ * run, unless a fused weight's parts are stored in different formats (a Q4_K_M file's
+ * Q4_K q and k beside its Q6_K v; compute/qblock_stack.py). */
+enum { WEIGHT_RUNS = 3 };
+struct block_weight {
+    int64_t runs;                       /* 1 .. WEIGHT_RUNS */
+    int64_t run_end[WEIGHT_RUNS];       /* the output row after run i's last */
+    int64_t format[WEIGHT_RUNS];        /* QBLOCK_FORMAT_* */
+    const uint8_t *blocks[WEIGHT_RUNS]; /* run i's rows of blocks */
+};
+
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
  * one tensor; every array is contiguous. */
 struct decode_model {
@@ -19,11 +30,9 @@ struct decode_model {
     double eps, scale;
     const float *embed;      /* [vocab, hidden] */
     const float *final_norm; /* [hidden] */
-    const uint8_t *lm_head;  /* [vocab] rows of blocks */
-    int64_t lm_head_format;
-    const int64_t *norms;       /* [layers][NORMS] addresses of float [hidden] */
-    const int64_t *projections; /* [layers][PROJS] addresses of block rows */
-    const int64_t *formats;     /* [layers][PROJS] */
+    const struct block_weight *lm_head; /* [vocab] rows */
+    const int64_t *norms;               /* [layers][NORMS] addresses of float [hidden] */
+    const struct block_weight *weights; /* [layers][PROJS] */
     /* What the architecture's declaration varies by layer (models/declaration.py). */
     const int64_t *rope_tables; /* [layers][2] addresses of cos, sin [positions, d / 2] */
     const int64_t *windows;     /* [layers] sliding window, 0 for full attention */

@@ -10,6 +10,7 @@
 
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_vnni.h"
+#include "decode_model.h"
 
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 void gelu_tanh_mul(const float *gate, const float *up, float *out, int64_t n);
@@ -106,31 +107,46 @@ static void project(int variant, int format, const uint8_t *w, int64_t first, in
                           k, ts->qx, ts->dx, ts->sx, m, y, ldy, ts->vnni_tmp, ts->vnni_scales);
 }
 
+/* y[i * ldy + r] = x[i] . W[lo + r] for r < n: rows lo .. lo + n - 1 of a weight, each
+ * run's rows by its own format (a range may cross from one run into the next). */
+static void project_rows(int variant, const struct block_weight *w, int64_t lo, int64_t n,
+                         const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
+                         const struct thread_scratch *ts)
+{
+    int64_t start = 0;
+    for (int64_t run = 0; run < w->runs; start = w->run_end[run], run++) {
+        const int64_t from = lo > start ? lo : start;
+        const int64_t to = lo + n < w->run_end[run] ? lo + n : w->run_end[run];
+        if (from >= to)
+            continue;
+        const int format = (int)w->format[run];
+        project(variant, format, w->blocks[run] + (from - start) * qblock_row_bytes(format, k), 0,
+                to - from, x, m, k, y + (from - lo), ldy, ts);
+    }
+}
+
 /* hidden[:, panel rows] += (x @ W^T)[:, panel rows]: a thread's share of a projection
  * whose output is added to the residual stream. */
-static void residual_panel(int variant, int format, const uint8_t *w, int64_t panel, int64_t n,
+static void residual_panel(int variant, const struct block_weight *w, int64_t panel, int64_t n,
                            const float *x, int64_t tokens, int64_t k, float *hidden,
                            const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
-    project(variant, format, w + first * qblock_row_bytes(format, k), 0, rows, x, tokens, k,
-            ts->out_a, QBLOCK_PANEL_ROWS, ts);
+    project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
     for (int64_t i = 0; i < tokens; i++)
         for (int64_t r = 0; r < rows; r++)
             hidden[i * n + first + r] += ts->out_a[i * QBLOCK_PANEL_ROWS + r];
 }
 
 /* act[:, panel rows] = act(gate) * up for the panel's rows of both halves of gate_up. */
-static void swiglu_panel(int variant, int format, const uint8_t *w, int64_t panel,
+static void swiglu_panel(int variant, const struct block_weight *w, int64_t panel,
                          int64_t intermediate, const float *x, int64_t tokens, int64_t k,
                          float *act, int activation, const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
-    int64_t row_bytes = qblock_row_bytes(format, k);
-    project(variant, format, w + first * row_bytes, 0, rows, x, tokens, k, ts->out_a,
-            QBLOCK_PANEL_ROWS, ts);
-    project(variant, format, w + (intermediate + first) * row_bytes, 0, rows, x, tokens, k,
-            ts->out_b, QBLOCK_PANEL_ROWS, ts);
+    project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
+    project_rows(variant, w, intermediate + first, rows, x, tokens, k, ts->out_b,
+                 QBLOCK_PANEL_ROWS, ts);
     void (*gated)(const float *, const float *, float *, int64_t) =
         activation == ACTIVATION_GELU_TANH ? gelu_tanh_mul : llama_silu_mul;
     for (int64_t i = 0; i < tokens; i++)

@@ -121,21 +121,21 @@ static void attend_prepared(const struct decode_model *m, const struct decode_ba
 
 /* hidden += post_norm(x @ W^T) (Gemma's sandwich), or hidden += x @ W^T where the layer
  * has no post-norm: then each panel adds its own columns, with no second loop. */
-static void add_projection(const struct decode_model *m, int variant, int format,
-                           const uint8_t *w, const float *x, int64_t T, int64_t k,
+static void add_projection(const struct decode_model *m, int variant,
+                           const struct block_weight *w, const float *x, int64_t T, int64_t k,
                            const float *post_norm, const struct scratch *s,
                            const struct thread_scratch *ts, struct member *me)
 {
     const int64_t H = m->hidden;
     if (post_norm == NULL) {
         FOR_SHARED(p, panels_of(H), me, me->dynamic)
-        residual_panel(variant, format, w, p, H, x, T, k, s->hidden, ts);
+        residual_panel(variant, w, p, H, x, T, k, s->hidden, ts);
         share_end(me);
         return;
     }
     FOR_SHARED(p, panels_of(H), me, me->dynamic)
-    project(variant, format, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k, s->projected,
-            H, ts);
+    project_rows(variant, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k,
+                 s->projected + p * QBLOCK_PANEL_ROWS, H, ts);
     share_end(me);
     FOR_SHARED(t, T, me, 1)
     {
@@ -153,15 +153,14 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t q_width = m->num_heads * m->head_dim;
     const float eps = (float)m->eps;
-    const int64_t *weights = m->projections + layer * PROJS, *formats = m->formats + layer * PROJS;
+    const struct block_weight *weights = m->weights + layer * PROJS;
 
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_INPUT], H, eps,
                   ts->normed);
     prepare_input(ts, ts->normed, T, H);
     FOR_SHARED(p, panels_of(qkv_width), me, me->dynamic)
-    project(variant, (int)formats[PROJ_QKV], (const uint8_t *)weights[PROJ_QKV],
-            p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p), ts->normed, T, H, s->qkv, qkv_width,
-            ts);
+    project_rows(variant, &weights[PROJ_QKV], p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p),
+                 ts->normed, T, H, s->qkv + p * QBLOCK_PANEL_ROWS, qkv_width, ts);
     share_end(me);
     /* Dynamic always: contexts differ, so items are not equal work. Rows of one sequence
      * (a speculative step's drafts) attend to each other's K/V: then every item's K/V is
@@ -185,18 +184,17 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
     const float *post_attention = (const float *)m->post_norms[layer * 2];
     const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
     prepare_input(ts, s->attended, T, q_width);
-    add_projection(m, variant, (int)formats[PROJ_O], (const uint8_t *)weights[PROJ_O],
-                   s->attended, T, q_width, post_attention, s, ts, me);
+    add_projection(m, variant, &weights[PROJ_O], s->attended, T, q_width, post_attention, s, ts,
+                   me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
     prepare_input(ts, ts->normed, T, H);
     FOR_SHARED(p, panels_of(I), me, me->dynamic)
-    swiglu_panel(variant, (int)formats[PROJ_GATE_UP], (const uint8_t *)weights[PROJ_GATE_UP], p, I,
-                 ts->normed, T, H, s->act, (int)m->activation, ts);
+    swiglu_panel(variant, &weights[PROJ_GATE_UP], p, I, ts->normed, T, H, s->act,
+                 (int)m->activation, ts);
     share_end(me);
     prepare_input(ts, s->act, T, I);
-    add_projection(m, variant, (int)formats[PROJ_DOWN], (const uint8_t *)weights[PROJ_DOWN],
-                   s->act, T, I, post_mlp, s, ts, me);
+    add_projection(m, variant, &weights[PROJ_DOWN], s->act, T, I, post_mlp, s, ts, me);
 }
 
 static int64_t longest_context(const struct decode_batch *b)
@@ -225,8 +223,8 @@ static void run_step(const struct decode_model *m, const struct decode_batch *b,
     ts.vnni = head_vnni;
     prepare_input(&ts, ts.normed, S, H);
     FOR_SHARED(p, panels_of(m->vocab), &me, me.dynamic)
-    project(variant, (int)m->lm_head_format, m->lm_head, p * QBLOCK_PANEL_ROWS,
-            panel_rows(m->vocab, p), ts.normed, S, H, b->logits, m->vocab, &ts);
+    project_rows(variant, m->lm_head, p * QBLOCK_PANEL_ROWS, panel_rows(m->vocab, p), ts.normed,
+                 S, H, b->logits + p * QBLOCK_PANEL_ROWS, m->vocab, &ts);
 }
 
 /* Returns 0; -1 for a variant this CPU cannot run, -2 for a shape the step does not
