@@ -18,7 +18,13 @@ import torch
 
 from bench.micro.qblock import timed
 from worker_svc.compute.cpu_features import cpu_name
-from worker_svc.compute.qblock import FORMATS, BlockFormat, qblock_matmul, supported_variants
+from worker_svc.compute.qblock import (
+    FORMATS,
+    BlockFormat,
+    qblock_matmul,
+    quantize,
+    supported_variants,
+)
 
 SHAPES = ((576, 1536), (1536, 1536))
 # Where each format keeps its f16 scale(s) in a block: random bytes there could be
@@ -27,8 +33,12 @@ SCALE_BYTES = {"Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6
 
 
 def random_blocks(fmt: BlockFormat, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Random blocks of `fmt` whose f16 scales are small finite numbers."""
+    """Random blocks of `fmt` whose f16 scales are small finite numbers (F16 / BF16:
+    weights of a trained model's scale)."""
     rng = np.random.default_rng(seed)
+    if fmt.name in ("F16", "BF16"):
+        weights = torch.from_numpy(rng.standard_normal((n, k), dtype=np.float32) * 0.05)
+        return quantize(weights, fmt)
     raw = rng.integers(0, 256, size=(n, fmt.row_bytes(k)), dtype=np.uint8)
     groups = raw.reshape(n, k // fmt.block_weights, fmt.block_bytes)
     for at in SCALE_BYTES.get(fmt.name, (0,)):

@@ -15,6 +15,9 @@ permuted (the rotary reordering of q and k) without touching a block.
   Q5_0 (32 weights, 5 bits): what llama.cpp's K-quant files (Q4_K_M, ...) hold, read
   as they are in the file (layouts in kernels/qblock_kquants.h). `quantize` does not
   write them: they come from files only.
+- F16 and BF16: 16-bit floats (a file converted with --outtype f16 / bf16, or a
+  bfloat16 checkpoint's own values), widened exactly to float32 in registers
+  (kernels/qblock_float16.c); products are float32 weights times float32 activations.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ PARTS = tuple(
         "qblock_q4q8.c",
         "qblock_kquants.c",
         "qblock_kquants_avx512.c",
+        "qblock_float16.c",
     )
 )
 QK = 32
@@ -66,7 +70,10 @@ Q4_K = BlockFormat("Q4_K", 2, 144, 256)
 Q5_K = BlockFormat("Q5_K", 3, 176, 256)
 Q6_K = BlockFormat("Q6_K", 4, 210, 256)
 Q5_0 = BlockFormat("Q5_0", 5, 22)
-FORMATS = {f.name: f for f in (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0)}
+# 16-bit floats, 32 to a "block" of 64 bytes: a row is the file's K * 2 bytes.
+F16 = BlockFormat("F16", 6, 64)
+BF16 = BlockFormat("BF16", 7, 64)
+FORMATS = {f.name: f for f in (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, F16, BF16)}
 # The kernel's variant argument; AUTO takes the best this CPU runs.
 VARIANTS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
 
@@ -199,15 +206,19 @@ def dequantize(
 
 
 def quantize(weight: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """float `[N, K]` (K a multiple of 32) -> blocks `[N, K / 32 * block_bytes]` uint8.
+    """float `[N, K]` (K a multiple of 32) -> blocks `[N, K / 32 * block_bytes]` uint8
+    (Q4_1, Q8_0, and F16 / BF16 as 16-bit floats).
 
     The scale is rounded to float16 before the weights are divided by it, so that each
     stored integer is the nearest one for the scale the kernel will multiply by."""
     n, k = weight.shape
-    if fmt not in (Q4_1, Q8_0):
+    if fmt not in (Q4_1, Q8_0, F16, BF16):
         raise ValueError(f"{fmt.name} blocks are read from files, not written here")
     if k % QK:
         raise ValueError(f"K = {k} is not a multiple of {QK}")
+    if fmt in (F16, BF16):  # rounded to nearest even; exact for weights already in it
+        half = weight.detach().to(torch.float16 if fmt is F16 else torch.bfloat16)
+        return half.contiguous().view(torch.uint8).reshape(n, 2 * k).clone()
     w = weight.detach().float().reshape(n, k // QK, QK)
     if fmt is Q8_0:
         d = (w.abs().amax(dim=-1, keepdim=True) / 127).half()
@@ -226,6 +237,8 @@ def quantize(weight: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
 
 
 __all__ = [
+    "BF16",
+    "F16",
     "FORMATS",
     "Q4_1",
     "Q4_K",

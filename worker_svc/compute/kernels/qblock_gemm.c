@@ -15,6 +15,7 @@
  *   qblock_q4q8.c            Q4_1 and Q8_0 blocks unpacked (plain C, AVX2, AVX-512)
  *   qblock_kquants.c         Q4_K, Q5_K, Q6_K and Q5_0 unpacked in plain C
  *   qblock_kquants_avx512.c  the same with AVX-512
+ *   qblock_float16.c         F16 and BF16 widened (plain C, AVX2 with F16C, AVX-512)
  *   qblock_tiles.c           the float tiles every format's unpacked rows go through
  *   this file                the dispatch, the entry points and the half table
  * Only the unpacking of a block is per format.
@@ -26,6 +27,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "qblock_float16.h"
 #include "qblock_gemm.h"
 #include "qblock_half.h"
 #include "qblock_kquants.h"
@@ -65,7 +67,11 @@ static void dequant(int variant, int format, const uint8_t *row, int64_t k, floa
 {
     /* The other formats have no AVX2 unpacking (yet): AVX2 runs their plain C one, then
      * its own float tiles. */
-    if (kq_is_kquant_format(format))
+    if (f16_is_float16_format(format))
+        variant == VARIANT_AVX512 ? f16_dequant_avx512(format, row, k, out)
+        : variant == VARIANT_AVX2 ? f16_dequant_avx2(format, row, k, out)
+                                  : f16_dequant_plain(format, row, k, out);
+    else if (kq_is_kquant_format(format))
         variant == VARIANT_AVX512 ? kq_dequant_avx512(format, row, k, out)
                                   : kq_dequant_plain(format, row, k, out);
     else if (variant == VARIANT_AVX512)
@@ -101,9 +107,10 @@ int qblock_resolve_variant(int variant)
 }
 
 /* Weights and bytes of one block (or super-block) of each format, by code. */
-static const int64_t GROUP_WEIGHTS[QBLOCK_FORMATS] = {32, 32, 256, 256, 256, 32};
-static const int64_t GROUP_BYTES[QBLOCK_FORMATS] = {QBLOCK_Q4_1_BYTES, QBLOCK_Q8_0_BYTES, 144,
-                                                     176, 210, 22};
+static const int64_t GROUP_WEIGHTS[QBLOCK_FORMATS] = {32, 32, 256, 256, 256, 32, 32, 32};
+static const int64_t GROUP_BYTES[QBLOCK_FORMATS] = {
+    QBLOCK_Q4_1_BYTES, QBLOCK_Q8_0_BYTES, 144, 176, 210, 22, QBLOCK_FLOAT16_BYTES,
+    QBLOCK_FLOAT16_BYTES};
 
 int64_t qblock_row_bytes(int format, int64_t k)
 {
@@ -119,10 +126,16 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
                   const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy, float *buf)
 {
     const int64_t row_bytes = qblock_row_bytes(format, k);
-    if (variant == VARIANT_AVX512 && m_count <= SMALL_M) {
+    /* F16 and BF16 widen in registers with AVX2 too: two instructions for 8 weights,
+     * where the quantized formats' AVX2 unpacking (none in registers yet) goes through
+     * the buffer. */
+    const int float16 = f16_is_float16_format(format);
+    if (m_count <= SMALL_M && (variant == VARIANT_AVX512 || (float16 && variant == VARIANT_AVX2))) {
         void (*small)(int, const uint8_t *, int64_t, int64_t, const float *, int64_t, int64_t,
                       float *, int64_t) =
-            kq_is_kquant_format(format) ? kq_small_tile_avx512 : q4q8_small_tile_avx512;
+            float16 ? (variant == VARIANT_AVX512 ? f16_small_tile_avx512 : f16_small_tile_avx2)
+            : kq_is_kquant_format(format) ? kq_small_tile_avx512
+                                          : q4q8_small_tile_avx512;
         for (int64_t r = 0; r < rows; r += TILE_ROWS)
             small(format, w + (first + r) * row_bytes, row_bytes,
                               rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,

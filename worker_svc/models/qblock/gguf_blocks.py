@@ -6,7 +6,8 @@ Rows of a block format are independent (blocks run along K), so the fused QKV an
 gate/up are the byte rows of their parts stacked, and the rotary reordering of q and
 k (checkpoint.weights.undo_rope_permute, llama only) is a permutation of byte rows.
 Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 tensors (what llama.cpp's Q4_K_M and its kin
-hold) are kept as the file stores them; tensors in a format the kernel has no code for
+hold), and F16 and BF16 ones (a converter's --outtype f16 / bf16), are kept as the file
+stores them; tensors in a format the kernel has no code for
 are read dequantized and requantized to Q8_0 at load. A fused weight whose parts the
 file stores in different formats (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k) is
 kept as runs of rows, one per format (compute/qblock_stack.py), so that it too
@@ -55,7 +56,16 @@ class GgufBlocks:
 
 
 # ggml's type ids of the formats the kernel reads (gguf.GGMLQuantizationType).
-_GGML_TYPES = {3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 6: "Q5_0"}
+_GGML_TYPES = {
+    3: "Q4_1",
+    8: "Q8_0",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    6: "Q5_0",
+    1: "F16",  # llama.cpp's converter with --outtype f16
+    30: "BF16",  # and with --outtype bf16
+}
 
 
 def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
