@@ -18,7 +18,7 @@ from common.flag_fields import BENCH, SERVE, flag
 
 # Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
 # "auto" takes the fastest one this machine has (compute/selection.py).
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q4_1")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "q4_1", "bfloat16-weights")
 # vLLM's names: the own forward where one exists, or transformers' modules; "null"
 # loads no weights and answers plans after a simulated step time (worker_svc/null/),
 # so that the scheduler's capacity can be measured without a GPU (bench/scheduler_bench.py).
@@ -74,7 +74,10 @@ class WorkerConfig:
         help="compute path: auto takes the fastest this CPU has that is accurate enough to "
         "be a default (measured table, see bench/kernel_bench.py); float32 is the "
         "reference; int8 is int8 weights x int8 activations (fbgemm); bfloat16/float16 "
-        "need native support on a CPU",
+        "need native support on a CPU; q4_1 runs a GGUF's own blocks (a float checkpoint "
+        "quantized to Q8_0 at load); bfloat16-weights is q4_1 with a float checkpoint's "
+        "weights kept in bfloat16 (exact for a bfloat16 checkpoint) times float32 "
+        "activations",
     )
     block_size: int = flag(DEFAULT_BLOCK_SIZE, forwarded_by=(SERVE,), help="tokens per KV block")
     # At most one of these two; with neither, DEFAULT_KV_TOKENS worth of blocks.
@@ -98,7 +101,8 @@ class WorkerConfig:
         choices=KV_CACHE_DTYPES,
         forwarded_by=(SERVE, BENCH),
         help="KV pool element type: auto is the compute path's activation dtype, but float16 "
-        "for q4_1 on the CPU (as llama.cpp's default; it passes the same accuracy gate); "
+        "for q4_1 and bfloat16-weights on the CPU (as llama.cpp's default; it passes the "
+        "same accuracy gate); "
         "float16 holds twice the tokens in the same --kv-cache-memory and halves what "
         "decode attention reads, rounding K/V to 11 significant bits; bfloat16 is read "
         "by the torch attention path only",

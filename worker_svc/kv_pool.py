@@ -33,7 +33,7 @@ KV_CACHE_TORCH_DTYPES = {
 # and like llama.cpp's (whose KV cache is float16 by default) its pool is 16-bit: it
 # passes the same accuracy gate as the float32 pool and halves what decode attention
 # reads (bench/RESULTS.md). The float32 path stays the reference, pool included.
-AUTO_FLOAT16_PATHS = ("q4_1",)
+AUTO_FLOAT16_PATHS = ("q4_1", "bfloat16-weights")  # the block paths
 
 
 def kv_cache_dtype(

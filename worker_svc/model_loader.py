@@ -223,7 +223,7 @@ def _build_own(
     # llama.cpp's converter stores Gemma's norms with the 1 already added.
     offset_applied = weights_at.suffix == ".gguf" and architecture.gguf_norms_plus_one
     heads, kv_heads = spec.num_heads, spec.num_kv_heads
-    if compute_path.name == "q4_1":
+    if compute_path.blocks:
         # Tensors read one at a time: the float32 projections are never all in memory.
         from worker_svc.models.checkpoint.tensors import CheckpointTensors
         from worker_svc.models.qblock.build import build_qblock
@@ -232,7 +232,10 @@ def _build_own(
             checkpoint = CheckpointTensors(weights_at, architecture, heads, kv_heads)
         except Exception as exc:
             raise ModelLoadError(f"cannot read the weights of {model_path}: {exc}") from exc
-        return build_qblock(architecture, spec, checkpoint, model_path, dtype, offset_applied)
+        float_format = "BF16" if compute_path.name == "bfloat16-weights" else "Q8_0"
+        return build_qblock(
+            architecture, spec, checkpoint, model_path, dtype, offset_applied, float_format
+        )
     if compute_path.name == "int8" and (missing := spec.unsupported(frozenset({"rope scaling"}))):
         raise ModelLoadError(f"--dtype int8 folds the Llama layout only, not {', '.join(missing)}")
     try:

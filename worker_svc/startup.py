@@ -16,6 +16,7 @@ from worker_svc.attention import select_backend
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
 from worker_svc.compute.model_shapes import read_projection_shapes
 from worker_svc.compute.selection import select_path
+from worker_svc.compute.weight_source import read_weight_source
 from worker_svc.config import WorkerConfig
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, own_forward_serves, resolve_device
@@ -48,6 +49,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         own_forward=own_forward_serves(config.model, config.model_impl),
         # auto times its candidates on these shapes at a CPU's first start (compute/auto_choice.py).
         shapes=read_projection_shapes(config.model) if config.dtype == "auto" else None,
+        weights=read_weight_source(config.model) if config.dtype == "auto" else None,
     )
     loaded = load_model(config.model, path, device, config.model_impl, compile=config.compile)
     if config.compile:

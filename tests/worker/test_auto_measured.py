@@ -15,12 +15,16 @@ from worker_svc.compute.choice_cache import ChoiceKey, read_choice
 from worker_svc.compute.measured import closest_measured
 from worker_svc.compute.model_shapes import ProjectionShapes, read_projection_shapes
 from worker_svc.compute.path_timing import StepTime
-from worker_svc.compute.selection import select_path
+from worker_svc.compute.selection import path_order, select_path
+from worker_svc.compute.weight_source import WeightSource
 
 TINY = ProjectionShapes(hidden=64, intermediate=128, q_width=64, kv_width=32, vocab=256, layers=2)
 # No avx2/fma: like no CPU in compute/measured.py, yet it computes bfloat16 natively.
 UNKNOWN_FLAGS = frozenset({"sse4_2", "avx512_bf16"})
 UNKNOWN_CPU = "Imaginary Vendor CPU 9000"
+ZEN4_FLAGS = frozenset(
+    {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
+)
 
 
 @pytest.fixture(autouse=True)
@@ -155,3 +159,29 @@ def test_a_choice_timed_on_a_busy_machine_is_used_but_not_cached(monkeypatch, ca
     assert choice.path in ("bfloat16", "float32") and "not cached" in choice.source
     assert read_choice(_key())[0] is None
     assert not list(cache_dir.glob("*.json"))
+
+
+def test_a_bfloat16_checkpoint_times_its_bf16_rows_against_q8_0_made_at_load(cache_dir):
+    """Both block paths timed on the formats they would run on this checkpoint; the
+    measurement decides, the checkpoint's exact weights winning a near-tie."""
+    weights = WeightSource(gguf_blocks=False, stored_dtype="BF16")
+    path, why = select_path(
+        "auto", "cpu", UNKNOWN_FLAGS, shapes=TINY, cpu=UNKNOWN_CPU, weights=weights
+    )
+    figures = _figures_on_disk(cache_dir)
+    assert set(figures) == {"bfloat16-weights", "q4_1", "bfloat16", "float32"}
+    order = ["bfloat16-weights", "q4_1", "bfloat16", "float32"]
+    assert path.name == decide(figures, order), why
+    (file,) = cache_dir.glob("*.json")
+    key = json.loads(file.read_text())["key"]
+    assert key["block_formats"] == [["bfloat16-weights", "BF16", "BF16"], ["q4_1", "Q8_0", "Q8_0"]]
+
+
+def test_bfloat16_weights_is_offered_for_a_bfloat16_checkpoint_only(monkeypatch):
+    monkeypatch.setattr(auto_choice, "time_paths", lambda *a, **k: pytest.fail("timed"))
+    for weights in (None, WeightSource(True, None), WeightSource(False, "F32")):
+        path, _ = select_path("auto", "cpu", UNKNOWN_FLAGS, weights=weights)
+        assert path.name != "bfloat16-weights"
+    # A measured CPU's order holds it just before q4_1, which it ties with.
+    order, source = path_order(ZEN4_FLAGS)
+    assert "measured" in source and order.index("bfloat16-weights") == order.index("q4_1") - 1

@@ -26,6 +26,8 @@ import torch
 from worker_svc.compute.choice_cache import ChoiceKey, read_choice, write_choice
 from worker_svc.compute.model_shapes import ProjectionShapes
 from worker_svc.compute.path_timing import StepTime, TimingPlan, time_paths
+from worker_svc.compute.paths import PATHS
+from worker_svc.compute.weight_source import WeightSource
 
 log = structlog.get_logger("worker_svc.compute")
 
@@ -68,9 +70,17 @@ def measured_choice(
     flags: frozenset[str],
     cpu: str,
     plan: TimingPlan = DEFAULT_PLAN,
+    weights: WeightSource | None = None,
 ) -> MeasuredChoice:
-    """`candidates` in the table's order; the chosen one, from the cache or timed now."""
+    """`candidates` in the table's order; the chosen one, from the cache or timed now.
+    The block paths are timed on the formats `weights` says they would run (the
+    shipped GGUF's where unknown)."""
     candidates = _buildable(candidates)
+    formats = {
+        name: weights.block_formats(name) if weights is not None else ("Q4_1", "Q8_0")
+        for name in candidates
+        if PATHS[name].blocks
+    }
     if len(candidates) == 1:
         return MeasuredChoice(candidates[0], {}, plan.batch_m, "the only candidate here")
     key = ChoiceKey(
@@ -80,13 +90,14 @@ def measured_choice(
         candidates=tuple(sorted(candidates)),
         threads=torch.get_num_threads(),
         batch_m=plan.batch_m,
+        block_formats=tuple(sorted((name, *pair) for name, pair in formats.items())),
     )
     cached, why_not = read_choice(key)
     if cached is not None:
         source = f"cached in {cached.file}, measured {cached.measured_at}"
         return MeasuredChoice(cached.path, cached.figures, plan.batch_m, source)
     started = time.perf_counter()
-    figures = time_paths(candidates, shapes, plan)
+    figures = time_paths(candidates, shapes, plan, formats)
     seconds = time.perf_counter() - started
     path = decide(figures, candidates)
     # Figures timed while other processes held the cores can rank the paths wrongly
@@ -121,9 +132,11 @@ def machine_busy() -> bool:
 
 
 def _buildable(candidates: list[str]) -> list[str]:
-    """Drops q4_1 where its kernel cannot be built (a compiler that fails, not a missing
-    one: selection refuses that before), so that the others are still timed."""
-    if "q4_1" not in candidates:
+    """Drops the block paths where their kernel cannot be built (a compiler that fails,
+    not a missing one: selection refuses that before), so that the others are still
+    timed."""
+    blocks = [name for name in candidates if PATHS[name].blocks]
+    if not blocks:
         return candidates
     from worker_svc.compute.qblock import load_qblock_kernel
     from worker_svc.native_build import KernelUnavailableError
@@ -131,6 +144,7 @@ def _buildable(candidates: list[str]) -> list[str]:
     try:
         load_qblock_kernel()
     except KernelUnavailableError as exc:
-        log.warning("compute_path_unavailable", path="q4_1", reason=str(exc))
-        return [name for name in candidates if name != "q4_1"]
+        for name in blocks:
+            log.warning("compute_path_unavailable", path=name, reason=str(exc))
+        return [name for name in candidates if name not in blocks]
     return candidates

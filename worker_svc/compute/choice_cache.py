@@ -5,7 +5,8 @@ One JSON file per key under `$CBSERVE_COMPUTE_PATH_CACHE` (default
 `~/.cache/cbserve/compute-paths`), as the kernels are cached (native_build.py). The
 key is everything that can change the answer: the CPU's model name and its flags (a
 cache shared between machines must never hand one CPU another's choice), the
-projection shapes, the candidate paths, the thread count and the batch M timed.
+projection shapes, the candidate paths, the thread count, the batch M timed and the
+block formats the block paths were timed on.
 The file repeats the key beside the choice and the figures, and a file that does not
 parse, or whose key or choice does not match, is ignored (the caller measures again
 and rewrites it): a cache can only ever cost a measurement, never a wrong path.
@@ -24,8 +25,9 @@ from pathlib import Path
 from worker_svc.compute.model_shapes import ProjectionShapes
 from worker_svc.compute.path_timing import StepTime
 
-# Bumped when what is timed changes, so that old choices are measured again.
-FORMAT = 1
+# Bumped when what is timed changes, so that old choices are measured again (2: the
+# block paths timed on the formats the model's files give them).
+FORMAT = 2
 
 
 def cache_dir() -> Path:
@@ -43,6 +45,8 @@ class ChoiceKey:
     candidates: tuple[str, ...]  # sorted
     threads: int
     batch_m: int
+    # (path, projections' format, head's format) of each block path timed, sorted.
+    block_formats: tuple[tuple[str, str, str], ...] = ()
 
     def as_json(self) -> dict:
         return {**asdict(self), "format": FORMAT}

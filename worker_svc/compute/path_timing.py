@@ -3,8 +3,10 @@
 What is timed is a decode step's projection cost: per layer the fused QKV, the output,
 the fused gate/up and the down projection, times the layer count, plus the LM head,
 at M = 1 (one stream) and at a batch M, through the kernels each path really runs:
-torch's matmul in that dtype for float32 / bfloat16 / float16, and QBlockLinear (Q4_1
-projections, Q8_0 head, with the thresholds it takes on this CPU) for q4_1.
+torch's matmul in that dtype for float32 / bfloat16 / float16, and QBlockLinear for the
+block paths (q4_1, bfloat16-weights), in the formats the model's files give them
+(compute/weight_source.py: the shipped GGUF's Q4_1 projections and Q8_0 head, Q8_0
+made at load, or BF16 rows), with the thresholds it takes on this CPU.
 
 Why the projections alone are a fair measure: they are what the paths do differently
 (the weights' bytes, which bound a step at M = 1, and the GEMM at a batch). The rest of
@@ -91,10 +93,13 @@ def _float_linear(out_in: tuple[int, int], dtype: torch.dtype) -> _Linear:
 
 
 def _random_blocks(out_in: tuple[int, int], fmt) -> torch.Tensor:
-    """Random quants with valid float16 scales (and Q4_1 minima) in every block."""
-    from worker_svc.compute.qblock import Q4_1, QK
+    """Random quants with valid float16 scales (and Q4_1 minima) in every block; F16 and
+    BF16: weights of a trained model's scale (no subnormals, which some CPUs slow on)."""
+    from worker_svc.compute.qblock import BF16, F16, Q4_1, QK, quantize
 
     rows, k = out_in
+    if fmt in (F16, BF16):
+        return quantize(torch.empty(out_in).uniform_(-0.05, 0.05), fmt)
     blocks = torch.randint(0, 256, (rows, k // QK, fmt.block_bytes), dtype=torch.uint8)
     header = 4 if fmt is Q4_1 else 2
     scales = torch.empty((rows, k // QK, header // 2), dtype=torch.float16).uniform_(0.001, 0.01)
@@ -102,35 +107,51 @@ def _random_blocks(out_in: tuple[int, int], fmt) -> torch.Tensor:
     return blocks.reshape(rows, -1)
 
 
-def _q4_1_linear(out_in: tuple[int, int], head: bool) -> _Linear:
-    from worker_svc.compute.qblock import Q4_1, Q8_0
+def _block_linear(out_in: tuple[int, int], fmt_name: str, head: bool) -> _Linear:
+    from worker_svc.compute.qblock import FORMATS
     from worker_svc.compute.qblock_linear import QBlockLinear
 
-    fmt = Q8_0 if head else Q4_1
+    fmt = FORMATS[fmt_name]
     # The model's head never takes the dense chunks (qblock_linear.py says why).
     extra = {"dense_from_m": None} if head else {}
     return QBlockLinear(_random_blocks(out_in, fmt), fmt, out_in[1], **extra)
 
 
-def _bytes_per_weight(path: str) -> float:
-    return {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "q4_1": 20 / 32}[path]
+# The block paths' formats where the caller names none: the shipped GGUF's.
+SHIPPED_FORMATS = ("Q4_1", "Q8_0")
+
+
+def _bytes_per_weight(path: str, block_format: str | None) -> float:
+    if block_format is not None:
+        from worker_svc.compute.qblock import FORMATS
+
+        fmt = FORMATS[block_format]
+        return fmt.block_bytes / fmt.block_weights
+    return {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}[path]
 
 
 class _PathUnderTest:
     """One path's random layers and head, and the inputs it is called on."""
 
-    def __init__(self, path: str, shapes: ProjectionShapes, cache: int):
+    def __init__(
+        self,
+        path: str,
+        shapes: ProjectionShapes,
+        cache: int,
+        block_formats: tuple[str, str] | None = None,
+    ):
         self.path = path
         self.shapes = shapes
         layer_weights = sum(o * i for o, i in shapes.layer_projections())
-        layer_bytes = layer_weights * _bytes_per_weight(path)
+        layer_bytes = layer_weights * _bytes_per_weight(path, block_formats and block_formats[0])
         copies = max(1, min(shapes.layers, -(-2 * cache // int(layer_bytes))))
-        if path == "q4_1":
+        if block_formats is not None:
+            projection, head = block_formats
             self.layers = [
-                [_q4_1_linear(p, head=False) for p in shapes.layer_projections()]
+                [_block_linear(p, projection, head=False) for p in shapes.layer_projections()]
                 for _ in range(copies)
             ]
-            self.head = _q4_1_linear(shapes.head(), head=True)
+            self.head = _block_linear(shapes.head(), head, head=True)
             self.dtype = torch.float32
         else:
             self.dtype = getattr(torch, path)
@@ -166,13 +187,25 @@ class _PathUnderTest:
 
 
 def time_paths(
-    paths: list[str], shapes: ProjectionShapes, plan: TimingPlan | None = None
+    paths: list[str],
+    shapes: ProjectionShapes,
+    plan: TimingPlan | None = None,
+    block_formats: dict[str, tuple[str, str]] | None = None,
 ) -> dict[str, StepTime]:
     """Each path's projection time per decode step on `shapes`, measured here, on the
-    calling thread's torch thread count. Raises what building a path's kernel raises."""
+    calling thread's torch thread count. `block_formats`: the (projections, head) formats
+    of each block path (default SHIPPED_FORMATS). Raises what building a path's kernel
+    raises."""
+    from worker_svc.compute.paths import PATHS
+
     plan = plan or TimingPlan()
     cache = plan.cache_bytes or last_level_cache_bytes()
-    under_test = [_PathUnderTest(path, shapes, cache) for path in paths]
+    formats = {
+        path: (block_formats or {}).get(path, SHIPPED_FORMATS)
+        for path in paths
+        if PATHS[path].blocks
+    }
+    under_test = [_PathUnderTest(path, shapes, cache, formats.get(path)) for path in paths]
     started = time.perf_counter()
     ms = (1, plan.batch_m)
     with torch.inference_mode():

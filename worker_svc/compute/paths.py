@@ -17,6 +17,11 @@ the CPU features each needs to be worth running.
   float32 activations (plain C everywhere, AVX2 / AVX-512 where present); large M on
   AVX-512 VNNI: 16-bit activation blocks of 32 in integer dot products. Passes the
   accuracy gate (bench/accuracy.py); needs a C compiler.
+- bfloat16-weights: q4_1's kernels and native decode step, but a float checkpoint's
+  weights are kept as BF16 rows instead of quantized to Q8_0 at load: a bfloat16
+  checkpoint's very weights (half float32's bytes), widened exactly to float32 in
+  registers and multiplied by float32 activations. On a GGUF (its own blocks), as
+  q4_1. `auto` offers it for a bfloat16 checkpoint only (compute/weight_source.py).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class ComputePath:
     # example ("What is the capital of France?") is nonsense where float32 says Paris.
     # It stays one flag away (--dtype int8) until its accuracy is fixed.
     auto_eligible: bool = True
+    # Runs the own C block kernels (compute/qblock.py): needs a C compiler.
+    blocks: bool = False
 
     def missing_on_cpu(self, flags: frozenset[str]) -> str | None:
         """Why this CPU cannot run the path (the missing feature), or None."""
@@ -77,6 +84,16 @@ PATHS: dict[str, ComputePath] = {
             needs_own_forward=True,
             auto_eligible=False,
         ),
-        ComputePath("q4_1", torch.float32, (), runs_on_cuda=False, needs_own_forward=True),
+        ComputePath(
+            "q4_1", torch.float32, (), runs_on_cuda=False, needs_own_forward=True, blocks=True
+        ),
+        ComputePath(
+            "bfloat16-weights",
+            torch.float32,
+            (),
+            runs_on_cuda=False,
+            needs_own_forward=True,
+            blocks=True,
+        ),
     )
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 from worker_svc.compute.measured import closest_measured
 from worker_svc.compute.model_shapes import ProjectionShapes
 from worker_svc.compute.paths import PATHS, ComputePath
+from worker_svc.compute.weight_source import WeightSource
 
 # For CPUs like no measured one, and after a measured CPU's own ranking for the paths
 # it did not measure. q4_1 first wherever its kernels build: it computes with the
@@ -25,7 +26,11 @@ from worker_svc.compute.paths import PATHS, ComputePath
 # passes the accuracy gate, reading a sixth of float32's bytes; at one stream, where
 # a step is bound by memory, it measured 2-3x float32 on every CPU tried. Then native
 # 16-bit, then float32. int8 last: it fails the gate (paths.py) and is never auto.
-GENERIC_ORDER = ("q4_1", "bfloat16", "float16", "float32", "int8")
+# bfloat16-weights is offered for a bfloat16 checkpoint only (weight_source.py), and
+# ranked just before q4_1 in every order: within a near-tie, the checkpoint's exact
+# weights are taken over their Q8_0 rounding.
+GENERIC_ORDER = ("bfloat16-weights", "q4_1", "bfloat16", "float16", "float32", "int8")
+EXACT_BEFORE = {"bfloat16-weights": "q4_1"}
 
 
 class ComputePathUnavailableError(RuntimeError):
@@ -39,7 +44,16 @@ def path_order(flags: frozenset[str]) -> tuple[list[str], str]:
         return list(GENERIC_ORDER), "generic order (no measured CPU matches these flags)"
     ranked = sorted(measured.gflops, key=measured.score, reverse=True)
     rest = [name for name in GENERIC_ORDER if name not in ranked]
-    return ranked + rest, f"measured on {measured.name}"
+    return _exact_first(ranked + rest), f"measured on {measured.name}"
+
+
+def _exact_first(order: list[str]) -> list[str]:
+    """`order` with each EXACT_BEFORE path moved just before the path it ties with."""
+    for path, before in EXACT_BEFORE.items():
+        if path in order and before in order:
+            order.remove(path)
+            order.insert(order.index(before), path)
+    return order
 
 
 def select_path(
@@ -49,12 +63,15 @@ def select_path(
     own_forward: bool = True,
     shapes: ProjectionShapes | None = None,
     cpu: str | None = None,
+    weights: WeightSource | None = None,
 ) -> tuple[ComputePath, str]:
     """The path to run and why (for the ready log). Raises ComputePathUnavailableError.
 
     `shapes`: the model's projections; with them, `auto` on a CPU times its candidates
     (or reads the cached choice). `cpu`: the CPU's model name for the cache key
-    (default: this machine's; tests pass a made-up one with made-up flags)."""
+    (default: this machine's; tests pass a made-up one with made-up flags). `weights`:
+    what the model's files store; `auto` offers bfloat16-weights only where they say
+    it is exact, and times the block paths on the formats they would run."""
     if requested != "auto":
         if requested not in PATHS:
             raise ValueError(f"unknown dtype {requested!r}; choose from {sorted(PATHS)}")
@@ -71,6 +88,7 @@ def select_path(
         for name in order
         if PATHS[name].auto_eligible
         and _problem(PATHS[name], device_type, flags, own_forward) is None
+        and (weights.offers(name) if weights is not None else name != "bfloat16-weights")
     ]
     if not candidates:
         return PATHS["float32"], "auto (fallback)"
@@ -79,7 +97,7 @@ def select_path(
     from worker_svc.compute.auto_choice import measured_choice
     from worker_svc.compute.cpu_features import cpu_name
 
-    choice = measured_choice(candidates, shapes, flags, cpu or cpu_name())
+    choice = measured_choice(candidates, shapes, flags, cpu or cpu_name(), weights=weights)
     return PATHS[choice.path], choice.describe()
 
 
@@ -88,9 +106,9 @@ def _problem(path: ComputePath, device_type: str, flags: frozenset[str], own: bo
         return None if path.runs_on_cuda else f"--dtype {path.name} runs on CPUs only"
     if path.needs_own_forward and not own:
         return f"--dtype {path.name} needs the own forward (--model-impl auto or cbserve)"
-    if path.name == "q4_1":
+    if path.blocks:
         from worker_svc.native_build import compiler
 
         if compiler() is None:
-            return "--dtype q4_1 needs a C compiler (gcc, cc or $CC) to build its kernels"
+            return f"--dtype {path.name} needs a C compiler (gcc, cc or $CC) to build its kernels"
     return path.missing_on_cpu(flags)

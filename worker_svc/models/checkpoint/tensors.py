@@ -73,6 +73,12 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
     def shape(self, name: str) -> tuple[int, ...]:
         return self._located[name].shape
 
+    def stored_dtype(self) -> str:
+        """The projections' stored type: a safetensors dtype name ("BF16", "F32"), or
+        "gguf:<ggml type id>"."""
+        kinds = [w.kind for n, w in self._located.items() if n.endswith("_proj.weight")]
+        return kinds[0] if kinds else "unknown"
+
     def __getitem__(self, name: str) -> torch.Tensor:
         where = self._located[name]
         if where.kind.startswith("gguf:"):

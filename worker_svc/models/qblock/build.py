@@ -1,6 +1,6 @@
-"""Turns a float32 own forward (any declared architecture) into the block-quantized path
-(`--dtype q4_1`): every projection and the LM head multiply float32 activations by
-quantized blocks; biases stay float32 and are added to the product.
+"""Turns a float32 own forward (any declared architecture) into a block path (`--dtype
+q4_1` or `bfloat16-weights`): every projection and the LM head multiply float32
+activations by blocks; biases stay float32 and are added to the product.
 
 Where the weights come from decides what they are:
 - a `.gguf` file: its own blocks (SmolLM2's: Q4_1 projections, a Q8_0 tied head), so
@@ -10,7 +10,9 @@ Where the weights come from decides what they are:
   they dequantize bit for bit to the directory's float32 weights (then the path runs
   the float32 reference's very weights, from a sixth of the bytes);
 - any other float model: each weight quantized at load to Q8_0 (8 bits, one scale per
-  32 weights), checked by the same accuracy gate (bench/accuracy.py).
+  32 weights) on q4_1, checked by the same accuracy gate (bench/accuracy/gate.py); or,
+  on bfloat16-weights, kept as BF16 rows: a bfloat16 checkpoint's own values (a
+  float32 one rounded to nearest even), half float32's bytes.
 Norms, rotary, attention, the KV cache and the embedding stay float32.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.compute.qblock import Q8_0, KernelUnavailableError, load_qblock_kernel
+from worker_svc.compute.qblock import FORMATS, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
 from worker_svc.compute.qblock_stack import qblock_projection
 from worker_svc.errors import ModelLoadError
@@ -71,9 +73,11 @@ def find_blocks(
     return blocks, f"{gguf.name}'s blocks (equal to the float32 weights)"
 
 
-def to_qblock(model, blocks: GgufBlocks | None) -> None:
+def to_qblock(model, blocks: GgufBlocks | None, float_format: str = "Q8_0") -> None:
     """In place: every projection and the LM head become QBlockLinear (a QBlockStack
-    where a fused projection's parts are stored in different formats)."""
+    where a fused projection's parts are stored in different formats). Without GGUF
+    blocks, each float32 weight becomes `float_format` ("Q8_0" or "BF16")."""
+    fmt = FORMATS[float_format]
     try:
         load_qblock_kernel()  # here, at load, not at the first step
     except KernelUnavailableError as exc:
@@ -85,13 +89,13 @@ def to_qblock(model, blocks: GgufBlocks | None) -> None:
                 projection = qblock_projection(blocks.layers[index][_GGUF_KEYS[name]], bias)
             else:
                 weight = getattr(layer, name).weight.data
-                projection = QBlockLinear.from_float(weight, Q8_0, bias=bias)
+                projection = QBlockLinear.from_float(weight, fmt, bias=bias)
             setattr(layer, name, projection)  # the float32 weight goes with the old module
     # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
     if blocks is not None:
         model.lm_head = QBlockLinear(*blocks.lm_head, dense_from_m=None)
     else:
-        model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, Q8_0, dense_from_m=None)
+        model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, fmt, dense_from_m=None)
 
 
 class _SkeletonState(Mapping[str, torch.Tensor]):
@@ -129,19 +133,32 @@ def build_qblock(
     model_path: Path,
     dtype,
     norms_offset_applied: bool = False,
+    float_format: str = "Q8_0",
 ) -> DecoderForCausalLM:
     """The own forward on blocks; `model.qblock_source` says which weights it runs.
 
     With the GGUF's blocks, the float32 projections are only read one at a time to check
     them (a float directory) and never built; a float-only model is built in float32
-    (each tensor read once) and quantized to Q8_0 projection by projection."""
+    (each tensor read once) and turned into `float_format` blocks projection by
+    projection."""
     blocks, source = find_blocks(model_path, architecture, checkpoint)
     skeleton = _SkeletonState(checkpoint, blocks is not None)
     model = DecoderForCausalLM(architecture, spec, skeleton, "float32", dtype, norms_offset_applied)
-    to_qblock(model, blocks)
-    model.qblock_source = source if blocks is not None else f"Q8_0 quantized at load ({source})"
+    to_qblock(model, blocks, float_format)
+    model.qblock_source = (
+        source if blocks is not None else _at_load(float_format, checkpoint, source)
+    )
     attach_native_decode(model)
     return model
+
+
+def _at_load(float_format: str, checkpoint: CheckpointTensors, source: str) -> str:
+    """What the float checkpoint's projections became, for the ready log."""
+    if float_format == "BF16":
+        stored = checkpoint.stored_dtype()
+        kept = "kept as BF16" if stored == "BF16" else f"rounded from {stored} to BF16"
+        return f"the checkpoint's weights {kept} ({source})"
+    return f"{float_format} quantized at load ({source})"
 
 
 def attach_native_decode(model: DecoderForCausalLM) -> None:
