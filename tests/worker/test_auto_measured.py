@@ -161,20 +161,31 @@ def test_a_choice_timed_on_a_busy_machine_is_used_but_not_cached(monkeypatch, ca
     assert not list(cache_dir.glob("*.json"))
 
 
-def test_a_bfloat16_checkpoint_times_its_bf16_rows_against_q8_0_made_at_load(cache_dir):
-    """Both block paths timed on the formats they would run on this checkpoint; the
-    measurement decides, the checkpoint's exact weights winning a near-tie."""
+def test_a_bfloat16_checkpoint_times_its_bf16_rows_beside_the_float_paths(cache_dir):
+    """Its BF16 rows timed as BF16 beside the float paths, the measurement deciding;
+    q4_1's Q8_0 made at load is no candidate (it failed the accuracy gate)."""
     weights = WeightSource(gguf_blocks=False, stored_dtype="BF16")
     path, why = select_path(
         "auto", "cpu", UNKNOWN_FLAGS, shapes=TINY, cpu=UNKNOWN_CPU, weights=weights
     )
     figures = _figures_on_disk(cache_dir)
-    assert set(figures) == {"bfloat16-weights", "q4_1", "bfloat16", "float32"}
-    order = ["bfloat16-weights", "q4_1", "bfloat16", "float32"]
-    assert path.name == decide(figures, order), why
+    assert set(figures) == {"bfloat16-weights", "bfloat16", "float32"}
+    assert path.name == decide(figures, ["bfloat16-weights", "bfloat16", "float32"]), why
     (file,) = cache_dir.glob("*.json")
     key = json.loads(file.read_text())["key"]
-    assert key["block_formats"] == [["bfloat16-weights", "BF16", "BF16"], ["q4_1", "Q8_0", "Q8_0"]]
+    assert key["block_formats"] == [["bfloat16-weights", "BF16", "BF16"]]
+
+
+def test_the_block_paths_time_the_formats_the_files_give_them(cache_dir):
+    """q4_1 on a GGUF's own blocks is timed as the shipped file's Q4_1 and Q8_0; where
+    it would make Q8_0 at load it is not offered at all."""
+    select_path("auto", "cpu", UNKNOWN_FLAGS, shapes=TINY, cpu=UNKNOWN_CPU,
+                weights=WeightSource(gguf_blocks=True, stored_dtype=None))  # fmt: skip
+    (file,) = cache_dir.glob("*.json")
+    key = json.loads(file.read_text())["key"]
+    assert key["block_formats"] == [["q4_1", "Q4_1", "Q8_0"]]
+    float32_dir = WeightSource(gguf_blocks=False, stored_dtype="F32")
+    assert not float32_dir.offers("q4_1") and float32_dir.block_formats("q4_1") == ("Q8_0",) * 2
 
 
 def test_bfloat16_weights_is_offered_for_a_bfloat16_checkpoint_only(monkeypatch):

@@ -26,9 +26,9 @@ from worker_svc.compute.weight_source import WeightSource
 # passes the accuracy gate, reading a sixth of float32's bytes; at one stream, where
 # a step is bound by memory, it measured 2-3x float32 on every CPU tried. Then native
 # 16-bit, then float32. int8 last: it fails the gate (paths.py) and is never auto.
-# bfloat16-weights is offered for a bfloat16 checkpoint only (weight_source.py), and
-# ranked just before q4_1 in every order: within a near-tie, the checkpoint's exact
-# weights are taken over their Q8_0 rounding.
+# bfloat16-weights is offered for a bfloat16 checkpoint only (weight_source.py, where
+# q4_1's Q8_0 made at load is not: it failed the gate), and ranked just before q4_1 in
+# every order, so that it leads wherever the table ranks q4_1 first.
 GENERIC_ORDER = ("bfloat16-weights", "q4_1", "bfloat16", "float16", "float32", "int8")
 EXACT_BEFORE = {"bfloat16-weights": "q4_1"}
 

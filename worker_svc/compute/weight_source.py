@@ -9,6 +9,13 @@ that `--dtype auto` times each candidate on the formats it would really get
 - any other float directory: `q4_1` quantizes it to Q8_0 at load; `bfloat16-weights`
   keeps it as BF16 rows, offered where the checkpoint is stored in bfloat16 (what a
   Hugging Face directory holds): then BF16 is the checkpoint's very weights.
+
+What the accuracy gate (bench/accuracy/gate.py) measured decides what `auto` may take
+(bench/RESULTS.md, Zen 4, SmolLM2-135M): Q8_0 made at load fails its reply gate (10/16
+replies equal float32's from the bfloat16 checkpoint, 11/16 from the float32 one;
+perplexity 1.0018x and 1.0016x), so `q4_1` is offered only where it runs a GGUF's own
+blocks; the bfloat16 checkpoint's BF16 rows pass (16/16, perplexity 1.0000x). Both stay
+one flag away (`--dtype q4_1`, `--dtype bfloat16-weights`) on any float checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from worker_svc.compute.model_shapes import read_projection_shapes
 
 BLOCK_PATHS = ("q4_1", "bfloat16-weights")
 
@@ -27,10 +36,13 @@ class WeightSource:
     stored_dtype: str | None  # a directory's projections' safetensors dtype ("BF16", "F32")
 
     def offers(self, path: str) -> bool:
-        """Whether `--dtype auto` may take `path` for these weights."""
-        if path != "bfloat16-weights":
-            return True
-        return not self.gguf_blocks and self.stored_dtype == "BF16"
+        """Whether `--dtype auto` may take `path` for these weights (what passed the
+        accuracy gate: the module's docstring)."""
+        if path == "q4_1":
+            return self.gguf_blocks
+        if path == "bfloat16-weights":
+            return not self.gguf_blocks and self.stored_dtype == "BF16"
+        return True
 
     def block_formats(self, path: str) -> tuple[str, str]:
         """(projections, LM head) formats a block path would run, by FORMATS name."""
@@ -55,9 +67,15 @@ def read_weight_source(model_path: str | Path | None) -> WeightSource | None:
     from worker_svc.models.qblock.build import candidate_gguf
 
     beside = candidate_gguf(path)
-    # A converted directory is float32 (its blocks dequantized); only then can a GGUF's
-    # blocks equal its weights (models/qblock/gguf_blocks.py blocks_match_state).
-    gguf = stored == "F32" and beside is not None and beside.is_file()
+    # A converted directory is float32 (its blocks dequantized) and has the GGUF's
+    # shapes; only then can a GGUF's blocks equal its weights, which the load checks bit
+    # for bit (models/qblock/gguf_blocks.py blocks_match_state).
+    gguf = (
+        stored == "F32"
+        and beside is not None
+        and beside.is_file()
+        and read_projection_shapes(beside) == read_projection_shapes(path)
+    )
     return WeightSource(gguf_blocks=gguf, stored_dtype=stored)
 
 

@@ -2,8 +2,9 @@
 `bf16`) from the random checkpoints, on the block path (`--dtype q4_1`): every
 projection and the head on the file's own F16 / BF16 rows (none requantized), equal bit
 for bit to gguf-py's dequantizer's values, the native step running every decode; its
-logits against the float forward on the same file's dequantized weights. Llama 3 for
-the permuted q/k rows, Qwen3 for a tied head and per-head norms."""
+logits against the float forward on the same file's dequantized weights. Qwen3 (per-head
+norms) and Gemma 3 (every feature the step computes) in `make test`; Llama 3 (its q/k
+rows permuted) in `make test-slow`, as test_gguf_files.py runs it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ from worker_svc.model_loader import load_model
 
 pytestmark = [pytest.mark.model, pytest.mark.process]  # the converter is a subprocess
 
-CASES = [("llama3", "f16"), ("qwen3", "bf16")]
+CASES = [
+    ("qwen3", "f16"),
+    ("gemma3", "bf16"),
+    pytest.param(("llama3", "f16"), marks=pytest.mark.slow),
+]
 FORMAT = {"f16": F16, "bf16": BF16}
 
 
