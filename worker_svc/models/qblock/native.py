@@ -28,6 +28,12 @@ from worker_svc.attention import PagedAttentionContext, cpu_kernel
 from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
 from worker_svc.compute.qblock_stack import block_runs
+from worker_svc.models.qblock.native_structs import (
+    KV_DTYPES,
+    BlockWeight,
+    DecodeBatch,
+    DecodeModel,
+)
 from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
 
 KERNELS = Path(__file__).with_name("kernels")
@@ -48,84 +54,13 @@ SCHEDULES = {"dynamic": 0, "static": 1}
 # (kernels/step_team.h); picked by bench/native_policy.py.
 BARRIER_SPIN = 2000
 
-_I64, _F64, _PTR = ctypes.c_int64, ctypes.c_double, ctypes.c_void_p
-# The pool element types the step writes and attends over (decode_step.c's KV_FLOAT*):
-# float32, the reference, and float16 (--kv-cache-dtype float16).
-KV_DTYPES = {torch.float32: 0, torch.float16: 1}
-
-
-WEIGHT_RUNS = 3  # decode_model.h: a fused QKV's three parts, each its own format at most
-
-
-class _Weight(ctypes.Structure):
-    """struct block_weight: a projection's runs of rows, each in its own format."""
-
-    _fields_ = [
-        ("runs", _I64),
-        ("run_end", _I64 * WEIGHT_RUNS),
-        ("format", _I64 * WEIGHT_RUNS),
-        ("blocks", _PTR * WEIGHT_RUNS),
-    ]
-
-    @classmethod
-    def of(cls, projection) -> _Weight:
-        runs = block_runs(projection)
-        if len(runs) > WEIGHT_RUNS:
-            raise ValueError(f"{len(runs)} runs of formats in one projection (at most 3)")
-        weight = cls(runs=len(runs))
-        end = 0
-        for i, run in enumerate(runs):
-            end += run.out_features
-            weight.run_end[i], weight.format[i] = end, run.format.code
-            weight.blocks[i] = run.blocks.data_ptr()
-        return weight
-
-
-class _Model(ctypes.Structure):
-    """struct decode_model."""
-
-    _fields_ = [
-        *((name, _I64) for name in ("hidden", "intermediate", "num_layers", "num_heads")),
-        *((name, _I64) for name in ("num_kv_heads", "head_dim", "vocab")),
-        ("eps", _F64),
-        ("scale", _F64),
-        *((name, _PTR) for name in ("embed", "final_norm")),
-        ("lm_head", ctypes.POINTER(_Weight)),
-        ("norms", _PTR),
-        ("weights", ctypes.POINTER(_Weight)),
-        *((name, _PTR) for name in ("rope_tables", "windows", "qkv_biases", "qk_norms")),
-        ("post_norms", _PTR),
-        ("activation", _I64),
-        ("embed_scale", _F64),
-    ]
-
-
-class _Batch(ctypes.Structure):
-    """struct decode_batch."""
-
-    _fields_ = [
-        ("num_tokens", _I64),
-        *((name, _PTR) for name in ("token_ids", "positions", "slot_mapping")),
-        *((name, _PTR) for name in ("block_tables", "context_lens")),
-        ("max_blocks", _I64),
-        ("kv_cache", _PTR),
-        ("kv_dtype", _I64),
-        ("num_blocks", _I64),
-        ("block_size", _I64),
-        ("sample_rows", _PTR),
-        ("num_samples", _I64),
-        ("logits", _PTR),
-        *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m", "spin")),
-        ("chained", _I64),
-    ]
-
 
 @functools.cache
 def load_decode_kernel() -> ctypes.CDLL:
     """The compiled step; KernelUnavailableError says why not."""
     lib = build_and_load_parts("decode_step", PARTS, LINK_FLAGS)
     lib.decode_step.restype = ctypes.c_int
-    lib.decode_step.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Batch)]
+    lib.decode_step.argtypes = [ctypes.POINTER(DecodeModel), ctypes.POINTER(DecodeBatch)]
     return lib
 
 
@@ -199,11 +134,11 @@ class NativeDecode:
             dtype=torch.int64,
         )
         flat = [p for row in projections for p in row]
-        self._weights = (_Weight * len(flat))(*(_Weight.of(p) for p in flat))
-        self._lm_head = _Weight.of(model.lm_head)
+        self._weights = (BlockWeight * len(flat))(*(BlockWeight.of(p) for p in flat))
+        self._lm_head = BlockWeight.of(model.lm_head)
         self._per_layer_tables(model)
         self._model = model  # owns every tensor whose address the structure holds
-        self._struct = _Model(
+        self._struct = DecodeModel(
             hidden=spec.hidden_size,
             intermediate=spec.intermediate_size,
             num_layers=spec.num_layers,
@@ -217,7 +152,7 @@ class NativeDecode:
             final_norm=model.norm.weight.data_ptr(),
             lm_head=ctypes.pointer(self._lm_head),
             norms=self._norms.data_ptr(),
-            weights=ctypes.cast(self._weights, ctypes.POINTER(_Weight)),
+            weights=ctypes.cast(self._weights, ctypes.POINTER(BlockWeight)),
             rope_tables=self._rope_tables.data_ptr(),
             windows=self._windows.data_ptr(),
             qkv_biases=self._qkv_biases.data_ptr(),
@@ -274,7 +209,7 @@ class NativeDecode:
         slots = attention.metadata.slot_mapping.contiguous()
         tables, lens = decodes.block_tables.contiguous(), decodes.context_lens.contiguous()
         logits = torch.empty((sample_rows.shape[0], self._struct.vocab), dtype=torch.float32)
-        batch = _Batch(
+        batch = DecodeBatch(
             num_tokens=input_ids.shape[0],
             token_ids=input_ids.data_ptr(),
             positions=positions.data_ptr(),
