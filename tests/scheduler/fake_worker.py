@@ -44,25 +44,15 @@ from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
 from scheduler_svc.structured.bitmask import allowed_ids
 from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_proto, plan_to_proto
 
+from .fake_drafting import FakeDrafting
+from .fake_kv import SlotKV, contexts_of
+
 # (seq_id, index of the output token to sample) -> token id
 TokenScript = Callable[[int, int], int]
-# (seq_id, index of the next output token, room) -> the drafts to verify
-Drafter = Callable[[int, int, int], list[int]]
 
 
 class ProtocolViolation(AssertionError):
     pass
-
-
-@dataclass(frozen=True)
-class SlotKV:
-    """What one KV slot holds: the token written there and its whole context."""
-
-    token_id: int
-    position: int
-    # Python's hash of the tokens up to and including this one: equal for two
-    # sequences exactly when their KV at this position is equal.
-    context: int
 
 
 @dataclass
@@ -95,7 +85,7 @@ def scripted(
     return next_token
 
 
-class FakeWorker:
+class FakeWorker(FakeDrafting):
     def __init__(self, num_blocks: int, block_size: int, script: TokenScript) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -107,7 +97,7 @@ class FakeWorker:
         self.kv: list[list[SlotKV | None]] = [[None] * block_size for _ in range(num_blocks)]
         # Slots written so far, for tests that want to see what was (re)computed.
         self.num_slots_written = 0
-        self.drafter: Drafter | None = None
+        self.drafter = None  # fake_drafting.Drafter
 
     def step(self, plan: StepPlan, masks: DeferredMasks | None = None) -> StepOutput:
         """Runs a scheduler's plan (and its deferred masks, if they came) through the
@@ -194,46 +184,6 @@ class FakeWorker:
                 result.num_tokens += num_drafts
         return result
 
-    def _draft_room(self, plan: wpb.StepPlan, sampling: list[int]) -> dict[int, int]:
-        room = {s.seq_id: s.num_draft_tokens for s in plan.continuing_sequences}
-        room = {seq_id: k for seq_id, k in room.items() if k}
-        if room:
-            self._check(max(plan.num_steps, 1) == 1, "drafts in a multi-step plan")
-            self._check(plan.ngram_lookup.min_n >= 1, "drafts without ngram_lookup")
-            self._check(room.keys() <= set(sampling), "drafts for a sequence that does not sample")
-            masked = set(plan.allowed_tokens.seq_ids) | set(plan.deferred_mask_seq_ids)
-            self._check(not room.keys() & masked, "drafts for a constrained sequence")
-        return room
-
-    def _verify(
-        self, seq_id: int, room: int, result: wpb.StepResult, holders: Counter[int]
-    ) -> tuple[int, int]:
-        """A decode's drafts written and verified; (tokens emitted, drafts verified)."""
-        seq = self.sequences[seq_id]
-        drafts = self.drafter(seq_id, len(seq.sampled), room)[:room] if self.drafter else []
-        start = seq.num_computed_tokens  # the decode's own token is computed already
-        self._check(
-            start + len(drafts) <= len(seq.block_ids) * self.block_size,
-            f"sequence {seq_id}: {len(seq.block_ids)} blocks cannot hold its drafts",
-        )
-        contexts = _contexts([*seq.token_ids, *drafts])
-        for i, draft in enumerate(drafts):
-            position = start + i
-            block_id = seq.block_ids[position // self.block_size]
-            self._check(holders[block_id] == 1, f"a draft written into shared block {block_id}")
-            self.kv[block_id][position % self.block_size] = SlotKV(
-                draft, position, contexts[position]
-            )
-        emitted = 0
-        for i in range(len(drafts) + 1):
-            token_id = self._sample(seq_id, result, None)
-            emitted += 1
-            if i == len(drafts) or token_id != drafts[i]:
-                break
-        # Its token and the accepted drafts have KV now (equal to the emitted tokens').
-        seq.num_computed_tokens = start + emitted - 1
-        return emitted, len(drafts)
-
     def _holders(self) -> Counter[int]:
         """How many live sequences hold each block; a table never holds one twice."""
         holders: Counter[int] = Counter()
@@ -259,7 +209,7 @@ class FakeWorker:
             end <= len(seq.block_ids) * self.block_size,
             f"sequence {seq_id}: {len(seq.block_ids)} blocks cannot hold {end} tokens",
         )
-        contexts = _contexts(seq.token_ids[:end])
+        contexts = contexts_of(seq.token_ids[:end])
         # Attention reads every earlier position: it must be this sequence's KV.
         for position in range(start):
             found = self._slot(seq, position)
@@ -349,12 +299,3 @@ class FakeWorker:
     def _check(condition: bool, message: str) -> None:
         if not condition:
             raise ProtocolViolation(message)
-
-
-def _contexts(token_ids: Sequence[int]) -> list[int]:
-    """Per position, a fingerprint of the tokens up to and including it."""
-    contexts, running = [], 0
-    for token_id in token_ids:
-        running = hash((running, token_id))
-        contexts.append(running)
-    return contexts
