@@ -80,28 +80,26 @@ AVX512_TARGET INLINE void group_scales(const uint8_t *blk, const int FORMAT, flo
         sc[0] = qblock_half(blk);
         return;
     }
+    /* Byte ops on 16 bytes (cheaper than on 16 dwords), then one widening. */
     const __m128i p = _mm_loadu_si128((const __m128i *)(blk + 4));
     const __m128i pick_a = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
     const __m128i pick_b = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
-    __m512i a = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(p, pick_a));
-    __m512i b = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(p, pick_b));
-    /* Scales 0-3 and mins 0-3: 6 low bits; scales 4-7: a low nibble, mins 4-7 a high
-     * one, each with the 2 top bits of b as bits 4-5. */
-    a = _mm512_srlv_epi32(a, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4));
-    a = _mm512_and_si512(a, _mm512_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15,
-                                              15, 15, 15));
-    b = _mm512_slli_epi32(_mm512_srli_epi32(b, 6), 4);
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    __m128i a = _mm_shuffle_epi8(p, pick_a), b = _mm_shuffle_epi8(p, pick_b);
+    /* Mins 4-7 (bytes 12-15) are high nibbles; the others' fields start at bit 0. */
+    a = _mm_and_si128(_mm_blend_epi32(a, _mm_srli_epi16(a, 4), 8), keep);
+    /* b's 2 top bits to bits 4-5 (the 16-bit shift's spill from the next byte is masked). */
+    b = _mm_and_si128(_mm_srli_epi16(b, 2), _mm_set1_epi8(0x30));
     const __m512 d = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(qblock_half(blk)),
                                           _mm512_set1_ps(-qblock_half(blk + 2)));
-    _mm512_store_ps(sc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_or_si512(a, b))));
+    const __m512i fields = _mm512_cvtepu8_epi32(_mm_or_si128(a, b));
+    _mm512_store_ps(sc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(fields)));
 }
 
-/* Q4_K / Q5_K: sub-block s's table of 16 weights d*sc*q - dmin*mn for q = base .. base+15. */
-AVX512_TARGET INLINE __m512 sub_table(const float *sc, int s, float base)
+/* Q4_K / Q5_K: sub-block s's table of 16 weights d*sc*q - dmin*mn for q in `values`. */
+AVX512_TARGET INLINE __m512 sub_table(const float *sc, int s, __m512 values)
 {
-    return _mm512_fmadd_ps(_mm512_set1_ps(sc[s]),
-                           _mm512_add_ps(levels(), _mm512_set1_ps(base)),
-                           _mm512_set1_ps(sc[8 + s]));
+    return _mm512_fmadd_ps(_mm512_set1_ps(sc[s]), values, _mm512_set1_ps(sc[8 + s]));
 }
 
 /* Q5_K: the fifth bits of sub-block s's weights (bit s of each qh byte) moved to bit 4. */
@@ -117,7 +115,7 @@ AVX512_TARGET INLINE void unit_regs(const uint8_t *blk, const float *sc, const i
     if (FORMAT == QBLOCK_FORMAT_Q4_K) {
         /* Byte i of the run: weight i of sub-block 2u (low nibble), of 2u + 1 (high).
          * vpermps reads an index's low 4 bits only: the low nibble needs no mask. */
-        const __m512 ta = sub_table(sc, 2 * u, 0.0f), tb = sub_table(sc, 2 * u + 1, 0.0f);
+        const __m512 ta = sub_table(sc, 2 * u, levels()), tb = sub_table(sc, 2 * u + 1, levels());
         const __m512i q0 = load16_u8(blk + 16 + 32 * u), q1 = load16_u8(blk + 32 + 32 * u);
         w[0] = _mm512_permutexvar_ps(q0, ta);
         w[1] = _mm512_permutexvar_ps(q1, ta);
@@ -130,7 +128,8 @@ AVX512_TARGET INLINE void unit_regs(const uint8_t *blk, const float *sc, const i
         const __m512i h0 = load16_u8(blk + 16), h1 = load16_u8(blk + 32);
         for (int half = 0; half < 2; half++) {
             const int s = 2 * u + half;
-            const __m512 lo = sub_table(sc, s, 0.0f), hi = sub_table(sc, s, 16.0f);
+            const __m512 lo = sub_table(sc, s, levels());
+            const __m512 hi = sub_table(sc, s, _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31));
             const __m512i n0 = half ? _mm512_srli_epi32(q0, 4) : q0;
             const __m512i n1 = half ? _mm512_srli_epi32(q1, 4) : q1;
             /* (nibble & ~16) | (fifth bit & 16): bits above 4 are not read. */
@@ -158,13 +157,14 @@ AVX512_TARGET INLINE void unit_regs(const uint8_t *blk, const float *sc, const i
         const __m512i va = _mm512_sub_epi8(_mm512_ternarylogic_epi32(ql, hi_a, low, 0xec), off);
         const __m512i vb = _mm512_sub_epi8(
             _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), hi_b, low, 0xec), off);
-        for (int c = 0; c < 8; c++) {
-            const __m512i v = c < 4 ? va : vb;
-            const __m128i part = c % 4 == 0 ? _mm512_castsi512_si128(v)
-                                            : _mm512_extracti32x4_epi32(v, c % 4);
+        /* Widened from the stack: a load, where a lane extract would be a shuffle. */
+        int8_t values[128] __attribute__((aligned(64)));
+        _mm512_store_si512(values, va);
+        _mm512_store_si512(values + 64, vb);
+        for (int c = 0; c < 8; c++)
             w[c] = _mm512_mul_ps(_mm512_set1_ps(sc[8 * u + c]),
-                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part)));
-        }
+                                 _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                     _mm_load_si128((const __m128i *)(values + 16 * c)))));
     } else {
         /* Q5_0: the 32 values d * (q - 16), picked by the nibble and the fifth bit (bit j
          * of qh for weight j): the bit is set into bit 4 of the index by a mask. */
