@@ -231,13 +231,19 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
         }
         for (int u = 0; u < group_units(FORMAT); u++) {
             const float *xu = x + b * G + u * U;
+            /* One row of x: its unit in registers, loaded once for the RR rows. */
+            __m512 xv[8];
+            if (MM == 1)
+                for (int c = 0; c < U / 16; c++)
+                    xv[c] = _mm512_loadu_ps(xu + 16 * c);
             for (int r = 0; r < RR; r++) {
                 __m512 wv[8];
                 unit_regs(w + r * row_bytes + b * bytes, sc[r], u, FORMAT, wv);
                 for (int c = 0; c < U / 16; c++)
                     for (int i = 0; i < MM; i++)
-                        acc[r][i] = _mm512_fmadd_ps(wv[c], _mm512_loadu_ps(xu + i * k + 16 * c),
-                                                    acc[r][i]);
+                        acc[r][i] = _mm512_fmadd_ps(
+                            wv[c], MM == 1 ? xv[c] : _mm512_loadu_ps(xu + i * k + 16 * c),
+                            acc[r][i]);
             }
         }
     }
