@@ -49,8 +49,14 @@ def random_blocks(fmt: BlockFormat, n: int, k: int, seed: int = 0) -> torch.Tens
 
 
 def load_baseline(kernels: Path) -> ctypes.CDLL:
-    """The block kernel built from another copy of compute/kernels (same flags)."""
-    parts = tuple((kernels / path.name, flags) for path, flags in qblock.PARTS)
+    """The block kernel built from another copy of compute/kernels (same flags). A
+    copy whose qblock_gemm.c calls a file this one no longer has fails to link."""
+    # Today's parts that the other copy has (an older one may lack a newer file).
+    parts = tuple(
+        (kernels / path.name, flags)
+        for path, flags in qblock.PARTS
+        if (kernels / path.name).exists()
+    )
     lib = build_and_load_parts("qblock_gemm_baseline", parts, qblock.LINK_FLAGS)
     lib.qblock_gemm.restype = ctypes.c_int
     lib.qblock_gemm.argtypes = qblock.load_qblock_kernel().qblock_gemm.argtypes

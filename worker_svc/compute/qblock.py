@@ -42,6 +42,7 @@ PARTS = tuple(
         "qblock_tiles.c",
         "qblock_q4q8.c",
         "qblock_kquants.c",
+        "qblock_kquants_avx2.c",
         "qblock_kquants_avx512.c",
     )
 )
