@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.native_build import KernelUnavailableError, build_and_load, build_and_load_parts
+from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCE = KERNELS / "qblock_gemm.c"
@@ -55,7 +55,7 @@ class BlockFormat:
     code: int  # the kernel's format argument (kernels/qblock_gemm.h QBLOCK_FORMAT_*)
     block_bytes: int
     block_weights: int = QK  # a block's (or super-block's) weights: K is a multiple
-    vnni: bool = False  # the large-M VNNI kernel (kernels/qblock_vnni.c) reads it
+    vnni: bool = False  # the large-M VNNI kernel (kernels/qblock_vnni.c) reads it (F16, BF16 not)
 
     def row_bytes(self, k: int) -> int:
         return k // self.block_weights * self.block_bytes
@@ -63,10 +63,10 @@ class BlockFormat:
 
 Q4_1 = BlockFormat("Q4_1", 0, 20, vnni=True)
 Q8_0 = BlockFormat("Q8_0", 1, 34, vnni=True)
-Q4_K = BlockFormat("Q4_K", 2, 144, 256)
-Q5_K = BlockFormat("Q5_K", 3, 176, 256)
-Q6_K = BlockFormat("Q6_K", 4, 210, 256)
-Q5_0 = BlockFormat("Q5_0", 5, 22)
+Q4_K = BlockFormat("Q4_K", 2, 144, 256, vnni=True)
+Q5_K = BlockFormat("Q5_K", 3, 176, 256, vnni=True)
+Q6_K = BlockFormat("Q6_K", 4, 210, 256, vnni=True)
+Q5_0 = BlockFormat("Q5_0", 5, 22, vnni=True)
 FORMATS = {f.name: f for f in (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0)}
 # The kernel's variant argument; AUTO takes the best this CPU runs.
 VARIANTS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
@@ -88,7 +88,10 @@ def load_qblock_kernel() -> ctypes.CDLL:
     return lib
 
 
-VNNI_SOURCE = Path(__file__).with_name("kernels") / "qblock_vnni.c"
+VNNI_SOURCE = KERNELS / "qblock_vnni.c"
+# The VNNI kernel's own objects: Q4_1 / Q8_0 (qblock_vnni.c) and the K-quants' and
+# Q5_0's panel packing (qblock_kquants_vnni.c); linked with PARTS.
+VNNI_PARTS = ((VNNI_SOURCE, COMPILE_FLAGS), (KERNELS / "qblock_kquants_vnni.c", COMPILE_FLAGS))
 
 
 @functools.cache
@@ -96,7 +99,8 @@ def load_vnni_kernel() -> ctypes.CDLL | None:
     """The large-M kernel (blocks x 16-bit activation blocks), or None where the CPU has
     no AVX-512 VNNI or it cannot be built."""
     try:
-        lib = build_and_load(VNNI_SOURCE, COMPILE_FLAGS, LINK_FLAGS)
+        # With the block kernel's parts: the K-quants' packing reads their half table.
+        lib = build_and_load_parts("qblock_vnni", (*PARTS, *VNNI_PARTS), LINK_FLAGS)
     except KernelUnavailableError:
         return None
     if not lib.qblock_vnni_supported():
