@@ -48,11 +48,11 @@ def test_dequantized_weights_are_ggufs_bit_for_bit(variant, fmt):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17, 70])
 @pytest.mark.parametrize("n", [1, 7, 36])
 def test_products_match_float64(variant, fmt, m, n):
-    """Odd M and N reach the tails: partial register tiles (rows < 4), M past the
-    in-register path (> 4) and past a chunk of x (64 rows). Error measured: at most
+    """Odd M and N reach the tails: partial register tiles (rows < 4), the in-register
+    path's two tile shapes (M <= 4, 5-8), M past it (> 8) and past a chunk of x (64 rows). Error measured: at most
     6.6e-7 of the outputs' largest magnitude on Zen 4 (K = 512, float32 sums in another
     order); 2e-5 leaves room for other CPUs and stays far below one wrong weight."""
     k = 512
@@ -67,9 +67,9 @@ def test_products_match_float64(variant, fmt, m, n):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
-@pytest.mark.parametrize("m", [1, 4, 96])
+@pytest.mark.parametrize("m", [1, 4, 7, 96])
 def test_one_hot_rows_read_the_exact_weights(variant, fmt, m):
-    """A one-hot row of x reads single weights: in registers (M <= 4) and through the
+    """A one-hot row of x reads single weights: in registers (M <= 8) and through the
     panel buffer (M = 96) each equals gguf's dequantized weight exactly."""
     k = 256
     blocks = random_blocks(fmt, 9, k, seed=7)

@@ -119,9 +119,11 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
                   const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy, float *buf)
 {
     const int64_t row_bytes = qblock_row_bytes(format, k);
-    /* Q4_1 / Q8_0 on AVX2 go through the buffer (measured faster there). */
+    /* Q4_1 / Q8_0 on AVX2 go through the buffer (measured faster there); the K-quants'
+     * tiles take up to 8 rows of x (measured faster than the buffer at 5-8). */
     const int kquant = kq_is_kquant_format(format);
-    if (m_count <= SMALL_M && (variant == VARIANT_AVX512 || (kquant && variant == VARIANT_AVX2))) {
+    if (m_count <= (kquant ? KQ_SMALL_M : SMALL_M) &&
+        (variant == VARIANT_AVX512 || (kquant && variant == VARIANT_AVX2))) {
         void (*small)(int, const uint8_t *, int64_t, int64_t, const float *, int64_t, int64_t,
                       float *, int64_t) = variant == VARIANT_AVX2 ? kq_small_tile_avx2
                                           : kquant                ? kq_small_tile_avx512

@@ -56,8 +56,11 @@ static inline void kq_sub_scales(const uint8_t *blk, struct kq_scales *g)
 void kq_dequant_plain(int format, const uint8_t *row, int64_t k, float *out);
 void kq_dequant_avx2(int format, const uint8_t *row, int64_t k, float *out);
 void kq_dequant_avx512(int format, const uint8_t *row, int64_t k, float *out);
-/* rows <= 4 weight rows times m_count <= 4 rows of x, weights dequantized in registers
- * (as qblock_q4q8.c's q4q8_small_tile_avx512 for Q4_1 / Q8_0). */
+/* Rows of x the small tiles take (qblock_gemm.c's panels use them up to this M). */
+enum { KQ_SMALL_M = 8 };
+
+/* rows <= 4 weight rows times m_count <= KQ_SMALL_M rows of x, weights dequantized in
+ * registers (as qblock_q4q8.c's q4q8_small_tile_avx512 for Q4_1 / Q8_0). */
 void kq_small_tile_avx2(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
                         const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
 void kq_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,

@@ -76,13 +76,13 @@ AVX2_TARGET INLINE float hsum(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* RR weight rows x MM rows of x, RR * MM <= 8 accumulators (AVX2 has 16 registers). */
+/* RR weight rows x MM rows of x, RR * MM <= 8 accumulators. */
 AVX2_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float *x, int64_t k,
                               float *y, int64_t ldy, const int FORMAT, const int RR, const int MM)
 {
     const int G = group_weights(FORMAT), bytes = group_bytes(FORMAT);
     struct kq_staged s[4];
-    __m256 acc[4][4];
+    __m256 acc[4][8];
     for (int r = 0; r < RR; r++)
         for (int i = 0; i < MM; i++)
             acc[r][i] = _mm256_setzero_ps();
@@ -106,15 +106,26 @@ AVX2_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float *
             y[i * ldy + r] = hsum(acc[r][i]);
 }
 
-/* Four rows at a time (two when M > 2), the rest one by one. */
+/* Four rows at a time with 1-2 rows of x, two with 3-4, one with 5-8 (8 accumulators:
+ * AVX2 has 16 registers), so that each weight is built once; a partial tile row by row. */
 #define SMALL_CASES(FORMAT)                                                                   \
     if (rows == 4 && m_count <= 2) {                                                          \
         m_count == 1 ? small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 1)                        \
                      : small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 2);                       \
-    } else if (rows == 4) {                                                                   \
+    } else if (rows == 4 && m_count <= 4) {                                                   \
         for (int64_t r = 0; r < 4; r += 2)                                                    \
             m_count == 3 ? small(w + r * row_bytes, row_bytes, x, k, y + r, ldy, FORMAT, 2, 3) \
                          : small(w + r * row_bytes, row_bytes, x, k, y + r, ldy, FORMAT, 2, 4); \
+    } else if (rows == 4) {                                                                   \
+        for (int64_t r = 0; r < 4; r++) {                                                     \
+            const uint8_t *w1 = w + r * row_bytes;                                            \
+            switch (m_count) {                                                                \
+            case 5: small(w1, row_bytes, x, k, y + r, ldy, FORMAT, 1, 5); break;              \
+            case 6: small(w1, row_bytes, x, k, y + r, ldy, FORMAT, 1, 6); break;              \
+            case 7: small(w1, row_bytes, x, k, y + r, ldy, FORMAT, 1, 7); break;              \
+            default: small(w1, row_bytes, x, k, y + r, ldy, FORMAT, 1, 8); break;             \
+            }                                                                                 \
+        }                                                                                     \
     } else {                                                                                  \
         for (int64_t r = 0; r < rows; r++)                                                    \
             for (int64_t i = 0; i < m_count; i++)                                             \

@@ -188,7 +188,7 @@ AVX512_TARGET INLINE void small_staged(const uint8_t *w, int64_t row_bytes, cons
 {
     const int G = group_weights(FORMAT), bytes = group_bytes(FORMAT);
     struct kq_staged s[4];
-    __m512 acc[4][4];
+    __m512 acc[4][8];
     for (int r = 0; r < RR; r++)
         for (int i = 0; i < MM; i++)
             acc[r][i] = _mm512_setzero_ps();
@@ -213,7 +213,7 @@ AVX512_TARGET INLINE void small_staged(const uint8_t *w, int64_t row_bytes, cons
             y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
-/* RR weight rows x MM rows of x: up to 16 accumulators. A row's unit is built and used
+/* RR weight rows x MM rows of x: RR * MM <= 16 accumulators. A row's unit is built and used
  * before the next row's, so that its weights need only unit_weights / 16 registers. */
 AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float *x, int64_t k,
                                 float *y, int64_t ldy, const int FORMAT, const int RR, const int MM)
@@ -224,7 +224,7 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
     }
     const int G = group_weights(FORMAT), U = unit_weights(FORMAT), bytes = group_bytes(FORMAT);
     float sc[4][16] __attribute__((aligned(64)));
-    __m512 acc[4][4];
+    __m512 acc[4][8];
     for (int r = 0; r < RR; r++)
         for (int i = 0; i < MM; i++)
             acc[r][i] = _mm512_setzero_ps();
@@ -240,7 +240,7 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
         for (int u = 0; u < group_units(FORMAT); u++) {
             const float *xu = x + b * G + u * U;
             /* One row of x: its unit in registers, loaded once for the RR rows. */
-            __m512 xv[4];
+            __m512 xv[4] = {0};
             if (MM == 1)
                 for (int c = 0; c < U / 16; c++)
                     xv[c] = _mm512_loadu_ps(xu + 16 * c);
@@ -260,13 +260,27 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
             y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
+/* Four rows with 1-4 rows of x, two with 5-8 (RR * MM <= 16 accumulators), so that a
+ * decode of up to 8 sequences builds each weight once; a partial tile row by row. */
 #define SMALL_CASES(FORMAT)                                                                   \
-    switch (m_count * 8 + (rows == 4 ? 4 : 1)) {                                              \
-    case 12: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 1); break;                          \
-    case 20: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 2); break;                          \
-    case 28: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 3); break;                          \
-    case 36: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 4); break;                          \
-    default:                                                                                  \
+    if (rows == 4) {                                                                          \
+        switch (m_count) {                                                                    \
+        case 1: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 1); break;                       \
+        case 2: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 2); break;                       \
+        case 3: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 3); break;                       \
+        case 4: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 4); break;                       \
+        default:                                                                              \
+            for (int64_t r = 0; r < 4; r += 2) {                                              \
+                const uint8_t *w2 = w + r * row_bytes;                                        \
+                switch (m_count) {                                                            \
+                case 5: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 5); break;          \
+                case 6: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 6); break;          \
+                case 7: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 7); break;          \
+                default: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 8); break;         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    } else {                                                                                  \
         for (int64_t r = 0; r < rows; r++)                                                    \
             for (int64_t i = 0; i < m_count; i++)                                             \
                 small(w + r * row_bytes, row_bytes, x + i * k, k, y + i * ldy + r, ldy,       \
