@@ -1,7 +1,8 @@
 """GGUF's weight blocks, and the C kernel that multiplies float32 activations by them
 (kernels/qblock_gemm.c's panels with the float tiles of kernels/qblock_tiles.c and the
 per-format unpacking of kernels/qblock_q4q8.c and kernels/qblock_kquants*.c, built at
-first use, cached by CPU flags).
+first use, cached by CPU flags), and the large-M VNNI kernel (kernels/qblock_vnni.c,
+kernels/qblock_kquants_vnni.c).
 
 A weight `[N, K]` is kept as its blocks: a uint8 tensor `[N, fmt.row_bytes(K)]`,
 row by row as GGUF stores it, so rows can be concatenated (fused QKV, gate/up) or
@@ -13,8 +14,9 @@ permuted (the rotary reordering of q and k) without touching a block.
   tied embedding / LM head, and what a float-only model is quantized to at load.
 - Q4_K, Q5_K, Q6_K (super-blocks of 256 weights, sub-block scales of 6 or 8 bits) and
   Q5_0 (32 weights, 5 bits): what llama.cpp's K-quant files (Q4_K_M, ...) hold, read
-  as they are in the file (layouts in kernels/qblock_kquants.h). `quantize` does not
-  write them: they come from files only.
+  as they are in the file (layouts in kernels/qblock_kquants.h): unpacked in registers
+  at small M (plain C, AVX2 and AVX-512 variants), and read by the VNNI kernel at large
+  M. `quantize` does not write them: they come from files only.
 """
 
 from __future__ import annotations
