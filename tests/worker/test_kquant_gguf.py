@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.defaults import packaged_gguf_path
+from tests.worker import native_step
 from tests.worker.architectures.test_block_path import (
     dequantized_twin,
     native_and_python,
@@ -115,8 +116,13 @@ def test_native_step_runs_the_mixed_formats(mixed, variant):
 
 @pytest.fixture(scope="module")
 def mixed_prefilled(mixed):
+    """The mixed file's prefilled pool. native_step caches the Python forward's step by
+    batch and path, not by model: emptied before and after, so that neither this
+    module's nor test_native_decode.py's shipped model reads the other's logits."""
+    native_step._PYTHON_STEPS.clear()
     runner = prefill(mixed)
-    return runner.pool.cache.clone(), runner.sequences
+    yield runner.pool.cache.clone(), runner.sequences
+    native_step._PYTHON_STEPS.clear()
 
 
 @pytest.mark.parametrize("path", batch16_paths())
