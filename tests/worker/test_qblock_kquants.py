@@ -52,9 +52,10 @@ def test_dequantized_weights_are_ggufs_bit_for_bit(variant, fmt):
 @pytest.mark.parametrize("n", [1, 7, 36])
 def test_products_match_float64(variant, fmt, m, n):
     """Odd M and N reach the tails: partial register tiles (rows < 4), the in-register
-    path's two tile shapes (M <= 4, 5-8), M past it (> 8) and past a chunk of x (64 rows). Error measured: at most
-    6.6e-7 of the outputs' largest magnitude on Zen 4 (K = 512, float32 sums in another
-    order); 2e-5 leaves room for other CPUs and stays far below one wrong weight."""
+    path's two tile shapes (M <= 4, 5-8), M past it (> 8) and past a chunk of x (64
+    rows). Error measured: at most 6.6e-7 of the outputs' largest magnitude on Zen 4
+    (K = 512, float32 sums in another order); 2e-5 leaves room for other CPUs and stays
+    far below one wrong weight."""
     k = 512
     blocks = random_blocks(fmt, n, k, seed=m * 100 + n)
     weight = torch.from_numpy(gguf_weights(blocks, fmt))
