@@ -49,12 +49,13 @@ def make_runner(
     attention: str = "auto",
     compile: bool = False,
     kv_cache_dtype: str = "auto",
+    model: str | None = None,
 ) -> ModelRunner:
     """A runner with the attention backend a worker would pick (`attention`, as the
-    worker's --attention-backend); `compile` and `kv_cache_dtype` as the worker's
-    --compile and --kv-cache-dtype."""
+    worker's --attention-backend); `compile`, `kv_cache_dtype` and `model` (default: the
+    default model) as the worker's --compile, --kv-cache-dtype and --model."""
     device = torch.device("cpu")
-    loaded = load_model(default_model_path(), dtype, device, compile=compile)
+    loaded = load_model(model or default_model_path(), dtype, device, compile=compile)
     kv_dtype = kv_cache_dtype_of(kv_cache_dtype, loaded.dtype, loaded.compute_path)
     spec = KVPoolSpec(loaded.num_layers, loaded.num_kv_heads, loaded.head_dim, block_size, kv_dtype)
     backend, _ = select_backend(

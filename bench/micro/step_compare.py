@@ -10,6 +10,10 @@ one decode token for every sequence (runner.execute of one step plan), the forwa
 attention and sampling included, as bench/micro/step_profile.py times it. The CPU, its
 load average at the start and the end are printed beside the figures.
 
+`q4_1@FILE` is the q4_1 path on another model file (a GGUF of other block formats, such
+as a Q4_K_M file made by llama-quantize): `--dtypes q4_1,q4_1@/tmp/q4_k_m.gguf` compares
+the shipped file with it.
+
 `q4_1-python` is the q4_1 path with its native decode step off (CBSERVE_NATIVE_DECODE=0,
 models/qblock/native.py): `--dtypes q4_1,q4_1-python` compares the two. `q4_1+kv16` is
 the q4_1 path over a float16 KV pool (--kv-cache-dtype float16; bench/micro/kv_suffix.py):
@@ -72,13 +76,14 @@ def main() -> None:
 
 def load_runner(name: str, blocks: int):
     """`name` is a dtype, then maybe a KV suffix (`+kv16`), then maybe `-python`: its
-    native decode step off."""
+    native decode step off, then maybe `@FILE`: the model file."""
+    name, _, model = name.partition("@")
     dtype, python_only = name.removesuffix("-python"), name.endswith("-python")
     dtype, kv_cache_dtype = split_kv_suffix(dtype)
     saved = os.environ.get("CBSERVE_NATIVE_DECODE")
     os.environ["CBSERVE_NATIVE_DECODE"] = "0" if python_only else (saved or "1")
     try:
-        return make_runner(dtype, blocks, kv_cache_dtype=kv_cache_dtype)
+        return make_runner(dtype, blocks, kv_cache_dtype=kv_cache_dtype, model=model or None)
     finally:
         if saved is None:
             del os.environ["CBSERVE_NATIVE_DECODE"]

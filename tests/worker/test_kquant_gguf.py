@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.defaults import packaged_gguf_path
+from tests.worker import native_step
 from tests.worker.architectures.test_block_path import (
     dequantized_twin,
     native_and_python,
@@ -22,8 +23,25 @@ from tests.worker.architectures.test_block_path import (
 )
 from tests.worker.architectures.test_float_forward import CPU, prompt
 from tests.worker.kquant_file import QTYPE, rewrite_gguf
+from tests.worker.native_step import (
+    TOLERANCES,
+    assert_close_logits,
+    batch16_paths,
+    on_path,
+    prefill,
+    python_and_native,
+    uses_vnni,
+)
 from worker_svc.attention import CpuAttentionBackend
-from worker_svc.compute.qblock import Q4_K, Q5_0, Q6_K, Q8_0, dequantize, supported_variants
+from worker_svc.compute.qblock import (
+    Q4_K,
+    Q5_0,
+    Q6_K,
+    Q8_0,
+    dequantize,
+    load_vnni_kernel,
+    supported_variants,
+)
 from worker_svc.compute.qblock_stack import QBlockStack
 from worker_svc.model_loader import load_model
 from worker_svc.models.checkpoint.weights import undo_rope_permute
@@ -91,7 +109,9 @@ def test_every_tensor_keeps_the_files_blocks(mixed_file, mixed):
         assert formats_of(layer.qkv_proj) == ((Q5_0, Q8_0) if i % 3 == 0 else (Q5_0,))
         assert formats_of(layer.gate_up_proj) == ((Q5_0, Q8_0) if i % 4 == 1 else (Q5_0,))
     assert model.lm_head.format is Q8_0
-    assert not any(layer.down_proj.vnni for layer in model.layers)  # VNNI: Q4_1 / Q8_0 only
+    # Every block format is read by the VNNI kernel where the CPU has one.
+    vnni_here = load_vnni_kernel() is not None
+    assert all(layer.down_proj.vnni == vnni_here for layer in model.layers)
 
 
 def formats_of(projection) -> tuple:
@@ -128,6 +148,32 @@ def test_native_step_runs_the_mixed_formats(mixed, variant):
     assert mixed.model.native_decode_status == "native decode steps"
     got, want = native_and_python(mixed, prompt(12, 16), variant)
     torch.testing.assert_close(got, want, **CLOSE)
+
+
+@pytest.fixture(scope="module")
+def mixed_prefilled(mixed):
+    """The mixed file's prefilled pool. native_step caches the Python forward's step by
+    batch and path, not by model: emptied before and after, so that neither this
+    module's nor test_native_decode.py's shipped model reads the other's logits."""
+    native_step._PYTHON_STEPS.clear()
+    runner = prefill(mixed)
+    yield runner.pool.cache.clone(), runner.sequences
+    native_step._PYTHON_STEPS.clear()
+
+
+@pytest.mark.parametrize("path", batch16_paths())
+def test_native_step_batch16_on_every_path(mixed, mixed_prefilled, path):
+    """16 decodes at once: the K-quants and Q5_0 on the float kernel of every variant and,
+    where the CPU has VNNI, on 16-bit activation blocks (qblock_kquants_vnni.c), beside
+    the Python forward on the same arithmetic (tests/worker/native_step.py)."""
+    with on_path(mixed.model, path) as native:
+        assert uses_vnni(native, 16) == bool(path.vnni)
+        before, (py_logits, py_cache), (nat_logits, nat_cache) = python_and_native(
+            mixed, mixed_prefilled, native, list(range(16)), torch.arange(16), path
+        )
+    assert_close_logits(nat_logits, py_logits, vnni=bool(path.vnni))
+    assert torch.equal(nat_cache != before, py_cache != before)
+    torch.testing.assert_close(nat_cache, py_cache, rtol=0, atol=TOLERANCES[bool(path.vnni)][1])
 
 
 def test_dequantize_reads_the_written_q4_k(mixed):

@@ -18,6 +18,7 @@ from worker_svc.compute.qblock import (
     Q6_K,
     dense_matmul,
     dequantize,
+    load_vnni_kernel,
     qblock_matmul,
     quantize,
     supported_variants,
@@ -47,13 +48,14 @@ def test_dequantized_weights_are_ggufs_bit_for_bit(variant, fmt):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 17, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17, 70])
 @pytest.mark.parametrize("n", [1, 7, 36])
 def test_products_match_float64(variant, fmt, m, n):
-    """Odd M and N reach the tails: partial register tiles (rows < 4), M past the
-    in-register path (> 4) and past a chunk of x (64 rows). Error measured: at most
-    6.6e-7 of the outputs' largest magnitude on Zen 4 (K = 512, float32 sums in another
-    order); 2e-5 leaves room for other CPUs and stays far below one wrong weight."""
+    """Odd M and N reach the tails: partial register tiles (rows < 4), the in-register
+    path's two tile shapes (M <= 4, 5-8), M past it (> 8) and past a chunk of x (64
+    rows). Error measured: at most 6.6e-7 of the outputs' largest magnitude on Zen 4
+    (K = 512, float32 sums in another order); 2e-5 leaves room for other CPUs and stays
+    far below one wrong weight."""
     k = 512
     blocks = random_blocks(fmt, n, k, seed=m * 100 + n)
     weight = torch.from_numpy(gguf_weights(blocks, fmt))
@@ -66,9 +68,9 @@ def test_products_match_float64(variant, fmt, m, n):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
-@pytest.mark.parametrize("m", [1, 4, 96])
+@pytest.mark.parametrize("m", [1, 4, 7, 96])
 def test_one_hot_rows_read_the_exact_weights(variant, fmt, m):
-    """A one-hot row of x reads single weights: in registers (M <= 4) and through the
+    """A one-hot row of x reads single weights: in registers (M <= 8) and through the
     panel buffer (M = 96) each equals gguf's dequantized weight exactly."""
     k = 256
     blocks = random_blocks(fmt, 9, k, seed=7)
@@ -80,17 +82,23 @@ def test_one_hot_rows_read_the_exact_weights(variant, fmt, m):
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
-def test_qblock_linear_takes_them_without_vnni(fmt):
+def test_qblock_linear_takes_them_on_every_path(fmt):
+    """The block kernel in registers (M <= 4), through the panel buffer, the VNNI kernel
+    (16-bit activation blocks, where the CPU has it: compute/kernels/
+    qblock_kquants_vnni.c) and the dense chunks, each against float64."""
     k = 512
     blocks = random_blocks(fmt, 40, k, seed=3)
-    layer = QBlockLinear(blocks, fmt, k, dense_from_m=64, vnni_from_m=16)
-    assert not layer.vnni  # the VNNI kernel reads Q4_1 / Q8_0 only
+    float_only = QBlockLinear(blocks, fmt, k, dense_from_m=64, vnni_from_m=None)
+    layer = QBlockLinear(blocks, fmt, k, dense_from_m=None, vnni_from_m=16)
+    assert layer.vnni == (load_vnni_kernel() is not None)
     weight = layer.dequantized().double()
-    for m in (1, 20, 64):  # block kernel in registers, through the buffer, dense chunks
+    for m in (1, 20, 64):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         want = (x.double() @ weight.T).float()
         scale = float(want.abs().max())
-        torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=2e-5 * scale)
+        torch.testing.assert_close(float_only(x), want, rtol=1e-5, atol=2e-5 * scale)
+        # 16-bit activations: errors of ~1e-5 of the outputs' scale (Q4_1's too).
+        torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=2e-4 * scale)
     torch.testing.assert_close(dense_matmul(x, blocks, fmt, k), want, rtol=1e-5, atol=2e-5 * scale)
 
 

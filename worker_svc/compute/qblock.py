@@ -1,7 +1,8 @@
 """GGUF's weight blocks, and the C kernel that multiplies float32 activations by them
 (kernels/qblock_gemm.c's panels with the float tiles of kernels/qblock_tiles.c and the
 per-format unpacking of kernels/qblock_q4q8.c and kernels/qblock_kquants*.c, built at
-first use, cached by CPU flags).
+first use, cached by CPU flags), and the large-M VNNI kernel (kernels/qblock_vnni.c,
+kernels/qblock_kquants_vnni.c).
 
 A weight `[N, K]` is kept as its blocks: a uint8 tensor `[N, fmt.row_bytes(K)]`,
 row by row as GGUF stores it, so rows can be concatenated (fused QKV, gate/up) or
@@ -13,8 +14,9 @@ permuted (the rotary reordering of q and k) without touching a block.
   tied embedding / LM head, and what a float-only model is quantized to at load.
 - Q4_K, Q5_K, Q6_K (super-blocks of 256 weights, sub-block scales of 6 or 8 bits) and
   Q5_0 (32 weights, 5 bits): what llama.cpp's K-quant files (Q4_K_M, ...) hold, read
-  as they are in the file (layouts in kernels/qblock_kquants.h). `quantize` does not
-  write them: they come from files only.
+  as they are in the file (layouts in kernels/qblock_kquants.h): unpacked in registers
+  at small M (plain C, AVX2 and AVX-512 variants), and read by the VNNI kernel at large
+  M. `quantize` does not write them: they come from files only.
 - F16 and BF16: 16-bit floats (a file converted with --outtype f16 / bf16, or a
   bfloat16 checkpoint's own values), widened exactly to float32 in registers
   (kernels/qblock_float16.c); products are float32 weights times float32 activations.
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.native_build import KernelUnavailableError, build_and_load, build_and_load_parts
+from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
 
 KERNELS = Path(__file__).with_name("kernels")
 SOURCE = KERNELS / "qblock_gemm.c"
@@ -45,6 +47,7 @@ PARTS = tuple(
         "qblock_tiles.c",
         "qblock_q4q8.c",
         "qblock_kquants.c",
+        "qblock_kquants_avx2.c",
         "qblock_kquants_avx512.c",
         "qblock_float16.c",
     )
@@ -58,7 +61,7 @@ class BlockFormat:
     code: int  # the kernel's format argument (kernels/qblock_gemm.h QBLOCK_FORMAT_*)
     block_bytes: int
     block_weights: int = QK  # a block's (or super-block's) weights: K is a multiple
-    vnni: bool = False  # the large-M VNNI kernel (kernels/qblock_vnni.c) reads it
+    vnni: bool = False  # the large-M VNNI kernel (kernels/qblock_vnni.c) reads it (F16, BF16 not)
 
     def row_bytes(self, k: int) -> int:
         return k // self.block_weights * self.block_bytes
@@ -66,10 +69,10 @@ class BlockFormat:
 
 Q4_1 = BlockFormat("Q4_1", 0, 20, vnni=True)
 Q8_0 = BlockFormat("Q8_0", 1, 34, vnni=True)
-Q4_K = BlockFormat("Q4_K", 2, 144, 256)
-Q5_K = BlockFormat("Q5_K", 3, 176, 256)
-Q6_K = BlockFormat("Q6_K", 4, 210, 256)
-Q5_0 = BlockFormat("Q5_0", 5, 22)
+Q4_K = BlockFormat("Q4_K", 2, 144, 256, vnni=True)
+Q5_K = BlockFormat("Q5_K", 3, 176, 256, vnni=True)
+Q6_K = BlockFormat("Q6_K", 4, 210, 256, vnni=True)
+Q5_0 = BlockFormat("Q5_0", 5, 22, vnni=True)
 # 16-bit floats, 32 to a "block" of 64 bytes: a row is the file's K * 2 bytes.
 F16 = BlockFormat("F16", 6, 64)
 BF16 = BlockFormat("BF16", 7, 64)
@@ -94,7 +97,10 @@ def load_qblock_kernel() -> ctypes.CDLL:
     return lib
 
 
-VNNI_SOURCE = Path(__file__).with_name("kernels") / "qblock_vnni.c"
+VNNI_SOURCE = KERNELS / "qblock_vnni.c"
+# The VNNI kernel's own objects: Q4_1 / Q8_0 (qblock_vnni.c) and the K-quants' and
+# Q5_0's panel packing (qblock_kquants_vnni.c); linked with PARTS.
+VNNI_PARTS = ((VNNI_SOURCE, COMPILE_FLAGS), (KERNELS / "qblock_kquants_vnni.c", COMPILE_FLAGS))
 
 
 @functools.cache
@@ -102,7 +108,8 @@ def load_vnni_kernel() -> ctypes.CDLL | None:
     """The large-M kernel (blocks x 16-bit activation blocks), or None where the CPU has
     no AVX-512 VNNI or it cannot be built."""
     try:
-        lib = build_and_load(VNNI_SOURCE, COMPILE_FLAGS, LINK_FLAGS)
+        # With the block kernel's parts: the K-quants' packing reads their half table.
+        lib = build_and_load_parts("qblock_vnni", (*PARTS, *VNNI_PARTS), LINK_FLAGS)
     except KernelUnavailableError:
         return None
     if not lib.qblock_vnni_supported():

@@ -34,8 +34,9 @@ from worker_svc.compute.qblock import (
 # - from `dense_from_m`, W dequantized in cache-sized chunks into torch's float32 GEMM.
 # The LM head, 30 MB of Q8_0, never takes the dense chunks (dense_from_m=None): they
 # would stream 113 MB of float32 through the caches a call. CBSERVE_QBLOCK_VNNI=0
-# turns the VNNI kernel off. It reads Q4_1 and Q8_0 only (BlockFormat.vnni): other
-# formats take the float block kernel or the dense chunks from any M.
+# turns the VNNI kernel off. It reads Q4_1, Q8_0, the K-quants and Q5_0 (BlockFormat.vnni;
+# K-quants: kernels/qblock_kquants_vnni.c, ~1.8x their float kernel at M = 64 on Zen 4);
+# a format without it takes the float block kernel or the dense chunks from any M.
 DEFAULT_STRATEGY = QBlockStrategy()
 DENSE_FROM_M = DEFAULT_STRATEGY.dense_from_m
 VNNI_FROM_M = DEFAULT_STRATEGY.vnni_from_m

@@ -6,14 +6,15 @@
  * blocks (4 x 2 rows x 4 with AVX2). At M = 1 the
  * step reads each weight byte once (memory bound, a sixth of float32's bytes); at large
  * M the dequantization is paid once per tile, not once per row of x. At small M on
- * AVX-512 there is no buffer: each format's small tile unpacks its blocks into
- * registers and multiplies them at once.
+ * AVX-512 (and for the K-quants on AVX2) there is no buffer: each format's small tile
+ * unpacks its blocks into registers and multiplies them at once.
  *
  * Each weight is the value gguf's dequantizer computes, so the kernel multiplies by
  * exactly the float32 model's weights; only the order of the sums differs from
  * torch's matmul. The parts, linked together (compute/qblock.py PARTS):
  *   qblock_q4q8.c            Q4_1 and Q8_0 blocks unpacked (plain C, AVX2, AVX-512)
  *   qblock_kquants.c         Q4_K, Q5_K, Q6_K and Q5_0 unpacked in plain C
+ *   qblock_kquants_avx2.c    the same with AVX2 (staged a group at a time)
  *   qblock_kquants_avx512.c  the same with AVX-512
  *   qblock_float16.c         F16 and BF16 widened (plain C, AVX2 with F16C, AVX-512)
  *   qblock_tiles.c           the float tiles every format's unpacked rows go through
@@ -65,14 +66,13 @@ enum { PANEL_ROWS = QBLOCK_PANEL_ROWS, TILE_ROWS = 4, X_CHUNK = 64, SMALL_M = 4 
 
 static void dequant(int variant, int format, const uint8_t *row, int64_t k, float *out)
 {
-    /* The other formats have no AVX2 unpacking (yet): AVX2 runs their plain C one, then
-     * its own float tiles. */
     if (f16_is_float16_format(format))
         variant == VARIANT_AVX512 ? f16_dequant_avx512(format, row, k, out)
         : variant == VARIANT_AVX2 ? f16_dequant_avx2(format, row, k, out)
                                   : f16_dequant_plain(format, row, k, out);
     else if (kq_is_kquant_format(format))
         variant == VARIANT_AVX512 ? kq_dequant_avx512(format, row, k, out)
+        : variant == VARIANT_AVX2 ? kq_dequant_avx2(format, row, k, out)
                                   : kq_dequant_plain(format, row, k, out);
     else if (variant == VARIANT_AVX512)
         q4q8_dequant_avx512(format, row, k, out);
@@ -126,16 +126,18 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
                   const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy, float *buf)
 {
     const int64_t row_bytes = qblock_row_bytes(format, k);
-    /* F16 and BF16 widen in registers with AVX2 too: two instructions for 8 weights,
-     * where the quantized formats' AVX2 unpacking (none in registers yet) goes through
-     * the buffer. */
+    /* Q4_1 / Q8_0 on AVX2 go through the buffer (measured faster there); the K-quants'
+     * tiles take up to 8 rows of x (measured faster than the buffer at 5-8); F16 and
+     * BF16 widen in registers with AVX2 too (two instructions for 8 weights). */
+    const int kquant = kq_is_kquant_format(format);
     const int float16 = f16_is_float16_format(format);
-    if (m_count <= SMALL_M && (variant == VARIANT_AVX512 || (float16 && variant == VARIANT_AVX2))) {
+    if (m_count <= (kquant ? KQ_SMALL_M : SMALL_M) &&
+        (variant == VARIANT_AVX512 || ((kquant || float16) && variant == VARIANT_AVX2))) {
         void (*small)(int, const uint8_t *, int64_t, int64_t, const float *, int64_t, int64_t,
                       float *, int64_t) =
-            float16 ? (variant == VARIANT_AVX512 ? f16_small_tile_avx512 : f16_small_tile_avx2)
-            : kq_is_kquant_format(format) ? kq_small_tile_avx512
-                                          : q4q8_small_tile_avx512;
+            float16  ? (variant == VARIANT_AVX512 ? f16_small_tile_avx512 : f16_small_tile_avx2)
+            : kquant ? (variant == VARIANT_AVX512 ? kq_small_tile_avx512 : kq_small_tile_avx2)
+                     : q4q8_small_tile_avx512;
         for (int64_t r = 0; r < rows; r += TILE_ROWS)
             small(format, w + (first + r) * row_bytes, row_bytes,
                               rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,

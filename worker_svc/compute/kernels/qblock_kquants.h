@@ -32,6 +32,12 @@ static inline int kq_is_kquant_format(int format)
     return format >= QBLOCK_FORMAT_Q4_K && format <= QBLOCK_FORMAT_Q5_0;
 }
 
+/* Weights of a group (super-block, or Q5_0's block) of a K-quant format. */
+static inline int kq_group_weights(int format)
+{
+    return format == QBLOCK_FORMAT_Q5_0 ? 32 : 256;
+}
+
 /* Q4_K / Q5_K: 8 sub-block scales and mins of 6 bits in 12 bytes. Bytes 0-3 hold scales
  * 0-3 and, in their top 2 bits, bits 4-5 of scales 4-7; bytes 4-7 the same for the mins;
  * bytes 8-11 the low 4 bits of scales 4-7 (low nibble) and of mins 4-7 (high nibble). */
@@ -48,10 +54,22 @@ static inline void kq_sub_scales(const uint8_t *blk, struct kq_scales *g)
 }
 
 void kq_dequant_plain(int format, const uint8_t *row, int64_t k, float *out);
+void kq_dequant_avx2(int format, const uint8_t *row, int64_t k, float *out);
 void kq_dequant_avx512(int format, const uint8_t *row, int64_t k, float *out);
-/* rows <= 4 weight rows times m_count <= 4 rows of x, weights dequantized in registers
- * (as qblock_q4q8.c's q4q8_small_tile_avx512 for Q4_1 / Q8_0). */
+/* Rows of x the small tiles take (qblock_gemm.c's panels use them up to this M). */
+enum { KQ_SMALL_M = 8 };
+
+/* rows <= 4 weight rows times m_count <= KQ_SMALL_M rows of x, weights dequantized in
+ * registers (as qblock_q4q8.c's q4q8_small_tile_avx512 for Q4_1 / Q8_0). */
+void kq_small_tile_avx2(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                        const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
 void kq_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
                           const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
+
+/* The VNNI kernel's panel (qblock_vnni.h's qblock_vnni_panel) for these formats, in
+ * qblock_kquants_vnni.c. */
+void kq_vnni_panel(int format, const uint8_t *w, int64_t first, int64_t rows, int64_t k,
+                   const int16_t *qx, const float *dx, const float *sx, int64_t m, float *y,
+                   int64_t ldy, int16_t *tmp, float *wd);
 
 #endif

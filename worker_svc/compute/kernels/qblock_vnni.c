@@ -1,5 +1,7 @@
 /* y[M, N] = x[M, K] @ W[N, K]^T for large M, W in Q4_1 or Q8_0 blocks, in integer dot
  * products (AVX-512 VNNI's vpdpwssd): llama.cpp's block arithmetic, 16-bit activations.
+ * The K-quant formats and Q5_0 pack their panels in qblock_kquants_vnni.c (linked with
+ * this file) and share the rest.
  *
  * x is quantized per row in blocks of 32: dx = max|x| / 32767, qx = round(x / dx) in
  * int16, sx = dx * sum(qx). A block's dot product is then exact integer work plus two
@@ -21,6 +23,7 @@
 
 #include <immintrin.h>
 
+#include "qblock_kquants.h"
 #include "qblock_vnni.h"
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
@@ -141,6 +144,10 @@ VNNI_TARGET void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, 
                                    int64_t k, const int16_t *qx, const float *dx, const float *sx,
                                    int64_t m, float *y, int64_t ldy, int16_t *tmp, float *wd)
 {
+    if (kq_is_kquant_format(format)) { /* their packing: qblock_kquants_vnni.c */
+        kq_vnni_panel(format, w, first, rows, k, qx, dx, sx, m, y, ldy, tmp, wd);
+        return;
+    }
     const int64_t blocks = k / QK;
     const int64_t row_bytes = blocks * (format == FORMAT_Q8_0 ? Q8_0_BYTES : Q4_1_BYTES);
     int16_t *wq = tmp + LANES * k;
@@ -200,7 +207,9 @@ int qblock_vnni_gemm(int format, const uint8_t *w, const float *x, float *y, int
 {
     if (!qblock_vnni_supported())
         return -1;
-    if (k % QK != 0 || (format != FORMAT_Q4_1 && format != FORMAT_Q8_0))
+    const int kquant = kq_is_kquant_format(format);
+    if ((format != FORMAT_Q4_1 && format != FORMAT_Q8_0 && !kquant) ||
+        k % (kquant ? kq_group_weights(format) : QK) != 0)
         return -2;
     return gemm(format, w, x, y, m_count, n, k, threads);
 }

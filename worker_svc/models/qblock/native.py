@@ -45,7 +45,7 @@ PARTS = (
     (KERNELS / "decode_step.c", STEP_FLAGS),
     (KERNELS / "llama_activation.c", ACTIVATION_FLAGS),
     *qblock.PARTS,
-    (qblock.VNNI_SOURCE, qblock.COMPILE_FLAGS),
+    *qblock.VNNI_PARTS,
     (cpu_kernel.SOURCE, cpu_kernel.COMPILE_FLAGS),
 )
 LINK_FLAGS = ("-shared", "-fopenmp", "-lm")
