@@ -41,6 +41,7 @@ from scheduler_svc.flags import (
     parse_args,
 )
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
+from scheduler_svc.kv_events import open_kv_events
 from scheduler_svc.lifecycle import (
     bounded_stage,
     ready_line,
@@ -71,6 +72,7 @@ async def serve(args: argparse.Namespace) -> None:
         raise StartupError(str(error)) from error
     metrics = SchedulerMetrics(model_name=tokenizer.name)
     connect_timeout_s = process.worker_connect_timeout_s
+    kv_events = open_kv_events(config.kv_events)
     pool = WorkerPool(
         config,
         tokenizer,
@@ -78,6 +80,7 @@ async def serve(args: argparse.Namespace) -> None:
         connect_timeout_s=connect_timeout_s,
         faults=faults,
         worker_security=worker_security,
+        kv_events=kv_events.replica if kv_events else None,
     )
     metrics.watch(pool)
     service = GenerationService(
@@ -104,6 +107,8 @@ async def serve(args: argparse.Namespace) -> None:
         await pool.start(process.worker, connect_timeout_s)
     except NoWorkerReady as error:
         await server.stop(grace=None)
+        if kv_events is not None:
+            kv_events.stop()
         raise StartupError(str(error)) from error
     discovery = start_discovery(process, pool)
     # Set before the ready line, so that whoever waits for it finds the status current;
@@ -137,6 +142,8 @@ async def serve(args: argparse.Namespace) -> None:
         stages.insert(0, ("http server", http_front.stop()))
     for name, stage in stages:
         await bounded_stage(name, stage)
+    if kv_events is not None:
+        kv_events.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

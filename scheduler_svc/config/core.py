@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import ClassVar
 
 from common.flag_fields import BENCH, SERVE, flag
+from scheduler_svc.config.kv_events import KVEventsConfig, parse_kv_events_config
 from scheduler_svc.config.process import ENV_PREFIX
 from scheduler_svc.config.speculative import SpeculativeConfig, parse_speculative_config
 
@@ -96,8 +97,20 @@ class SchedulerConfig:
         "row; none at large batches); fixed: always num_speculative_tokens, as vLLM",
     )
 
+    # KV-cache events for prefix-aware routers (config/kv_events.py, scheduler_svc/kv_events).
+    kv_events_config: str = flag(
+        "",
+        forwarded_by=(SERVE,),
+        help="publish KV-cache events as vLLM does, its JSON: "
+        '\'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558", "topic": "kv@POD_IP:PORT@MODEL"}\'; '
+        "BlockStored when a full block enters the prefix cache, BlockRemoved when one is "
+        "evicted, AllBlocksCleared at start (off when empty)",
+    )
+
     def __post_init__(self) -> None:
         self.speculative  # noqa: B018 - parsed now, so that a bad flag fails at start
+        self.kv_events  # noqa: B018 - the same for --kv-events-config
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
         for name in (*positive, "num_scheduler_steps"):
             value = getattr(self, name)
@@ -121,6 +134,11 @@ class SchedulerConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """--speculative-config parsed; None: speculation off."""
         return parse_speculative_config(self.speculative_config)
+
+    @cached_property
+    def kv_events(self) -> KVEventsConfig | None:
+        """--kv-events-config parsed; None: no events published."""
+        return parse_kv_events_config(self.kv_events_config)
 
     @property
     def max_steps_in_flight(self) -> int:

@@ -15,6 +15,10 @@ evicted while one of them is left. So every block is exactly one of:
   used    ref_count > 0 (held by live sequences, possibly several),
   cached  free, still findable by hash,
   empty   free, no hash.
+
+With KV events on (scheduler_svc/kv_events), `events` hears every block that enters
+the prefix cache (stored, in chains) and every cached block evicted (removed): the
+manager is the one place both happen, so the events are exact.
 """
 
 from __future__ import annotations
@@ -22,12 +26,26 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from scheduler_svc.core.prefix_hash import extend_block_hashes
 
 if TYPE_CHECKING:
     from scheduler_svc.core.request import Request
+
+
+class BlockEvents(Protocol):
+    """What hears the prefix cache change (kv_events.replica.ReplicaKVEvents)."""
+
+    def stored(
+        self,
+        block_hashes: Sequence[int],
+        parent_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+    ) -> None: ...
+
+    def removed(self, block_hash: int) -> None: ...
 
 
 @dataclass
@@ -44,7 +62,11 @@ class Block:
 
 class BlockManager:
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        events: BlockEvents | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
@@ -62,6 +84,8 @@ class BlockManager:
         # Per sequence: how many leading blocks of its table are registered (or
         # were hits), so that each step registers only the newly filled ones.
         self._num_hashed: dict[int, int] = {}
+        # Told of blocks entering and leaving the prefix cache; None: nobody listens.
+        self.events = events
 
     # -- counts --------------------------------------------------------------------------
 
@@ -100,6 +124,10 @@ class BlockManager:
 
     def block_hash(self, block_id: int) -> int | None:
         return self._blocks[block_id].block_hash
+
+    def cached_block_hashes(self) -> set[int]:
+        """The hashes the prefix cache holds now (used or free): what KV events describe."""
+        return set(self._cached)
 
     def num_hashed_blocks(self, seq_id: int) -> int:
         """Leading blocks of the sequence's table that are in the prefix cache (or hits)."""
@@ -208,7 +236,9 @@ class BlockManager:
             return
         table = self._block_tables[seq_id]
         num_full = min(num_computed_tokens // self.block_size, len(block_hashes), len(table))
-        for index in range(self._num_hashed[seq_id], num_full):
+        first = self._num_hashed[seq_id]
+        registered: list[int] = []
+        for index in range(first, num_full):
             block_hash = block_hashes[index]
             if block_hash in self._cached:
                 continue  # computed twice concurrently; the first copy stays the cached one
@@ -218,7 +248,29 @@ class BlockManager:
             block.parent_hash = block_hashes[index - 1] if index else None
             block.token_ids = tuple(token_ids[start : start + self.block_size])
             self._cached[block_hash] = block.block_id
+            registered.append(index)
         self._num_hashed[seq_id] = max(self._num_hashed[seq_id], num_full)
+        if self.events is not None and registered:
+            self._announce(registered, block_hashes, token_ids)
+
+    def _announce(
+        self, indices: list[int], block_hashes: Sequence[int], token_ids: Sequence[int]
+    ) -> None:
+        """Tells events of the blocks just registered: one chain per run of consecutive
+        indices (a block another copy already holds splits a run)."""
+        size = self.block_size
+        run_start = 0
+        for position in range(1, len(indices) + 1):
+            if position < len(indices) and indices[position] == indices[position - 1] + 1:
+                continue
+            first, last = indices[run_start], indices[position - 1]
+            self.events.stored(
+                block_hashes[first : last + 1],
+                block_hashes[first - 1] if first else None,
+                token_ids[first * size : (last + 1) * size],
+                size,
+            )
+            run_start = position
 
     def free(self, seq_id: int) -> None:
         """Drops a sequence's table; blocks nobody else holds return to the free list."""
@@ -245,6 +297,8 @@ class BlockManager:
             # Evicted: its old contents are about to be overwritten.
             if self._cached.get(block.block_hash) == block_id:
                 del self._cached[block.block_hash]
+                if self.events is not None:
+                    self.events.removed(block.block_hash)
             block.block_hash, block.parent_hash, block.token_ids = None, None, ()
         block.ref_count = 1
         return block_id

@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.core import handover
 from scheduler_svc.core.admission import AdmissionQueue
-from scheduler_svc.core.block_manager import BlockManager
+from scheduler_svc.core.block_manager import BlockEvents, BlockManager
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
 from scheduler_svc.core.pending_masks import PendingMasks
 from scheduler_svc.core.plan import (
@@ -94,14 +94,18 @@ class Scheduler:
         deferred_masks: bool = False,
         drafts: bool = False,
         draft_row_cost: float = 0.0,
+        kv_events: BlockEvents | None = None,
     ) -> None:
+        """kv_events: told of blocks entering and leaving the prefix cache (KV events)."""
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.config = config
         self.max_model_len = max_model_len
-        self.block_manager = BlockManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks, block_size, config.enable_prefix_caching, events=kv_events
+        )
         self.stats = stats if stats is not None else SchedulerStats()
         self._clock = clock
         self._eos_token_ids = tuple(eos_token_ids)

@@ -32,6 +32,7 @@ from common.metrics_server import MetricsServer
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.flags import configs_from_args, edge_config_from_args
 from scheduler_svc.grpc_security import grpc_server_security, worker_channel_security
+from scheduler_svc.kv_events import open_kv_events
 from scheduler_svc.lifecycle import bounded_stage, ready_line, start_discovery, stop_event
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.split import channel
@@ -81,6 +82,8 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
     os.mkdir(metrics_dir)
     metrics = SchedulerMetrics(tokenizer.name, requests=False)
     MultiProcessCollector(metrics.registry, path=metrics_dir)
+    # The core publishes KV events: it alone holds the block managers.
+    kv_events = open_kv_events(config.kv_events)
     pool = WorkerPool(
         config,
         tokenizer,
@@ -88,6 +91,7 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
         connect_timeout_s=process.worker_connect_timeout_s,
         faults=faults,
         worker_security=worker_security,
+        kv_events=kv_events.replica if kv_events else None,
     )
     metrics.watch(pool)
     lost: asyncio.Queue[int] = asyncio.Queue()
@@ -124,6 +128,8 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
     except BaseException:
         await children.stop(0.0)
         await pool.stop()
+        if kv_events is not None:
+            kv_events.stop()
         raise
     discovery = start_discovery(process, pool)
     announce_ready(
@@ -155,6 +161,8 @@ async def _serve(process, config, faults, edge, tokenizer, worker_security, argv
         stages.append(("metrics server", metrics_server.stop()))
     for name, stage in stages:
         await bounded_stage(name, stage)
+    if kv_events is not None:
+        kv_events.stop()
     hub_server.close()
     if failure is not None:
         raise ApiProcessExited(failure)

@@ -47,6 +47,7 @@ from scheduler_svc.workers.liveness import Comeback, keep_trying
 from scheduler_svc.workers.step_loop import StepLoop
 
 if TYPE_CHECKING:
+    from scheduler_svc.kv_events.replica import ReplicaKVEvents
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.engine")
@@ -67,8 +68,11 @@ class WorkerEngine:
         on_connection_change: Callable[[WorkerEngine], None] | None = None,
         faults: FaultConfig | None = None,
         on_requests_lost: Callable[[list[Migrant]], None] | None = None,
+        kv_events: ReplicaKVEvents | None = None,
     ) -> None:
         self.address = address
+        # The replica's KV-event stream: each Scheduler's block manager reports to it.
+        self.kv_events = kv_events
         self.faults = faults if faults is not None else FaultConfig()
         self.on_requests_lost = on_requests_lost  # None: they end with UNAVAILABLE
         self.config = config
@@ -185,7 +189,19 @@ class WorkerEngine:
         self._set_connected(False)
         self._loop.wakeup.set()
 
+    def _withdraw_cache(self) -> None:
+        """The worker's KV is gone (lost, reconnecting with an empty pool, or removed):
+        its cached blocks leave the replica's event stream, and its block manager, still
+        read while its requests are handed over, reports nothing more."""
+        if self.kv_events is None or self.scheduler is None:
+            return
+        manager = self.scheduler.block_manager
+        if manager.events is not None:
+            manager.events = None
+            self.kv_events.withdraw(manager.cached_block_hashes())
+
     def _reset_scheduler(self) -> None:
+        self._withdraw_cache()
         description = self.client.description
         self.scheduler = Scheduler(
             self.config,
@@ -198,6 +214,7 @@ class WorkerEngine:
             deferred_masks=description.accepts_deferred_masks,
             drafts=description.accepts_draft_tokens,
             draft_row_cost=description.draft_row_cost,
+            kv_events=self.kv_events,
         )
         self._set_connected(True)
         self._comeback.connected()
@@ -238,6 +255,7 @@ class WorkerEngine:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.client.close()
+        self._withdraw_cache()
         self._fail_all(f"worker {self.address} was removed from the pool")
         self._set_connected(False)
 
@@ -255,6 +273,7 @@ class WorkerEngine:
         the reconnected worker starts from an empty state: a new stream resets it.
         """
         self._set_connected(False)
+        self._withdraw_cache()
         hold_out_s = self._comeback.lost()
         log.error(
             "worker lost",

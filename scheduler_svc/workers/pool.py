@@ -42,6 +42,7 @@ from scheduler_svc.workers.startup_watch import NoWorkerReady, StartupWatch
 
 if TYPE_CHECKING:
     from common.tls import ChannelSecurity
+    from scheduler_svc.kv_events.replica import ReplicaKVEvents
     from scheduler_svc.metrics import SchedulerMetrics
 
 log = structlog.get_logger("scheduler.pool")
@@ -62,8 +63,11 @@ class WorkerPool:
         connect_timeout_s: float = 30.0,
         faults: FaultConfig | None = None,
         worker_security: ChannelSecurity | None = None,
+        kv_events: ReplicaKVEvents | None = None,
     ) -> None:
         self.config = config
+        # The replica's KV-event stream, which every engine's block manager reports to.
+        self.kv_events = kv_events
         # TLS to every worker, static or discovered (--worker-tls-*); None: plaintext.
         self.worker_security = worker_security
         self.faults = faults if faults is not None else FaultConfig()
@@ -92,6 +96,7 @@ class WorkerPool:
             metrics=self.metrics,
             on_connection_change=self._connection_changed,
             faults=self.faults,
+            kv_events=self.kv_events,
         )
         # Kept by the client, which opens every connect and reconnect with it.
         engine.client.security = self.worker_security
