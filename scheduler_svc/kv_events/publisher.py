@@ -79,6 +79,11 @@ class ZmqEventPublisher:
     def replay_endpoint(self) -> str | None:
         return None if self._replay is None else self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
 
+    @property
+    def num_sent(self) -> int:
+        """Batches sent so far (the next batch's sequence number)."""
+        return self._next_seq
+
     def publish(self, ts: float, events: list[Event]) -> None:
         """Queues one batch; never blocks."""
         try:
