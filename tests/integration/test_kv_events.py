@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 
 from cbserve.client import Client
 from cbserve.local_stack import free_port
@@ -23,11 +25,14 @@ from tests.kv_events.zmq_client import ReplayingSubscriber
 from tests.waiting import wait_until
 
 POOL_BLOCKS = 48
-EPP_GAUGES = (
-    "cbserve_num_requests_waiting",
-    "cbserve_num_requests_running",
-    "cbserve_kv_cache_usage_ratio",
-)
+ENGINE_CONFIG = Path(__file__).parents[2] / "deploy/k8s/inference-gateway/engine-config.yaml"
+
+
+def _epp_gauges() -> list[str]:
+    """The series the shipped engineConfigs entry tells the endpoint picker to read."""
+    [entry] = yaml.safe_load(ENGINE_CONFIG.read_text())["parameters"]["engineConfigs"]
+    assert entry["name"] == "cbserve"
+    return [entry[key] for key in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec")]
 
 
 @pytest.fixture(scope="module", params=["one process", "api processes"])
@@ -102,7 +107,13 @@ def test_the_http_port_serves_the_gauges_the_endpoint_picker_reads(events_stack)
     wait_until_idle(events_stack)
     front = _scrape(f"{events_stack.http_url}/metrics")
     core = _scrape(events_stack.metrics_url)
-    for name in EPP_GAUGES:
+    gauges = _epp_gauges()
+    assert gauges == [
+        "cbserve_num_requests_waiting",
+        "cbserve_num_requests_running",
+        "cbserve_kv_cache_usage_ratio",
+    ]
+    for name in gauges:
         assert front[name] == core[name] == 0
     assert front["cbserve_kv_blocks_total"] == POOL_BLOCKS
 
