@@ -88,6 +88,10 @@ class GenerationService(pb_grpc.GenerationServicer):
         # Placed requests by id, so that drain() can end them.
         self._placed: dict[str, PlacedRequest] = {}
 
+    def limits(self) -> ModelLimits:
+        """What requests are validated against now (all zero before any worker)."""
+        return self._limits()
+
     def _limits(self) -> ModelLimits:
         return ModelLimits(
             max_model_len=self.pool.max_model_len,

@@ -2,7 +2,8 @@
 
 POST /v1/chat/completions and /v1/completions translate the body (translate.py), run
 its choices through GenerationService.generate (fan_out.py) and shape the answer
-(chat.py, completions.py). GET /v1/models, /health, /metrics and /version describe
+(chat.py, completions.py); their /render routes answer the token ids instead
+(render.py). GET /v1/models, /health, /metrics and /version describe
 the server; with API keys configured every route but those three needs
 `Authorization: Bearer KEY`.
 
@@ -21,12 +22,14 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from scheduler_svc.api import admission
 from scheduler_svc.api.api_keys import ApiKeys
 from scheduler_svc.api.http.chat import ChatShaper
 from scheduler_svc.api.http.completions import CompletionShaper
 from scheduler_svc.api.http.errors import OpenAIError, install_handlers
 from scheduler_svc.api.http.fan_out import FanOut
 from scheduler_svc.api.http.protocol import ChatCompletionRequest, CompletionRequest
+from scheduler_svc.api.http.render import render
 from scheduler_svc.api.http.shaping import Shaper
 from scheduler_svc.api.http.tools import tool_plan
 from scheduler_svc.api.http.translate import (
@@ -142,6 +145,23 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
             decode=tokenizer.decode,
         )
         return await respond(request, body.stream, FanOut(service, choices), shaper)
+
+    def limits():
+        # The model's limits come from its workers: refused as generation is without one.
+        admission.require_a_worker(bool(pool.connected_engines()), pool.accepts_without_worker())
+        return service.limits()
+
+    # The token ids a request would run with (vLLM's render routes; render.py).
+    @app.post("/v1/chat/completions/render", dependencies=[Depends(require_key)])
+    async def chat_completions_render(body: ChatCompletionRequest, request: Request):
+        choices = chat_requests(body, _request_id(request))
+        [rendered] = render(body, choices, tokenizer, limits(), model_name())
+        return rendered
+
+    @app.post("/v1/completions/render", dependencies=[Depends(require_key)])
+    async def completions_render(body: CompletionRequest, request: Request):
+        choices = completion_requests(body, _request_id(request))
+        return render(body, choices, tokenizer, limits(), model_name())
 
     @app.get("/v1/models", dependencies=[Depends(require_key)])
     async def models():
