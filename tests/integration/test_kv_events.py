@@ -8,6 +8,7 @@ Null workers (real token ids, no model): what is checked is the scheduler's book
 from __future__ import annotations
 
 import json
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from cbserve.local_stack import free_port
 from common.metrics import parse_samples
 from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.kv_events.wire import wire_hash
+from tests.integration.liveness import restart_worker
 from tests.integration.split import API_PROCESSES, NULL_WORKER_ARGS
 from tests.integration.stacks import started_stack, stop_stack, wait_until_idle
 from tests.kv_events.zmq_client import ReplayingSubscriber
@@ -135,3 +137,26 @@ def test_the_gauges_follow_requests_in_flight(events_stack):
             assert seen["cbserve_kv_cache_usage_ratio"] == pytest.approx(used / POOL_BLOCKS)
         finally:
             stream.close()
+
+
+def test_a_lost_worker_takes_its_blocks_out_of_the_stream(events_stack):
+    subscriber = ReplayingSubscriber(*events_stack.events)
+    subscriber.connect()
+    try:
+        with Client(events_stack.address) as client:
+            block_size = client.model_info().block_size
+            prompt = [7000 + j for j in range(3 * block_size)]
+            client.complete(token_ids=prompt, max_tokens=1, ignore_eos=True)
+        subscriber.drain_until(lambda: _prompt_hashes(prompt, block_size) <= subscriber.view.blocks)
+        cleared = subscriber.view.num_cleared
+        events_stack.workers[0].process.send_signal(signal.SIGKILL)
+        # The worker's KV is gone with it: every block removed, then AllBlocksCleared.
+        subscriber.drain_until(
+            lambda: subscriber.view.num_cleared > cleared and not subscriber.view.blocks
+        )
+        restart_worker(events_stack, 0)
+        wait_until(
+            "the worker back", lambda: events_stack.metrics()["cbserve_workers_connected"] == 1
+        )
+    finally:
+        subscriber.close()
