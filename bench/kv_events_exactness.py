@@ -51,7 +51,6 @@ class Replica:
             self.publisher.endpoint, self.publisher.replay_endpoint
         )
         self.subscriber.connect()
-        self.reconnected = False
         self.requests = 0
 
     def _attached(self, worker: Harness) -> Harness:
@@ -75,10 +74,6 @@ class Replica:
         self.events.flush()
         want = self.cached()
         view = self.subscriber.view
-        if self.reconnected:
-            # Back after a stretch away, before any live message shows the gap: ask.
-            self.subscriber.replay()
-            self.reconnected = False
         self.subscriber.drain_until(
             lambda: view.next_seq == self.publisher.num_sent and view.blocks == want, timeout_s
         )
@@ -123,7 +118,6 @@ def main() -> None:
         if number == args.requests // 3 + 60:
             for replica in replicas:
                 replica.subscriber.connect()
-                replica.reconnected = True
         if number % 25 == 24 and not args.requests // 3 <= number < args.requests // 3 + 60:
             for replica in replicas:
                 assert replica.matches(), "the subscriber's view differs from the scheduler's"

@@ -3,6 +3,8 @@ the replay socket filling what a subscriber missed, and --kv-events-config's JSO
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 import zmq
@@ -54,15 +56,19 @@ def test_a_subscriber_that_reconnects_gets_what_it_missed_from_the_replay_socket
 
     _run_requests(harness, replica, 6)
     subscriber.drain_until(caught_up)
-    seen_before = subscriber.view.next_seq
+    seen_before, replayed_before = subscriber.view.next_seq, subscriber.num_replayed
     subscriber.close()
-    _run_requests(harness, replica, 8)  # published while nobody listens
-    subscriber.connect()
-    # Live messages resume; the first one after the gap makes it ask for the rest.
-    while subscriber.num_replayed == 0:
+    _run_requests(harness, replica, 8)  # 8 batches published while nobody listens
+    while publisher.num_sent < seen_before + 8:
+        time.sleep(0.001)
+    subscriber.connect()  # asks for what it missed
+    assert subscriber.num_replayed == replayed_before + 8
+    assert subscriber.view.next_seq == seen_before + 8
+    live_before = subscriber.num_live
+    # Then live messages go on where the replay stopped.
+    while subscriber.num_live == live_before:
         _run_requests(harness, replica, 1)
         subscriber.drain_until(caught_up)
-    assert subscriber.view.next_seq > seen_before + 8
     assert subscriber.topics == {TOPIC.encode()}
     assert subscriber.view.num_removed > 0  # the 20-block pool evicted along the way
 

@@ -10,6 +10,8 @@ import zmq
 from tests.kv_events.subscriber import CacheView, decode_message
 
 END_OF_REPLAY = -1
+# How long without a live message before the subscriber asks the replay socket anyway.
+QUIET_S = 0.5
 
 
 class ReplayingSubscriber:
@@ -24,9 +26,12 @@ class ReplayingSubscriber:
         self._sub: zmq.Socket | None = None
 
     def connect(self) -> None:
+        """Subscribes, then asks the replay socket for what was sent while away (a SUB
+        socket hears only what is sent after it has joined)."""
         self._sub = self._context.socket(zmq.SUB)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub.connect(self.endpoint)
+        self.replay()
 
     def close(self) -> None:
         if self._sub is not None:
@@ -36,10 +41,17 @@ class ReplayingSubscriber:
     def drain_until(self, done, timeout_s: float = 10.0) -> None:
         """Applies live messages (replaying any gap before one) until done() holds."""
         deadline = time.monotonic() + timeout_s
+        quiet_since = time.monotonic()
         while not done():
             assert time.monotonic() < deadline, f"not caught up (at seq {self.view.next_seq})"
             if not self._sub.poll(50):
+                if time.monotonic() - quiet_since > QUIET_S:
+                    # Nothing live for a while and not done: the last messages may have
+                    # gone while the socket was joining, with nothing after to show it.
+                    self.replay()
+                    quiet_since = time.monotonic()
                 continue
+            quiet_since = time.monotonic()
             message = decode_message(self._sub.recv_multipart())
             self.topics.add(message.topic)
             if message.seq < self.view.next_seq:
