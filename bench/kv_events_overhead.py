@@ -118,8 +118,9 @@ def main() -> None:
                      if mode == "on" else ""))  # fmt: skip
     off, on = statistics.median(per_step["off"]), statistics.median(per_step["on"])
     inside = statistics.median(in_events) * 1e6
-    print(f"median us/step: off {off * 1e6:.0f}, on {on * 1e6:.0f} "
-          f"({(on / off - 1) * 100:+.1f}%); in the events' calls on the loop thread {inside:.1f}")  # fmt: skip
+    change = (on / off - 1) * 100
+    print(f"median us/step: off {off * 1e6:.0f}, on {on * 1e6:.0f} ({change:+.1f}%); "
+          f"in the events' calls on the loop thread {inside:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":
