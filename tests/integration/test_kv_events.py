@@ -160,3 +160,15 @@ def test_a_lost_worker_takes_its_blocks_out_of_the_stream(events_stack):
         )
     finally:
         subscriber.close()
+
+
+def test_render_answers_on_an_api_processes_front_too(events_stack, tokenizer):
+    body = json.dumps({"prompt": "The capital of France is"}).encode()
+    request = urllib.request.Request(
+        f"{events_stack.http_url}/v1/completions/render",
+        data=body,
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        [rendered] = json.loads(response.read())
+    assert rendered["token_ids"] == tokenizer.encode("The capital of France is")
