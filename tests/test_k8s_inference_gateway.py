@@ -216,3 +216,11 @@ def test_the_epp_tokenizes_with_a_replicas_render_routes():
             "max-score-picker"} <= scored  # fmt: skip
     declared = {p["type"] for p in _epp_config()["plugins"]}
     assert scored <= declared
+
+
+def test_the_epp_reads_cbserves_metrics_through_the_shipped_engine_config():
+    shipped = yaml.safe_load((K8S_DIR / "inference-gateway" / "engine-config.yaml").read_text())
+    assert _plugin("core-metrics-extractor") == shipped["parameters"]
+    (entry,) = shipped["parameters"]["engineConfigs"]
+    assert entry["name"] == ENGINE_LABEL[1]
+    assert shipped["parameters"]["engineLabelKey"] == ENGINE_LABEL[0]
