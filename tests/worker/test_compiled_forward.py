@@ -73,6 +73,8 @@ def first_layers(loaded_model, num_layers: int):
     return dataclasses.replace(loaded_model, model=shallow)
 
 
+# Slow: compiling the graphs takes 20 s; `make test-slow` runs it.
+@pytest.mark.slow
 def test_compiled_float32_greedy_tokens_equal_eager(loaded_model, prompt_ids):
     if loaded_model.dtype != torch.float32:
         pytest.fail("token equality is asked of the float32 reference path")

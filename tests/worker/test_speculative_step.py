@@ -73,7 +73,9 @@ def generate(runner, tokenizer, drafts: int, samplings=SAMPLINGS):
     return {s: t[:NEW_TOKENS] for s, t in tokens.items()}, logprobs, plans
 
 
-@pytest.mark.parametrize("path", ["python", "native"])
+# The Python forward's variant is slow (15 s): `make test-slow` runs it; the native
+# step is the default path's.
+@pytest.mark.parametrize("path", [pytest.param("python", marks=pytest.mark.slow), "native"])
 def test_drafts_emit_the_tokens_plain_decodes_emit(path, loaded_model, q4_1, tokenizer):
     loaded = loaded_model if path == "python" else q4_1
     plain, plain_logprobs, plain_plans = generate(
