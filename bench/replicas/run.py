@@ -13,11 +13,11 @@ The markdown table goes to stdout and --out-dir.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import asdict
 
+from bench.flag_main import flag_main
 from bench.replicas.config import ReplicasBenchConfig
 from bench.replicas.fleet import router_missing, start_replicas
 from bench.replicas.phases import (
@@ -28,7 +28,6 @@ from bench.replicas.phases import (
     with_a_replica_killed,
 )
 from bench.scheduler.run import children_log_to, cpu_model
-from common.cli_config import FlagError, add_flags, build
 
 
 def _say(text: str) -> None:
@@ -100,17 +99,7 @@ def run(config: ReplicasBenchConfig, command: str) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.replicas.run") -> int:
-    from bench.serving.options import recorded_command
-
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    add_flags(parser, ReplicasBenchConfig)
-    args = parser.parse_args(argv)
-    try:
-        config = build(ReplicasBenchConfig, args)
-    except FlagError as error:
-        parser.error(str(error))
-    given = sys.argv[1:] if argv is None else argv
-    return run(config, recorded_command([*prog.split(), *given]))
+    return flag_main(ReplicasBenchConfig, run, argv, prog, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ into --out-dir.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -29,6 +28,7 @@ from dataclasses import asdict
 from itertools import groupby
 from pathlib import Path
 
+from bench.flag_main import flag_main
 from bench.scheduler.config import SchedulerBenchConfig
 from bench.scheduler.report import (
     BARE,
@@ -40,7 +40,6 @@ from bench.scheduler.report import (
     process_table,
     structured_table,
 )
-from common.cli_config import FlagError, add_flags, build
 from common.defaults import DEFAULT_BLOCK_SIZE, REPO_ROOT
 
 FORWARD_SECONDS = "cbserve_worker_forward_seconds"
@@ -241,17 +240,7 @@ def _derived(row: Measurement) -> dict:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.scheduler.run") -> int:
-    from bench.serving.options import recorded_command
-
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    add_flags(parser, SchedulerBenchConfig)
-    args = parser.parse_args(argv)
-    try:
-        config = build(SchedulerBenchConfig, args)
-    except FlagError as error:
-        parser.error(str(error))
-    given = sys.argv[1:] if argv is None else argv
-    return run(config, recorded_command([*prog.split(), *given]))
+    return flag_main(SchedulerBenchConfig, run, argv, prog, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ import sys
 import time
 from dataclasses import asdict
 
+from bench.flag_main import flag_main
 from bench.speculation.config import SpeculationBenchConfig
 from bench.speculation.report import OFF, ON, Run, markdown, rows
-from common.cli_config import FlagError, add_flags, build
 
 LLAMACPP = "llamacpp"
 
@@ -181,17 +181,7 @@ def run(config: SpeculationBenchConfig, command: str) -> int:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.speculation.run") -> int:
-    from bench.serving.options import recorded_command
-
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    add_flags(parser, SpeculationBenchConfig)
-    args = parser.parse_args(argv)
-    try:
-        config = build(SpeculationBenchConfig, args)
-    except FlagError as error:
-        parser.error(str(error))
-    given = sys.argv[1:] if argv is None else argv
-    return run(config, recorded_command([*prog.split(), *given]))
+    return flag_main(SpeculationBenchConfig, run, argv, prog, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

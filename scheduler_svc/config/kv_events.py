@@ -15,8 +15,9 @@ batches waiting for the publisher thread; `topic` is sent verbatim as the first 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from scheduler_svc.config.json_flag import json_object_flag
 
 PUBLISHERS = ("null", "zmq")
 _KEYS = {
@@ -69,17 +70,9 @@ class KVEventsConfig:
 
 def parse_kv_events_config(text: str) -> KVEventsConfig | None:
     """The flag's JSON as a config; None for an empty flag or one that publishes nothing."""
-    if not text.strip():
+    fields = json_object_flag(text, "--kv-events-config", _KEYS)
+    if fields is None:
         return None
-    try:
-        fields = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--kv-events-config is not JSON: {exc}") from None
-    if not isinstance(fields, dict):
-        raise ValueError("--kv-events-config must be a JSON object")
-    unknown = sorted(fields.keys() - _KEYS)
-    if unknown:
-        raise ValueError(f"--kv-events-config: unknown keys {unknown} (known: {sorted(_KEYS)})")
     # vLLM's default: the zmq publisher when events are on, none when they are off.
     if fields.get("publisher") is None:
         fields["publisher"] = "zmq" if fields.get("enable_kv_cache_events") else "null"

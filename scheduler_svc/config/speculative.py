@@ -13,8 +13,9 @@ draft model (`draft_model`, `eagle`, `mtp`...) and `suffix` are refused by name.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from scheduler_svc.config.json_flag import json_object_flag
 
 METHODS = ("ngram",)
 # The most drafts a step may verify for one sequence: beyond this a CPU step's cost
@@ -53,17 +54,9 @@ class SpeculativeConfig:
 
 def parse_speculative_config(text: str) -> SpeculativeConfig | None:
     """The flag's JSON as a config; None for an empty flag (speculation off)."""
-    if not text.strip():
+    fields = json_object_flag(text, "--speculative-config", _KEYS)
+    if fields is None:
         return None
-    try:
-        fields = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--speculative-config is not JSON: {exc}") from None
-    if not isinstance(fields, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    unknown = sorted(fields.keys() - _KEYS)
-    if unknown:
-        raise ValueError(f"--speculative-config: unknown keys {unknown} (known: {sorted(_KEYS)})")
     if "num_speculative_tokens" not in fields:
         raise ValueError("--speculative-config: num_speculative_tokens is required")
     low, high = fields.pop("prompt_lookup_min", None), fields.pop("prompt_lookup_max", None)

@@ -220,3 +220,32 @@ def test_the_cost_fit_starts_from_the_workers_measured_row_cost():
     assert StepCost(0.12).ratio == 0.12
     assert StepCost(0.0).ratio == StepCost.PRIOR_RATIO  # not measured
     assert StepCost(1e-9).ratio == StepCost.MIN_PRIOR  # measured free: never taken as free
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"method": "eagle", "num_speculative_tokens": 3}', "method 'eagle' is not built"),
+        ('{"method": "ngram"}', "num_speculative_tokens is required"),
+        ('{"num_speculative_tokens": 3, "lookup_max": 4}', "unknown keys \\['lookup_max'\\]"),
+        ("[3]", "must be a JSON object"),
+        (
+            '{"num_speculative_tokens": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
+            "must not exceed",
+        ),
+    ],
+)
+def test_a_bad_speculative_config_is_refused_naming_the_flag(text, message):
+    from scheduler_svc.config import SchedulerConfig
+
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(speculative_config=text)
+
+
+def test_lookup_bounds_default_as_vllms():
+    from scheduler_svc.config.speculative import parse_speculative_config
+
+    both = parse_speculative_config('{"num_speculative_tokens": 3}')
+    assert (both.prompt_lookup_min, both.prompt_lookup_max) == (5, 5)
+    one = parse_speculative_config('{"num_speculative_tokens": 3, "prompt_lookup_max": 3}')
+    assert (one.prompt_lookup_min, one.prompt_lookup_max) == (3, 3)
