@@ -24,10 +24,10 @@ CODE = (
     "def perimeter(width, height):\n    return 2 * (width + height)\n"
 )
 CASES = [
-    dict(chat=[("user", f"Repeat this code exactly:\n{CODE}")], max_tokens=48),
-    dict(chat=[("user", "Copy this line: red green blue red green blue red green")], max_tokens=24),
+    dict(chat=[("user", f"Repeat this code exactly:\n{CODE}")], max_tokens=32),
+    dict(chat=[("user", "Copy this line: red green blue red green blue red green")], max_tokens=16),
     dict(chat=[("user", "What is the capital of France?")], max_tokens=24),
-    dict(chat=[("user", "Write a haiku about the sea.")], max_tokens=32, stop=["\n\n"]),
+    dict(chat=[("user", "Write a haiku about the sea.")], max_tokens=20, stop=["\n\n"]),
 ]
 SCHEMA = {
     "type": "object",

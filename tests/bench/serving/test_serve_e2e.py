@@ -17,6 +17,8 @@ def cbserve_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "cbserve.cli"]
 
 
+# 30 s of a real benchmark run: `make test-slow` runs it.
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cbserve_bench_on_a_local_stack(model_dir, tmp_path):
     """`make bench` in small: the same command with both baselines, on three prompts."""
