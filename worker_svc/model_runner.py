@@ -76,12 +76,8 @@ class ModelRunner:
         scheduled, draft_room = self._apply(step)
         drafts = propose_drafts(self.sequences, draft_room, step.ngram_lookup)
         result = worker_pb2.StepResult(step_id=step.step_id)
-        # Decodes first, longest context first: the attention backends then see
-        # decodes, and decodes of similar length, as adjacent slices.
-        work = sorted(
-            ((seq, n) for seq, n in scheduled if n > 0),
-            key=lambda w: (w[1] != 1, -w[0].num_computed_tokens if w[1] == 1 else 0),
-        )
+        # In plan order: FlatBatch orders the rows as the attention backends want them.
+        work = [(seq, n) for seq, n in scheduled if n > 0]
         num_tokens = sum(n for _, n in work) + sum(len(d) for d in drafts.values())
         masks = StepMasks(
             step.step_id,
