@@ -128,22 +128,13 @@ def write_qwen3_checkpoint(directory: Path) -> Path:
     tokenizer files. Weights as the architecture tests' checkpoints
     (tests/worker/architectures/checkpoints.py): matrices N(0, 0.08^2) so that greedy
     tokens are decided by clear margins, norm weights 1 + N(0, 0.2^2)."""
-    import torch
     import transformers as hf
 
+    from bench.peers.random_weights import randomize
     from common.defaults import converted_model_dir
 
     model = hf.AutoModelForCausalLM.from_config(hf.Qwen3Config(**QWEN3_SHAPE))
-    generator = torch.Generator().manual_seed(QWEN3_SEED)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if param.dim() > 1:
-                param.copy_(noise * 0.08)
-            elif "norm" in name:
-                param.copy_(param + 0.2 * noise)
-            else:
-                param.copy_(noise * 0.1)
+    randomize(model, QWEN3_SEED)
     staging = directory.with_name(directory.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
+from bench.peers.random_weights import randomize
 
 COMMON = {
     "vocab_size": 49152,  # the default model's tokenizer, so a worker can serve them
@@ -51,21 +51,6 @@ def configs() -> dict:
 
 
 ARCHITECTURES = ("llama3", "mistral", "ministral", "qwen2", "qwen3", "gemma3")
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Every parameter random: matrices at a scale that keeps logits apart (greedy
-    tokens decided by clear margins), vectors (norms, biases) around their defaults."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=generator)
-            if param.dim() > 1:
-                param.copy_(noise * 0.08)
-            elif "norm" in name:
-                param.copy_(param + 0.2 * noise)
-            else:
-                param.copy_(noise * 0.1)
 
 
 def write_checkpoint(name: str, directory: Path, tokenizer_dir: Path | None = None) -> Path:
