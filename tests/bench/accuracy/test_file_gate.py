@@ -33,6 +33,8 @@ def test_without_a_gguf_the_paths_run_on_the_default_model_beside_the_shipped_fi
     assert other.gguf is None and other.runs[1] == ("q4_1", "/models/other", "q4_1")
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_a_gguf_runs_on_autos_path_against_its_reference(tmp_path):
     model, reference = write_gguf(tmp_path / "m.gguf"), write_gguf(tmp_path / "ref.gguf")
     made = plan(str(model), str(reference), None, None, "/d", default_paths, chosen_by_auto)
@@ -43,6 +45,8 @@ def test_a_gguf_runs_on_autos_path_against_its_reference(tmp_path):
     assert asked.runs[1][1] == str(model)  # the file's own weights, not the reference
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_the_flags_are_refused_with_a_reason(tmp_path, capsys):
     with pytest.raises(ValueError, match="--reference is for a GGUF"):
         plan("/models/dir", "/models/ref", None, None, "/d", default_paths)

@@ -43,6 +43,8 @@ def write_gguf(
     return path
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_a_requantization_keeps_the_identity_a_reshape_or_new_vocabulary_does_not(tmp_path):
     shipped = write_gguf(tmp_path / "shipped.gguf")
     same = gguf_identity(shipped)
@@ -54,6 +56,8 @@ def test_a_requantization_keeps_the_identity_a_reshape_or_new_vocabulary_does_no
     assert ("blk.0.ffn_down.weight", (64, 32)) in same.tensor_shapes
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_the_default_models_requantization_is_scored_against_its_float_directory(
     tmp_path, monkeypatch
 ):
@@ -72,6 +76,8 @@ def test_the_default_models_requantization_is_scored_against_its_float_directory
         resolve_reference(requantized, None, None)  # no shipped file to compare with
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_a_given_reference_must_have_the_files_shapes(tmp_path):
     model = write_gguf(tmp_path / "model.gguf")
     assert resolve_reference(model, write_gguf(tmp_path / "same.gguf"), None).name == "same.gguf"

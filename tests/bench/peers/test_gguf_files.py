@@ -41,6 +41,8 @@ def test_the_qwen3_shape_is_about_48m_parameters_in_whole_super_blocks():
     assert all(n % 256 == 0 for n in (hidden, inter, q))
 
 
+# runs a program: not the fast tier (tests/tiers.py)
+@pytest.mark.process
 def test_quantize_says_how_to_build_it_and_runs_llama_quantize_as_documented(cache, tmp_path):
     with pytest.raises(RuntimeError, match="make bench-peers"):
         gguf_files.quantize(tmp_path / "in.gguf", tmp_path / "out.gguf", "Q8_0", 2)

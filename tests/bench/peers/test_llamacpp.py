@@ -10,6 +10,8 @@ import json
 import math
 import stat
 
+import pytest
+
 from bench.harness import results
 from bench.harness.metrics import RequestTiming
 from bench.harness.runner import ClientSettings
@@ -198,6 +200,8 @@ def test_missing_reports_the_build_step(tmp_path, monkeypatch):
     assert llamacpp.missing() == llama_server.MISSING
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_llama_server_serves_the_gguf_cbserve_is_given(tmp_path, monkeypatch):
     from common.defaults import packaged_gguf_path
 

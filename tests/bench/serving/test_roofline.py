@@ -36,6 +36,8 @@ def test_ceiling_and_shares():
     assert "cbserve 50%" in line and "llama-server 10%" in line
 
 
+# writes and opens a GGUF file: not the fast tier (tests/tiers.py)
+@pytest.mark.model
 def test_a_gguf_files_shapes_are_its_metadatas():
     """`cbserve bench --model FILE.gguf` times the roofline on the file's own shapes,
     the same as its directory's config gives."""

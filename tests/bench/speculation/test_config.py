@@ -64,6 +64,8 @@ def test_off_and_on_take_turns_going_first():
     assert [_order(repeat) for repeat in range(3)] == [("off", "on"), ("on", "off"), ("off", "on")]
 
 
+# runs a program: not the fast tier (tests/tiers.py)
+@pytest.mark.process
 def test_the_built_llama_server_has_the_ngram_speculation_the_bench_asks_for():
     binary = llama_server.binary_path()
     if binary is None:
