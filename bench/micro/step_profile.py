@@ -30,15 +30,22 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from worker_svc.model_runner import ModelRunner
 
 
-def set_up(runner: ModelRunner, contexts: list[int], seed: int) -> list[int]:
-    """Prefills one sequence per context length (minus the token each step decodes)."""
+# Room each sequence gets for the tokens its steps decode (--steps beyond it fail).
+DECODE_ROOM = 64
+
+
+def set_up(
+    runner: ModelRunner, contexts: list[int], seed: int, decode_room: int = DECODE_ROOM
+) -> list[int]:
+    """Prefills one sequence per context length (minus the token each step decodes),
+    with blocks for `decode_room` more tokens."""
     rng = random.Random(seed)
     bs = runner.pool.block_size
     free = list(range(runner.pool.num_blocks))
     rng.shuffle(free)
     for sid, context in enumerate(contexts):
         tokens = [rng.randrange(100, 40000) for _ in range(context - 1)]
-        blocks = [free.pop() for _ in range(-(-(context + 64) // bs))]
+        blocks = [free.pop() for _ in range(-(-(context + decode_room) // bs))]
         runner.execute(pb.StepPlan(new_sequences=[new_sequence(sid, tokens, blocks)]))
     return free
 
@@ -90,12 +97,13 @@ def main() -> None:
     low, high = parse_range(args.context)
     rng = random.Random(args.seed)
     contexts = [rng.randint(low, high) for _ in range(args.batch)]
-    blocks_needed = sum(-(-(c + 64) // 16) for c in contexts) + args.prefill // 16 + 2
+    decode_room = max(DECODE_ROOM, args.steps + 2 + 2)
+    blocks_needed = sum(-(-(c + decode_room) // 16) for c in contexts) + args.prefill // 16 + 2
     runner = make_runner(
         args.dtype, blocks_needed, attention=args.attention_backend, compile=args.compile
     )
     set_up_started = time.perf_counter()
-    free = set_up(runner, contexts, args.seed)
+    free = set_up(runner, contexts, args.seed, decode_room)
     set_up_seconds = time.perf_counter() - set_up_started
     prefill = [rng.randrange(100, 40000) for _ in range(args.prefill)]
 

@@ -30,14 +30,25 @@
 
 #define CACHE_LINE 64
 
-/* `rows` rows of `row_bytes` each, `stride_bytes` apart, towards L1. */
-static inline void prefetch_rows(const void *first, int64_t rows, int64_t stride_bytes,
-                                 int64_t row_bytes)
+/* `rows` rows of `row_bytes` each, `stride_bytes` apart, towards L1 (`far` 0) or L2
+ * (`far` 1: for data wanted a block or a pass later, so L1 is not crowded). */
+static inline void prefetch_rows_to(const void *first, int64_t rows, int64_t stride_bytes,
+                                    int64_t row_bytes, int far)
 {
     const char *row = first;
     for (int64_t j = 0; j < rows; j++, row += stride_bytes)
-        for (int64_t offset = 0; offset < row_bytes; offset += CACHE_LINE)
-            __builtin_prefetch(row + offset, 0, 3);
+        for (int64_t offset = 0; offset < row_bytes; offset += CACHE_LINE) {
+            if (far)
+                __builtin_prefetch(row + offset, 0, 2);
+            else
+                __builtin_prefetch(row + offset, 0, 3);
+        }
+}
+
+static inline void prefetch_rows(const void *first, int64_t rows, int64_t stride_bytes,
+                                 int64_t row_bytes)
+{
+    prefetch_rows_to(first, rows, stride_bytes, row_bytes, 0);
 }
 
 /* A float32 block's rows are read where they lie. */

@@ -42,6 +42,17 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
             prefetch_rows(k_cache + (int64_t)table[b + 1] * block_stride + kv_offset,
                           len - start - n < block_size ? len - start - n : block_size,
                           token_stride * (int64_t)sizeof(KV_T), row_bytes);
+        /* Two blocks ahead into L2, and this block's values for pass 2: a decode's KV
+         * comes from memory (the weights stream through the caches between layers), and
+         * one block of lookahead covers too little of a miss's latency. */
+        if (b + 2 < num_blocks)
+            prefetch_rows_to(k_cache + (int64_t)table[b + 2] * block_stride + kv_offset,
+                             len - start - n - block_size < block_size
+                                 ? len - start - n - block_size
+                                 : block_size,
+                             token_stride * (int64_t)sizeof(KV_T), row_bytes, 1);
+        prefetch_rows_to(v_cache + (int64_t)table[b] * block_stride + kv_offset, n,
+                         token_stride * (int64_t)sizeof(KV_T), row_bytes, 1);
         const float *keys = KV_ROWS(block, n, token_stride, head_dim, buffer, &stride);
         for (int64_t g = 0; g < group; g++) {
             const float *qg = q + g * head_dim;

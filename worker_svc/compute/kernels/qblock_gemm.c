@@ -127,11 +127,13 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
 {
     const int64_t row_bytes = qblock_row_bytes(format, k);
     /* Q4_1 / Q8_0 on AVX2 go through the buffer (measured faster there); the K-quants'
-     * tiles take up to 8 rows of x (measured faster than the buffer at 5-8); F16 and
+     * and Q4_1 / Q8_0's AVX-512 tiles take up to 8 rows of x (measured faster than the
+     * buffer at 5-8: a verify of one sequence's drafts is such a step); F16 and
      * BF16 widen in registers with AVX2 too (two instructions for 8 weights). */
     const int kquant = kq_is_kquant_format(format);
     const int float16 = f16_is_float16_format(format);
-    if (m_count <= (kquant ? KQ_SMALL_M : SMALL_M) &&
+    const int64_t small_m = kquant ? KQ_SMALL_M : float16 ? SMALL_M : Q4Q8_SMALL_M;
+    if (m_count <= small_m &&
         (variant == VARIANT_AVX512 || ((kquant || float16) && variant == VARIANT_AVX2))) {
         void (*small)(int, const uint8_t *, int64_t, int64_t, const float *, int64_t, int64_t,
                       float *, int64_t) =

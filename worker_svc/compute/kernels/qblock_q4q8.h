@@ -14,8 +14,11 @@ enum { QBLOCK_Q4_1_BYTES = 20, QBLOCK_Q8_0_BYTES = 34 };
 void q4q8_dequant_plain(int format, const uint8_t *row, int64_t k, float *out);
 void q4q8_dequant_avx2(int format, const uint8_t *row, int64_t k, float *out);
 void q4q8_dequant_avx512(int format, const uint8_t *row, int64_t k, float *out);
-/* rows <= 4 weight rows times m_count <= 4 rows of x, weights dequantized in registers
- * and used at once (no panel buffer). */
+/* The rows of x a small tile takes (AVX-512); more go through the panel's buffer. */
+enum { Q4Q8_SMALL_M = 8 };
+
+/* rows <= 4 weight rows times m_count <= Q4Q8_SMALL_M rows of x, weights dequantized in
+ * registers and used at once (no panel buffer). */
 void q4q8_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
                             const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
 
