@@ -29,7 +29,6 @@ from bench.micro.measure_dtype import GREEDY, make_runner, new_sequence
 from cbserve.worker.v1 import worker_pb2 as pb
 from worker_svc.model_runner import ModelRunner
 
-
 # Room each sequence gets for the tokens its steps decode (--steps beyond it fail).
 DECODE_ROOM = 64
 
