@@ -91,28 +91,28 @@ static inline const float *rows_f16(const uint16_t *block, int64_t n, int64_t to
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t first, int64_t len, float *out,
                        float *scores, int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
-                       int64_t block_stride, int64_t kv_offset, float scale)
+                       int64_t block_stride, int64_t kv_offset, float scale, float *stats)
 {
     if (head_dim == 64)
         attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size,
-                   token_stride, block_stride, kv_offset, scale);
+                   token_stride, block_stride, kv_offset, scale, stats);
     else
         attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim, block_size,
-                   token_stride, block_stride, kv_offset, scale);
+                   token_stride, block_stride, kv_offset, scale, stats);
 }
 
 void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                            const int32_t *table, int64_t first, int64_t len, float *out,
                            float *scores, int64_t group, int64_t head_dim, int64_t block_size,
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
-                           float scale)
+                           float scale, float *stats)
 {
     if (head_dim == 64)
         attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size, token_stride,
-                   block_stride, kv_offset, scale);
+                   block_stride, kv_offset, scale, stats);
     else
         attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim, block_size, token_stride,
-                   block_stride, kv_offset, scale);
+                   block_stride, kv_offset, scale, stats);
 }
 
 /* Every (sequence, kv head) of the batch over the OpenMP team; `half` picks the cache
@@ -150,11 +150,12 @@ static int attend_batch(const float *q, const void *k_cache, const void *v_cache
             if (half)
                 paged_decode_item_f16(q_item, k_cache, v_cache, table, first, len,
                                       out_item, scores, group, head_dim, block_size,
-                                      token_stride, block_stride, kv_head * head_dim, scale);
+                                      token_stride, block_stride, kv_head * head_dim, scale,
+                                      NULL);
             else
                 paged_decode_item(q_item, k_cache, v_cache, table, first, len, out_item,
                                   scores, group, head_dim, block_size, token_stride,
-                                  block_stride, kv_head * head_dim, scale);
+                                  block_stride, kv_head * head_dim, scale, NULL);
         }
         free(scores);
     }

@@ -10,17 +10,21 @@
  * caches (one layer, [num_blocks, block_size, num_kv_heads, head_dim]), into
  * out[group, head_dim]. `scores` holds group * len floats. kv_offset = kv_head *
  * head_dim; token_stride = num_kv_heads * head_dim; block_stride = block_size *
- * token_stride (all in elements). Runs on the calling thread. */
+ * token_stride (all in elements). Runs on the calling thread.
+ * Keys first .. len - 1 are attended (a window's start, or a part of a split item);
+ * with `stats` (2 * group floats) each query head's score maximum and its sum of
+ * exp(score - maximum) are written there too, so that parts of one item can be
+ * merged; NULL: not wanted. */
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t first, int64_t len, float *out,
                        float *scores, int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
-                       int64_t block_stride, int64_t kv_offset, float scale);
+                       int64_t block_stride, int64_t kv_offset, float scale, float *stats);
 
 /* The same over a float16 pool: the caches hold IEEE binary16 bits. */
 void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                            const int32_t *table, int64_t first, int64_t len, float *out,
                            float *scores, int64_t group, int64_t head_dim, int64_t block_size,
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
-                           float scale);
+                           float scale, float *stats);
 
 #endif

@@ -21,7 +21,7 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
     const float *q, const KV_T *k_cache, const KV_T *v_cache, const int32_t *table,
     int64_t first, int64_t len, float *out, float *scores, int64_t group, int64_t head_dim,
     int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t kv_offset,
-    float scale)
+    float scale, float *stats)
 {
     /* Keys first .. len - 1 (a sliding window starts past 0); scores are indexed from
      * `first`, and a block's rows before it are read but not used. */
@@ -86,6 +86,10 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
             sum += s[t];
         }
         inv_sum[g] = 1.0f / sum;
+        if (stats) { /* a part of a split item: what merging the parts needs */
+            stats[2 * g] = max;
+            stats[2 * g + 1] = sum;
+        }
     }
     /* Pass 2: out_g = sum_t p[g][t] v_t, one block and one query head at a time so the
      * running row stays in registers across the block's tokens. */

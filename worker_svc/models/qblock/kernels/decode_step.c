@@ -38,86 +38,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../../attention/kernels/half_convert.h"
-#include "../../../attention/kernels/paged_decode.h"
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_vnni.h"
+#include "decode_attention.h"
 #include "decode_model.h"
 #include "decode_panels.h"
 #include "decode_rows.h"
 #include "step_team.h"
-
-/* Token t's kv head h: rotary on its query heads and its key, K/V into the pool, then
- * attention over the sequence's blocks. */
-/* One (token, kv head) item's query and key, made ready in place (bias, per-head norms,
- * rotary: the Python forward's order), and its K/V written to the pool. */
-static void prepare_item(const struct decode_model *m, const struct decode_batch *b,
-                         int64_t layer, int64_t t, int64_t kv_head, float *qkv_row)
-{
-    const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
-    const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
-    const int64_t layer_elements = b->num_blocks * block_stride;
-    const int64_t q_at = kv_head * group * d, k_at = (m->num_heads + kv_head) * d;
-    const int64_t v_at = (m->num_heads + m->num_kv_heads + kv_head) * d;
-    float *q = qkv_row + q_at, *k = qkv_row + k_at, *v = qkv_row + v_at;
-    const float *bias = (const float *)m->qkv_biases[layer];
-    if (bias) {
-        add_row(q, bias + q_at, group * d);
-        add_row(k, bias + k_at, d);
-        add_row(v, bias + v_at, d);
-    }
-    const float *q_norm = (const float *)m->qk_norms[layer * 2];
-    if (q_norm) {
-        const float *k_norm = (const float *)m->qk_norms[layer * 2 + 1], eps = (float)m->eps;
-        for (int64_t g = 0; g < group; g++)
-            rms_norm(q + g * d, q_norm, d, eps, q + g * d);
-        rms_norm(k, k_norm, d, eps, k);
-    }
-    const int64_t half = d / 2, position = b->positions[t];
-    const float *cos = (const float *)m->rope_tables[layer * 2] + position * half;
-    const float *sin = (const float *)m->rope_tables[layer * 2 + 1] + position * half;
-    rotate(q, group, d, cos, sin);
-    rotate(k, 1, d, cos, sin);
-    const int64_t slot_offset = b->slot_mapping[t] * token_stride + kv_head * d;
-    const int64_t layer_at = 2 * layer * layer_elements; /* this layer's K, then its V */
-    if (b->kv_dtype == KV_FLOAT16) {
-        uint16_t *k_cache = (uint16_t *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
-        float_row_to_half(k, k_cache + slot_offset, d);
-        float_row_to_half(v, v_cache + slot_offset, d);
-    } else {
-        float *k_cache = (float *)b->kv_cache + layer_at, *v_cache = k_cache + layer_elements;
-        memcpy(k_cache + slot_offset, k, sizeof(float) * d);
-        memcpy(v_cache + slot_offset, v, sizeof(float) * d);
-    }
-}
-
-/* The item's query (prepared) over its sequence's cached K/V, this token's included. */
-static void attend_prepared(const struct decode_model *m, const struct decode_batch *b,
-                            int64_t layer, int64_t t, int64_t kv_head, const float *qkv_row,
-                            float *attended_row, float *scores)
-{
-    const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
-    const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
-    const int64_t layer_elements = b->num_blocks * block_stride;
-    const float *q = qkv_row + kv_head * group * d;
-    const int64_t len = b->context_lens[t], window = m->windows[layer];
-    const int64_t first = window > 0 && len > window ? len - window : 0;
-    const int64_t layer_at = 2 * layer * layer_elements;
-    const int32_t *table = b->block_tables + t * b->max_blocks;
-    float *out = attended_row + kv_head * group * d;
-    const float scale = (float)m->scale;
-    if (b->kv_dtype == KV_FLOAT16) {
-        const uint16_t *k_cache = (const uint16_t *)b->kv_cache + layer_at;
-        paged_decode_item_f16(q, k_cache, k_cache + layer_elements, table, first, len, out,
-                              scores, group, d, b->block_size, token_stride, block_stride,
-                              kv_head * d, scale);
-    } else {
-        const float *k_cache = (const float *)b->kv_cache + layer_at;
-        paged_decode_item(q, k_cache, k_cache + layer_elements, table, first, len, out, scores,
-                          group, d, b->block_size, token_stride, block_stride, kv_head * d,
-                          scale);
-    }
-}
 
 /* hidden += post_norm(x @ W^T) (Gemma's sandwich), or hidden += x @ W^T where the layer
  * has no post-norm: then each panel adds its own columns, with no second loop. */
@@ -147,7 +74,8 @@ static void add_projection(const struct decode_model *m, int variant,
 
 static void run_layer(const struct decode_model *m, const struct decode_batch *b,
                       int variant, int64_t layer, const struct scratch *s,
-                      const struct thread_scratch *ts, struct member *me)
+                      const struct attention_split *split, const struct thread_scratch *ts,
+                      struct member *me)
 {
     const int64_t T = b->num_tokens, H = m->hidden, I = m->intermediate;
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
@@ -163,24 +91,33 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
                  ts->normed, T, H, s->qkv + p * QBLOCK_PANEL_ROWS, qkv_width, ts);
     share_end(me);
     /* Dynamic always: contexts differ, so items are not equal work. Rows of one sequence
-     * (a speculative step's drafts) attend to each other's K/V: then every item's K/V is
-     * written before any item attends, at the cost of one more barrier. */
+     * (a speculative step's drafts) attend to each other's K/V, and the parts of a split
+     * item (decode_attention.h) to the token's own: then every item's K/V is written
+     * before any item attends, at the cost of one more barrier. */
     const int64_t items = T * m->num_kv_heads;
-    if (b->chained) {
+    const int split_items = split->parts > 1;
+    if (b->chained || split_items) {
         FOR_SHARED(item, items, me, 1)
         prepare_item(m, b, layer, item / m->num_kv_heads, item % m->num_kv_heads,
                      s->qkv + (item / m->num_kv_heads) * qkv_width);
         share_end(me);
     }
-    FOR_SHARED(item, items, me, 1)
-    {
-        int64_t t = item / m->num_kv_heads, kv_head = item % m->num_kv_heads;
-        if (!b->chained)
-            prepare_item(m, b, layer, t, kv_head, s->qkv + t * qkv_width);
-        attend_prepared(m, b, layer, t, kv_head, s->qkv + t * qkv_width,
-                        s->attended + t * q_width, ts->scores);
+    if (split_items) {
+        FOR_SHARED(unit, items * split->parts, me, 1)
+        attend_unit(m, b, layer, unit, split, s->qkv, qkv_width, s->attended, q_width,
+                    ts->scores);
+        share_end(me);
+    } else {
+        FOR_SHARED(item, items, me, 1)
+        {
+            int64_t t = item / m->num_kv_heads, kv_head = item % m->num_kv_heads;
+            if (!b->chained)
+                prepare_item(m, b, layer, t, kv_head, s->qkv + t * qkv_width);
+            attend_prepared(m, b, layer, t, kv_head, s->qkv + t * qkv_width,
+                            s->attended + t * q_width, ts->scores);
+        }
+        share_end(me);
     }
-    share_end(me);
     const float *post_attention = (const float *)m->post_norms[layer * 2];
     const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
     prepare_input(ts, s->attended, T, q_width);
@@ -207,7 +144,8 @@ static int64_t longest_context(const struct decode_batch *b)
 
 /* One thread's part of the whole step, inside the parallel region. */
 static void run_step(const struct decode_model *m, const struct decode_batch *b,
-                     int variant, const struct scratch *s, int layers_vnni, int head_vnni,
+                     int variant, const struct scratch *s,
+                     const struct attention_split *split, int layers_vnni, int head_vnni,
                      int64_t rows, int64_t max_k, struct step_team *team)
 {
     const int64_t H = m->hidden, S = b->num_samples;
@@ -217,7 +155,7 @@ static void run_step(const struct decode_model *m, const struct decode_batch *b,
                         .loop = 0};
     struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni);
     for (int64_t layer = 0; layer < m->num_layers; layer++)
-        run_layer(m, b, variant, layer, s, &ts, &me);
+        run_layer(m, b, variant, layer, s, split, &ts, &me);
     /* The head, for the sampled rows only; the region's end is its barrier. */
     rms_norm_rows(s->hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
     ts.vnni = head_vnni;
@@ -263,10 +201,26 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     atomic_init(&team.sleepers, 0);
     /* One counter for each shared-out loop: five a layer and the head's. */
     team.counters = calloc(LOOPS_PER_LAYER * m->num_layers + 1, sizeof(atomic_long));
-    if (mem == NULL || team.counters == NULL) {
+    const int64_t items = T * m->num_kv_heads;
+    struct attention_split split = {.parts = attention_parts(items, threads, longest_context(b))};
+    float *split_mem = NULL;
+    if (split.parts > 1) {
+        split_mem = malloc(sizeof(float) * items * split.parts * group * (m->head_dim + 2));
+        split.remaining = malloc(sizeof(atomic_int) * m->num_layers * items);
+    }
+    if (mem == NULL || team.counters == NULL ||
+        (split.parts > 1 && (split_mem == NULL || split.remaining == NULL))) {
         free(mem);
         free(team.counters);
+        free(split_mem);
+        free((void *)split.remaining);
         return -3;
+    }
+    if (split.parts > 1) {
+        split.partials = split_mem;
+        split.stats = split_mem + items * split.parts * group * m->head_dim;
+        for (int64_t i = 0; i < m->num_layers * items; i++)
+            atomic_init(&split.remaining[i], (int)split.parts);
     }
     s.thread_mem = mem;
     s.hidden = mem + s.per_thread * threads;
@@ -293,9 +247,11 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
         }
 #pragma omp barrier
         if (!short_team)
-            run_step(m, b, variant, &s, layers_vnni, head_vnni, rows, max_k, &team);
+            run_step(m, b, variant, &s, &split, layers_vnni, head_vnni, rows, max_k, &team);
     }
     free(team.counters);
+    free(split_mem);
+    free((void *)split.remaining);
     free(mem);
     return short_team ? -4 : 0;
 }
