@@ -32,7 +32,7 @@ from tests.integration.liveness import (
 from tests.integration.stacks import started_stack, stop_stack, wait_until_idle
 from tests.integration.test_speculative_decoding import CODE, SPECULATIVE
 
-MAX_TOKENS = 40
+MAX_TOKENS = 48
 # Tokens every stream has when the worker is killed: past the first decodes, which
 # already verify drafts (fixed drafts), and far from MAX_TOKENS.
 TOKENS_BEFORE_KILL = 8
