@@ -89,11 +89,16 @@ class Outcome:
     seconds: float = 0.0
 
 
-async def stream(client: AsyncClient, prompt: str, outcome: Outcome, progress=None, **sampling):
+# A text prompt, or build_request's prompt arguments ({"chat": [...]}, {"token_ids": ...}).
+Prompt = str | dict
+
+
+async def stream(client: AsyncClient, prompt: Prompt, outcome: Outcome, progress=None, **sampling):
     """Streams one request into outcome; progress(outcome) after every response."""
     started = time.monotonic()
+    request = {"prompt": prompt} if isinstance(prompt, str) else prompt
     try:
-        async for response in client.generate(prompt, **sampling):
+        async for response in client.generate(**request, **sampling):
             outcome.tokens.extend(response.token_ids)
             if response.finish_reason:
                 outcome.finish_reason = response.finish_reason
@@ -106,7 +111,7 @@ async def stream(client: AsyncClient, prompt: str, outcome: Outcome, progress=No
         outcome.seconds = time.monotonic() - started
 
 
-def run_greedy(address: str, prompts: list[str], max_tokens: int, fault=None, after_tokens=3):
+def run_greedy(address: str, prompts: list[Prompt], max_tokens: int, fault=None, after_tokens=3):
     """Streams every prompt at once (greedy); calls fault() (in a thread) once every
     stream has after_tokens tokens. Returns the outcomes, and the tokens each
     stream had when the fault came."""
