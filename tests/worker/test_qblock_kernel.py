@@ -32,7 +32,7 @@ def test_plain_c_always_runs():
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", [Q4_1, Q8_0], ids=lambda f: f.name)
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 6, 7, 8, 17, 70])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 70])
 @pytest.mark.parametrize("n", [1, 7, 36, 67])
 def test_kernel_matches_float_reference(variant, fmt, m, n):
     """Odd M and N reach every tail: partial register blocks, tiles and panels, and x

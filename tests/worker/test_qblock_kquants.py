@@ -48,7 +48,7 @@ def test_dequantized_weights_are_ggufs_bit_for_bit(variant, fmt):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 17, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 13, 16, 17, 70])
 @pytest.mark.parametrize("n", [1, 7, 36])
 def test_products_match_float64(variant, fmt, m, n):
     """Odd M and N reach the tails: partial register tiles (rows < 4), the in-register

@@ -133,17 +133,26 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
     const int kquant = kq_is_kquant_format(format);
     const int float16 = f16_is_float16_format(format);
     const int64_t small_m = kquant ? KQ_SMALL_M : float16 ? SMALL_M : Q4Q8_SMALL_M;
-    if (m_count <= small_m &&
+    /* Up to two tiles' rows of x: the blocks are unpacked once a tile, which still costs
+     * less than dequantizing the panel into the buffer and reading it back (a verify
+     * step of one sequence and 8 drafts is 9 rows), except for Q5_K and Q6_K, whose
+     * unpacking costs more (bench.micro.qblock_formats --rows 8,9,12,16 on a Zen 4:
+     * Q4_1 at 12 rows 84 GFLOP/s against 70 through the buffer, Q6_K 62 against 65). */
+    const int two_tiles = format != QBLOCK_FORMAT_Q5_K && format != QBLOCK_FORMAT_Q6_K;
+    if (m_count <= (two_tiles ? 2 : 1) * small_m &&
         (variant == VARIANT_AVX512 || ((kquant || float16) && variant == VARIANT_AVX2))) {
         void (*small)(int, const uint8_t *, int64_t, int64_t, const float *, int64_t, int64_t,
                       float *, int64_t) =
             float16  ? (variant == VARIANT_AVX512 ? f16_small_tile_avx512 : f16_small_tile_avx2)
             : kquant ? (variant == VARIANT_AVX512 ? kq_small_tile_avx512 : kq_small_tile_avx2)
                      : q4q8_small_tile_avx512;
-        for (int64_t r = 0; r < rows; r += TILE_ROWS)
-            small(format, w + (first + r) * row_bytes, row_bytes,
-                              rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x, m_count, k,
-                              y + first + r, ldy);
+        for (int64_t i = 0; i < m_count; i += small_m) {
+            const int64_t chunk = m_count - i < small_m ? m_count - i : small_m;
+            for (int64_t r = 0; r < rows; r += TILE_ROWS)
+                small(format, w + (first + r) * row_bytes, row_bytes,
+                      rows - r < TILE_ROWS ? rows - r : TILE_ROWS, x + i * k, chunk, k,
+                      y + i * ldy + first + r, ldy);
+        }
         return;
     }
     for (int64_t r = 0; r < rows; r++)
