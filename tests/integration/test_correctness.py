@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from cbserve.client import AsyncClient, Completion
-from tests.integration.conftest import GREEDY_TOKENS
+from tests.integration.conftest import CHUNK_BUDGET, GREEDY_TOKENS
 from tests.integration.progress import TokenProgress
 
 # Request i is sent once the run has streamed i * STAGGER_TOKENS tokens: it joins
@@ -54,6 +54,11 @@ def test_concurrent_greedy_matches_transformers(stack, prompts, reference_output
 
 
 def test_chunked_prefill_matches_transformers(chunked_stack, prompts, reference_outputs):
-    assert sum(len(p) > 32 for p in prompts) >= 8, "most prompts must need several chunks"
-    got = asyncio.run(_staggered_greedy(chunked_stack.address, prompts))
-    _assert_all_equal(got, reference_outputs, prompts)
+    # Eight of the prompts that need several chunks: a shorter one is prefilled in one
+    # step, as on the unchunked stack above, and this stack computes in float32 (the
+    # suite's time: all 16 took 53 s).
+    chunked = [i for i, p in enumerate(prompts) if len(p) > CHUNK_BUDGET][:8]
+    assert len(chunked) == 8, "most prompts must need several chunks"
+    long_prompts = [prompts[i] for i in chunked]
+    got = asyncio.run(_staggered_greedy(chunked_stack.address, long_prompts))
+    _assert_all_equal(got, [reference_outputs[i] for i in chunked], long_prompts)
