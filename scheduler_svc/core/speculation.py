@@ -144,8 +144,8 @@ class Speculation:
     def draft_room(self, request: Request, batch_tokens: int, limit: int) -> int:
         """Drafts this decode may verify (0 to min(limit, num_speculative_tokens)), at a
         step of about batch_tokens tokens."""
-        if limit <= 0 or request.structured is not None:
-            return 0  # a grammar's next mask needs each token: no drafts
+        if limit <= 0:
+            return 0
         if self.config_drafts == "fixed":
             return min(limit, self.config.num_speculative_tokens)
         record = request.draft_record
