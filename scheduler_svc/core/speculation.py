@@ -27,6 +27,9 @@ same row needs an acceptance near 1, which turns speculation off where vLLM's an
 llama.cpp's regress. A request given no drafts drifts back to the prior, so it tries
 again after a while. `--speculative-drafts fixed` gives every decode
 num_speculative_tokens instead, as vLLM does.
+
+Constrained requests follow the same rule: their masks cover each draft position
+(structured/draft_masks.py), so nothing in the rule differs for them.
 """
 
 from __future__ import annotations
