@@ -34,7 +34,11 @@ def add_drafting_rows(
     matcher synced to its output first; returns how many rows it got."""
     matcher = request.structured
     matcher.sync(request.output_token_ids)
-    return mask.add_drafting(request.seq_id, matcher, predicted_drafts(request, num_drafts, lookup))
+    drafts = predicted_drafts(request, num_drafts, lookup)
+    if not drafts:  # the worker finds none either: one row, filled with the others
+        mask.add(request.seq_id, matcher)
+        return 1
+    return mask.add_drafting(request.seq_id, matcher, drafts)
 
 
 def predicted_drafts(request: Request, k: int, lookup: tuple[int, int]) -> list[int]:
