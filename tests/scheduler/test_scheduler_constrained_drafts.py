@@ -164,3 +164,23 @@ def test_a_lost_mask_with_drafts_fails_that_request_only(compiler):
     assert ANSWER.startswith(harness.text("lost"))
     assert harness.final("free").finish_reason is FinishReason.LENGTH
     assert harness.worker.sequences == {} and harness.block_manager.num_used_blocks == 0
+
+
+def test_no_constrained_drafts_on_a_worker_that_does_not_read_draft_rows(compiler):
+    harness = Harness(
+        drafts=True,
+        constrained_drafts=False,
+        speculative_config=SPECULATE,
+        speculative_drafts="fixed",
+    )
+    harness.worker.drafter = ngram_drafter(harness.worker, 2, 4)
+    request = make_request([*unique_prompt(4), *QUOTED], "json", max_tokens=40)
+    request.structured = matcher(compiler)
+    harness.add(request, tokens=encode(ANSWER) + [EOS])
+    free(harness, "free", max_tokens=12)
+    plans = []
+    while (plan := harness.step()) is not None:
+        plans.append(plan)
+    drafted = {s.seq_id for p in plans for s in p.continuing_sequences if s.num_draft_tokens}
+    assert drafted == {harness.requests["free"].seq_id}
+    assert_valid(harness, "json")
