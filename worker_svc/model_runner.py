@@ -11,7 +11,10 @@ sequence whose scheduled tokens reach the end of the tokens it has.
 
 Constrained rows planned ahead of their pending sample (async scheduling) get their
 masks in a later message (step/deferred_masks.py): the forward runs at once and
-only the sampler waits for them.
+only the sampler waits for them. A constrained row that verifies drafts gets a row
+per position, each after the drafts before it; it emits only positions whose row
+followed its own drafts (drafts past them are dropped before the forward where the
+masks came in the plan, their tokens after it where they came later).
 
 A plan of num_steps > 1 (multi-step decoding; decodes only) runs that many
 forwards back to back: each samples one token per sequence, which the next
@@ -35,7 +38,12 @@ from worker_svc.model_loader import LoadedModel
 from worker_svc.prompt_logprobs import score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
-from worker_svc.speculation.rows import NO_DRAFTS, propose_drafts, record_counts
+from worker_svc.speculation.rows import (
+    NO_DRAFTS,
+    cap_masked_drafts,
+    propose_drafts,
+    record_counts,
+)
 from worker_svc.speculation.verify import emitted_tokens
 from worker_svc.step.deferred_masks import UNMASKED, MaskMailbox, StepMasks
 from worker_svc.step.description import Step
@@ -75,6 +83,8 @@ class ModelRunner:
         """Runs a step the reader let through: nothing here checks it again."""
         scheduled, draft_room = self._apply(step)
         drafts = propose_drafts(self.sequences, draft_room, step.ngram_lookup)
+        if drafts and step.allowed_tokens:
+            drafts = cap_masked_drafts(drafts, step.allowed_tokens, step.allowed_draft_rows)
         result = worker_pb2.StepResult(step_id=step.step_id)
         # In plan order: FlatBatch orders the rows as the attention backends want them.
         work = [(seq, n) for seq, n in scheduled if n > 0]
@@ -85,6 +95,7 @@ class ModelRunner:
             step.deferred_mask_seq_ids,
             self.mailbox,
             step.deferred_mask_timeout_s,
+            step.allowed_draft_rows,
         )
         decoding = self._run(work, masks, result, drafts) if work else []
         result.mask_missing_seq_ids.extend(masks.missing)
@@ -161,10 +172,15 @@ class ModelRunner:
                     keep + batch.scoring_rows or [len(batch.input_ids) - 1], device=device
                 ),
             )
-            # Where rows are deferred, this waits for them: after the forward. Drafting
-            # sequences are never constrained (the reader refuses it).
+            # Where rows are deferred, this waits for them: after the forward.
             masked = masks.rows() if masks else None
-            allowed = [masked.get(row.seq_id) for row in samplers] if masked else None
+            caps: dict[int, int] = {}
+            if masked and drafts:
+                allowed = position_rows(batch, masks, caps)
+            elif masked:
+                allowed = [masked.get(row.seq_id) for row in samplers]
+            else:
+                allowed = None
             sampled = (
                 self.sampler.sample(logits[: len(keep)], samplers, allowed) if samplers else None
             )
@@ -183,9 +199,13 @@ class ModelRunner:
             tokens = [sampled.token_ids[row] for row in rows]
             emitted = emitted_tokens(tokens, draft) if draft is not NO_DRAFT else 1
             if draft is not NO_DRAFT:
+                num_drafts = len(draft)
+                if owner in caps:  # a constrained row emits only where it had a mask
+                    emitted = min(emitted, caps[owner])
+                    num_drafts = min(num_drafts, caps[owner])
                 # Its token and the accepted drafts now have KV; the slots after are stale.
                 seq.num_computed_tokens += emitted
-                verified[seq.seq_id] = (emitted, len(draft))
+                verified[seq.seq_id] = (emitted, num_drafts)
             for i in range(emitted):
                 seq.append_token(tokens[i])
                 logprobs = sampled.logprobs[rows[i]]
@@ -193,6 +213,23 @@ class ModelRunner:
         if verified:
             record_counts(result, verified)
         return [seq for seq, _ in batch.sampling]
+
+
+def position_rows(batch: FlatBatch, masks: StepMasks, caps: dict[int, int]) -> list:
+    """Each sampler row's mask (None: free) where sequences verify drafts: a constrained
+    one's positions get the rows that followed its drafts (StepMasks.position_rows),
+    and caps[owner] says how many positions it may emit; its positions past those
+    sample unmasked and are never emitted."""
+    allowed: list = [None] * len(batch.keep)
+    for owner, (seq, draft) in enumerate(batch.sampling):
+        rows = masks.position_rows(seq.seq_id, draft)
+        if rows is None:
+            continue
+        for index, row in zip(batch.rows_of(owner, len(rows)), rows, strict=True):
+            allowed[index] = row
+        if draft is not NO_DRAFT:
+            caps[owner] = len(rows)
+    return allowed
 
 
 def record_sample(result, seq_id: int, token: int, logprobs, first_step: bool) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.ngram import NgramIndex
 from common.sampling_params import SamplingParams
 from worker_svc.sampler import PenaltyCounts
-from worker_svc.speculation.ngram import NgramIndex
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SequenceState:
     # Score the prompt positions this sequence computes, with this many alternatives
     # (NewSequence.prompt_logprobs); None: no.
     prompt_logprobs: int | None = None
-    # Its n-grams, built at its first drafting step (speculation/ngram.py).
+    # Its n-grams, built at its first drafting step (common/ngram.py).
     ngram: NgramIndex | None = field(default=None, repr=False)
 
     @classmethod

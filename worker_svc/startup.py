@@ -114,6 +114,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         processor=processor,
         accepts_deferred_masks=True,
         accepts_draft_tokens=True,
+        accepts_constrained_drafts=True,
         draft_row_cost=draft_row_cost,
     )
     return Worker(runner, description, torch.get_num_threads())

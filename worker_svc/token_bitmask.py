@@ -10,6 +10,9 @@ those only ever choose among allowed tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -27,6 +30,55 @@ def mask_rows(words: bytes, num_rows: int) -> np.ndarray:
     if not words or len(words) % (4 * num_rows):
         raise PlanError(f"allowed_tokens: {len(words)} bytes are not {num_rows} rows of words")
     return np.frombuffer(words, dtype="<i4").reshape(num_rows, -1).astype(np.int32)
+
+
+class DraftRows(NamedTuple):
+    """A constrained sequence's rows where it verifies drafts (worker.proto's
+    row_counts): rows[j] the allowed tokens after drafts[:j], for j < len(rows)."""
+
+    rows: np.ndarray
+    drafts: tuple[int, ...]
+
+    def usable_positions(self, drafts: Sequence[int]) -> int:
+        """How many of its positions the worker may emit, given its own drafts: those
+        with a row that followed the very drafts the worker has before them."""
+        agreed = 0
+        for mine, theirs in zip(drafts, self.drafts, strict=False):
+            if mine != theirs:
+                break
+            agreed += 1
+        return 1 + agreed
+
+
+def read_mask(message) -> tuple[dict[int, np.ndarray], dict[int, DraftRows]]:
+    """A TokenBitmask message as seq_id -> first row, and seq_id -> DraftRows for the
+    sequences with more than one row; raises PlanError for a malformed one. Whether the
+    sequences may be masked is the caller's to check."""
+    seq_ids, counts = message.seq_ids, message.row_counts
+    if not counts:
+        rows = mask_rows(message.words, len(seq_ids))
+        return dict(zip(seq_ids, rows, strict=True)), {}
+    if len(counts) != len(seq_ids) or min(counts) < 1:
+        raise PlanError(f"allowed_tokens: row_counts {list(counts)} for {len(seq_ids)} sequences")
+    if len(message.draft_token_ids) != sum(counts) - len(counts):
+        raise PlanError(
+            f"allowed_tokens: {len(message.draft_token_ids)} draft_token_ids for row_counts "
+            f"{list(counts)}"
+        )
+    rows = mask_rows(message.words, sum(counts))
+    first: dict[int, np.ndarray] = {}
+    drafting: dict[int, DraftRows] = {}
+    at = drafts_at = 0
+    for seq_id, count in zip(seq_ids, counts, strict=True):
+        if seq_id in first:
+            raise PlanError(f"allowed_tokens: sequence {seq_id} twice")
+        first[seq_id] = rows[at]
+        if count > 1:
+            drafts = tuple(message.draft_token_ids[drafts_at : drafts_at + count - 1])
+            drafting[seq_id] = DraftRows(rows[at : at + count], drafts)
+            drafts_at += count - 1
+        at += count
+    return first, drafting
 
 
 def allowed_ids(row: np.ndarray) -> np.ndarray:

@@ -30,26 +30,30 @@ if TYPE_CHECKING:
 
 class PendingMasks:
     def __init__(self) -> None:
-        # By step id: each deferred row's request and its num_preemptions when planned.
-        self._by_step: dict[int, list[tuple[Request, int]]] = {}
+        # By step id: each deferred row's request, its num_preemptions when planned and
+        # the drafts it may verify; and the plan's n-gram lookup (for those drafts).
+        self._by_step: dict[int, tuple[list[tuple[Request, int, int]], tuple | None]] = {}
 
     def note(self, plan: StepPlan, planned: Sequence[tuple[Request, int, bool, int]]) -> None:
         """Records a plan just made, if it defers rows."""
         if plan.deferred_mask_seq_ids:
             deferred = set(plan.deferred_mask_seq_ids)
-            self._by_step[plan.step_id] = [
-                (request, planned_at)
-                for request, planned_at, *_ in planned
+            rows = [
+                (request, planned_at, drafts)
+                for request, planned_at, _, drafts in planned
                 if request.seq_id in deferred
             ]
+            self._by_step[plan.step_id] = (rows, plan.ngram_lookup)
 
     def take(self, oldest_step_id: int | None) -> DeferredMasks | None:
         """The rows of the oldest plan in flight (every plan before it has answered),
         once; None if it defers none or they were taken already."""
-        deferred = self._by_step.pop(oldest_step_id, None)
-        if deferred is None:
+        noted = self._by_step.pop(oldest_step_id, None)
+        if noted is None:
             return None
-        return deferred_masks(oldest_step_id, deferred, deferred[0][0].structured.num_words)
+        deferred, lookup = noted
+        num_words = deferred[0][0].structured.num_words
+        return deferred_masks(oldest_step_id, deferred, num_words, lookup)
 
     def missing(self, plan: StepPlan, result: StepOutput) -> set[int]:
         """The plan's rows that sampled without their mask; raises RuntimeError for a

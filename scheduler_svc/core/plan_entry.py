@@ -8,7 +8,8 @@ planned and the token the plan samples as pending (async scheduling: the next pl
 built before this one's result), drafts as if every one will be accepted
 (core/speculation.py settles that when the result comes), and a constrained request
 that samples gets its allowed-token row now, or in a message after the result before
-this plan (pending_masks.py).
+this plan (pending_masks.py); one with drafts gets a row per position
+(structured/draft_masks.py).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ def add_to_plan(
     new_block_ids = blocks.append_slots(request.seq_id, end)
     request.num_computed_tokens = end
     if samples:
+        ahead = request.num_pending_samples > 0
         request.num_pending_samples += 1 + drafts
         if request.structured is None:
             pass
-        elif request.num_pending_samples > 1:
+        elif ahead:
             plan.deferred_mask_seq_ids.append(request.seq_id)  # take_deferred_masks
         else:
-            add_allowed_tokens(plan, request)
+            add_allowed_tokens(plan, request, drafts, ngram_lookup)
     if request.seen_by_worker:
         plan.continuing_sequences.append(
             ContinuingSequence(request.seq_id, num_scheduled, list(new_block_ids), drafts)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from cbserve.v1 import generation_pb2 as pb
+from common.ngram import NgramIndex
 from common.sampling_params import SamplingParams
 from scheduler_svc.core.draft_record import DraftRecord
 from scheduler_svc.structured.matcher import RequestMatcher
@@ -91,6 +92,9 @@ class Request:
     prompt_logprobs_sent: bool = field(default=False, init=False)
     # Speculative decoding: how its drafts have fared (None until it verified one).
     draft_record: DraftRecord | None = field(default=None, init=False, repr=False)
+    # A constrained request's n-grams, as the worker's lookup keeps them: its mask rows
+    # follow the drafts the worker proposes (structured/draft_masks.py).
+    ngram_index: NgramIndex | None = field(default=None, init=False, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

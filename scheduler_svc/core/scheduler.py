@@ -94,6 +94,7 @@ class Scheduler:
         deferred_masks: bool = False,
         drafts: bool = False,
         draft_row_cost: float = 0.0,
+        constrained_drafts: bool = False,
         kv_events: BlockEvents | None = None,
     ) -> None:
         """kv_events: told of blocks entering and leaving the prefix cache (KV events)."""
@@ -130,6 +131,7 @@ class Scheduler:
                 self.queue,
                 config.speculative_drafts,
                 draft_row_cost,
+                constrained_drafts,
             )
 
     @property

@@ -27,6 +27,9 @@ same row needs an acceptance near 1, which turns speculation off where vLLM's an
 llama.cpp's regress. A request given no drafts drifts back to the prior, so it tries
 again after a while. `--speculative-drafts fixed` gives every decode
 num_speculative_tokens instead, as vLLM does.
+
+Constrained requests follow the same rule, on a worker that reads a mask row per draft
+position (WorkerDescription.accepts_constrained_drafts; structured/draft_masks.py).
 """
 
 from __future__ import annotations
@@ -99,8 +102,11 @@ class Speculation:
         queue: AdmissionQueue,
         drafts: str = "adaptive",
         row_cost: float = 0.0,
+        constrained: bool = False,
     ):
         self.config = config
+        # The worker reads a mask row per draft position (constrained rows may draft).
+        self.constrained = constrained
         self.config_drafts = drafts  # SchedulerConfig.speculative_drafts
         self.stats = stats
         self.cost = StepCost(row_cost)
@@ -144,8 +150,8 @@ class Speculation:
     def draft_room(self, request: Request, batch_tokens: int, limit: int) -> int:
         """Drafts this decode may verify (0 to min(limit, num_speculative_tokens)), at a
         step of about batch_tokens tokens."""
-        if limit <= 0 or request.structured is not None:
-            return 0  # a grammar's next mask needs each token: no drafts
+        if limit <= 0 or (request.structured is not None and not self.constrained):
+            return 0
         if self.config_drafts == "fixed":
             return min(limit, self.config.num_speculative_tokens)
         record = request.draft_record

@@ -92,18 +92,53 @@ class RequestMatcher:
             raise ValueError(f"a mask row is {self.num_words} contiguous int32 words")
         self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
+    def fill_masks_after_drafts(self, drafts: Sequence[int], rows: np.ndarray) -> int:
+        """Row j of rows gets the allowed tokens after drafts[:j] (speculative decoding:
+        the rows a constrained sequence's draft positions sample with); returns how many
+        rows it filled, 1 to 1 + len(drafts). It stops at a draft the grammar forbids
+        (the row before it, filled, forbids it: that draft is surely rejected) and after
+        one that leaves nothing but EOS (the request ends there). The matcher is rolled
+        back to where it was: the drafts are never taken, only looked through, and a
+        forbidden one is never fed to it (that would leave it in an error state)."""
+        self.fill_mask(rows[0])
+        filled = consumed = 0
+        try:
+            for filled, draft in enumerate(drafts, start=1):
+                if not token_allowed(rows[filled - 1], draft):
+                    return filled
+                if not self._matcher.consume_token(draft):
+                    raise RuntimeError(f"the grammar refused draft {draft} its mask allows")
+                consumed += 1
+                if self._matcher.is_stopped():
+                    return filled
+                self.fill_mask(rows[filled])
+            return 1 + len(drafts)
+        finally:
+            if consumed:
+                self._matcher.rollback(consumed)
 
-def fill_mask_rows(matchers: Sequence[RequestMatcher], rows: np.ndarray) -> None:
-    """Row i of rows (C-contiguous int32, [>= len(matchers), num_words]) gets the
-    allowed next tokens of matchers[i]: by llguidance's pool when there are many."""
-    if rows.dtype != np.int32 or not rows.flags.c_contiguous or len(rows) < len(matchers):
+
+def token_allowed(row: np.ndarray, token_id: int) -> bool:
+    """Whether a mask row's bit for token_id is set."""
+    word = token_id >> 5
+    return 0 <= word < len(row) and bool((int(row[word]) >> (token_id & 31)) & 1)
+
+
+def fill_mask_rows(
+    matchers: Sequence[RequestMatcher], rows: np.ndarray, indices: Sequence[int]
+) -> None:
+    """Row indices[i] of rows (C-contiguous int32, [rows, num_words]) gets the allowed
+    next tokens of matchers[i]: by llguidance's pool when there are many."""
+    if rows.dtype != np.int32 or not rows.flags.c_contiguous or len(indices) != len(matchers):
         raise ValueError(f"mask rows are C-contiguous int32, one per matcher ({len(matchers)})")
     if len(matchers) < PARALLEL_MIN_ROWS:
-        for index, matcher in enumerate(matchers):
+        for index, matcher in zip(indices, matchers, strict=True):
             matcher.fill_mask(rows[index])
         return
     num_words = rows.shape[1]
     if any(matcher.num_words != num_words for matcher in matchers):
         raise ValueError(f"matcher rows must have {num_words} words")
-    pairs = [(matcher._matcher, index) for index, matcher in enumerate(matchers)]
+    if min(indices) < 0 or max(indices) >= len(rows):
+        raise ValueError(f"row indices out of range (0..{len(rows) - 1})")
+    pairs = [(matcher._matcher, index) for index, matcher in zip(indices, matchers, strict=True)]
     _pool().unsafe_compute_mask_ptr(pairs, rows.ctypes.data, num_words * 4, len(rows))

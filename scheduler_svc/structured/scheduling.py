@@ -11,14 +11,21 @@ import grpc
 
 from scheduler_svc.core.plan import DeferredMasks
 from scheduler_svc.structured.bitmask import TokenBitmask
+from scheduler_svc.structured.draft_masks import add_drafting_rows
 
 if TYPE_CHECKING:
     from scheduler_svc.core.plan import StepPlan
     from scheduler_svc.core.request import Request, RequestError, TokenLogprob
 
 
-def add_allowed_tokens(plan: StepPlan, request: Request) -> None:
-    """Adds the mask row of a constrained request that samples in this plan.
+def add_allowed_tokens(
+    plan: StepPlan,
+    request: Request,
+    num_drafts: int = 0,
+    ngram_lookup: tuple[int, int] | None = None,
+) -> None:
+    """Adds the mask row of a constrained request that samples in this plan (a row per
+    position where it may verify num_drafts drafts: draft_masks.py).
 
     A row goes in the plan only when no sample of the request is pending (else it is
     deferred: deferred_masks), so its output tokens are all it has: the matcher is
@@ -26,27 +33,38 @@ def add_allowed_tokens(plan: StepPlan, request: Request) -> None:
     row is the allowed next tokens.
     """
     matcher = request.structured
-    assert matcher is not None and request.num_pending_samples == 1, request.request_id
-    matcher.sync(request.output_token_ids)
+    assert matcher is not None and request.num_pending_samples == 1 + num_drafts, request
     if plan.allowed_tokens is None:
         plan.allowed_tokens = TokenBitmask(matcher.num_words)
+    if num_drafts:
+        add_drafting_rows(plan.allowed_tokens, request, num_drafts, ngram_lookup)
+        return
+    matcher.sync(request.output_token_ids)
     plan.allowed_tokens.add(request.seq_id, matcher)
 
 
 def deferred_masks(
-    step_id: int, deferred: Sequence[tuple[Request, int]], num_words: int
+    step_id: int,
+    deferred: Sequence[tuple[Request, int, int]],
+    num_words: int,
+    ngram_lookup: tuple[int, int] | None = None,
 ) -> DeferredMasks:
     """The rows of a plan's deferred_mask_seq_ids, once every plan before it has
     answered: each request that still runs as planned (same num_preemptions) has taken
     all its tokens but the one this plan samples, so its matcher is synced to its
-    output and its row is the allowed next tokens. A request that ended or was
-    preempted since gets no row: the worker samples it unconstrained and the
-    scheduler drops that token, as any token of a request gone since its plan."""
+    output and its row is the allowed next tokens (a row per position where it may
+    verify drafts: draft_masks.py; `deferred` gives each its planned drafts). A request
+    that ended or was preempted since gets no row: the worker samples it
+    unconstrained and the scheduler drops that token, as any token of a request gone
+    since its plan."""
     from scheduler_svc.core.request import RequestStatus
 
     mask = TokenBitmask(num_words)
-    for request, planned_at in deferred:
+    for request, planned_at, num_drafts in deferred:
         if request.status is not RequestStatus.RUNNING or request.num_preemptions != planned_at:
+            continue
+        if num_drafts:
+            add_drafting_rows(mask, request, num_drafts, ngram_lookup)
             continue
         matcher = request.structured
         matcher.sync(request.output_token_ids)

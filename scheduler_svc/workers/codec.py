@@ -16,6 +16,7 @@ from scheduler_svc.core.plan import (
     StepOutput,
     StepPlan,
 )
+from scheduler_svc.structured.bitmask import TokenBitmask
 
 
 def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
@@ -52,8 +53,7 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
     if plan.ngram_lookup is not None:
         message.ngram_lookup.min_n, message.ngram_lookup.max_n = plan.ngram_lookup
     if plan.allowed_tokens:
-        message.allowed_tokens.seq_ids.extend(plan.allowed_tokens.seq_ids)
-        message.allowed_tokens.words = plan.allowed_tokens.words
+        _write_mask(plan.allowed_tokens, message.allowed_tokens)
     if plan.deferred_mask_seq_ids:
         message.deferred_mask_seq_ids.extend(plan.deferred_mask_seq_ids)
         message.deferred_mask_timeout_seconds = plan.deferred_mask_timeout_s
@@ -66,9 +66,16 @@ def deferred_masks_to_proto(masks: DeferredMasks) -> wpb.StepPlan:
     # Set even with no row: its arrival is what the worker's sampler waits for.
     message.deferred_allowed_tokens.SetInParent()
     if masks.allowed_tokens:
-        message.deferred_allowed_tokens.seq_ids.extend(masks.allowed_tokens.seq_ids)
-        message.deferred_allowed_tokens.words = masks.allowed_tokens.words
+        _write_mask(masks.allowed_tokens, message.deferred_allowed_tokens)
     return message
+
+
+def _write_mask(mask: TokenBitmask, message: wpb.TokenBitmask) -> None:
+    message.seq_ids.extend(mask.seq_ids)
+    message.words = mask.words
+    if mask.has_drafts:  # a row per draft position somewhere: say how many each has
+        message.row_counts.extend(mask.row_counts)
+        message.draft_token_ids.extend(mask.draft_token_ids)
 
 
 def output_from_proto(result: wpb.StepResult) -> StepOutput:

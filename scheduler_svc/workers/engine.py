@@ -213,6 +213,7 @@ class WorkerEngine:
             max_in_flight=self.config.max_steps_in_flight,
             deferred_masks=description.accepts_deferred_masks,
             drafts=description.accepts_draft_tokens,
+            constrained_drafts=description.accepts_constrained_drafts,
             draft_row_cost=description.draft_row_cost,
             kv_events=self.kv_events,
         )

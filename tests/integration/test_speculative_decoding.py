@@ -2,7 +2,10 @@
 `--speculative-config` (n-gram drafts, vLLM's JSON) the stack streams exactly what it
 streams without, greedy, on float32, one request at a time and all at once; prompts
 whose answers repeat them get drafts accepted (the spec_decode counters say so) and
-take fewer steps than tokens; a JSON-schema reply still validates."""
+take fewer steps than tokens; a JSON-schema reply still validates. Constrained replies
+draft too (their masks follow the drafts, per position): greedy, they are those of the
+plain stack, with their masks after the plans (async scheduling) and in them (one plan
+at a time), and the counters show drafts verified and accepted for them."""
 
 from __future__ import annotations
 
@@ -13,8 +16,11 @@ import openai
 import pytest
 
 from cbserve.local_stack import free_port
+from cbserve.v1 import generation_pb2 as pb
 from tests.integration.stacks import started_stack, stop_stack
+from tests.integration.structured import WEATHER_TOOL
 from tests.integration.test_multi_step import all_at_once, one_at_a_time, steps_taken
+from tests.integration.test_structured_deferred import BOOK, WORK, replies
 
 SPECULATIVE = json.dumps(
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -43,16 +49,38 @@ def speculative_stack():
         worker_args=["--dtype", "float32"],
         # fixed: drafts in every decode, whatever the measured cost of a row on float32
         # here, so that the counters below have something to count.
-        scheduler_args=[
-            "--speculative-config",
-            SPECULATIVE,
-            "--speculative-drafts",
-            "fixed",
-            "--http-port",
-            str(port),
-        ],
+        scheduler_args=[*SPECULATIVE_FLAGS, "--http-port", str(port)],
     )
     running.http_port = port
+    yield running
+    stop_stack(running)
+
+
+SPECULATIVE_FLAGS = ["--speculative-config", SPECULATIVE, "--speculative-drafts", "fixed"]
+A_BOOK = {"title": "Dune", "author": {"first": "Frank", "last": "Herbert"}, "year": 1965}
+WEATHER = WEATHER_TOOL["function"]["parameters"]
+# Constrained replies whose text the prompt holds (drafts found and accepted), and
+# the deferred-mask test's, whose drafts are few.
+CONSTRAINED = [
+    (
+        f"Copy this JSON exactly: {json.dumps(A_BOOK)}",
+        pb.StructuredOutput(json_schema=json.dumps(BOOK)),
+    ),
+    (
+        'Answer in JSON like {"city": "Oslo", "unit": "celsius"}: the weather in Oslo?',
+        pb.StructuredOutput(json_schema=json.dumps(WEATHER)),
+    ),
+    *WORK,
+]
+
+
+@pytest.fixture(scope="module")
+def speculative_sync_stack():
+    """Speculation with one plan at a time: a constrained row's masks ride in its plan."""
+    running = started_stack(
+        worker_args=["--dtype", "float32"],
+        scheduler_args=[*SPECULATIVE_FLAGS, "--no-async-scheduling"],
+    )
     yield running
     stop_stack(running)
 
@@ -107,3 +135,20 @@ def test_a_json_schema_reply_validates_with_speculation_on(speculative_stack):
         )
     jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMA)
     assert reply.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("masks", ["deferred", "in the plan"])
+def test_greedy_constrained_replies_are_those_of_plain_decoding(
+    stack, speculative_stack, speculative_sync_stack, masks
+):
+    """Only constrained requests run while the counters are read: their drafts are the
+    ones counted, so the comparison is not vacuous."""
+    spec = speculative_stack if masks == "deferred" else speculative_sync_stack
+    before = counters(spec)
+    token_ids = replies(spec, CONSTRAINED)
+    after = counters(spec)
+    assert token_ids == replies(stack, CONSTRAINED)
+    assert all(ids[-1] == 2 for ids in token_ids)  # each reply ended with its EOS
+    grew = {name: after[name] - before.get(name, 0) for name in after}
+    assert grew["cbserve_spec_decode_num_draft_tokens_total"] > 0, grew
+    assert grew["cbserve_spec_decode_num_accepted_tokens_total"] > 0, grew

@@ -51,11 +51,11 @@ def one_plan_at_a_time():
     stop_stack(stack)
 
 
-def replies(stack) -> list[list[int]]:
+def replies(stack, work=WORK) -> list[list[int]]:
     token_ids = []
     with grpc.insecure_channel(stack.address) as channel:
         generate = pb_grpc.GenerationStub(channel).Generate
-        for text, constraint in WORK:
+        for text, constraint in work:
             request = pb.GenerateRequest(
                 chat=pb.Chat(messages=[pb.ChatMessage(role="user", content=text)]),
                 sampling=pb.SamplingParams(temperature=0.0, max_tokens=80),

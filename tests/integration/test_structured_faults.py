@@ -7,7 +7,9 @@ from those tokens, so the first mask there continues the text instead of startin
 the grammar again (which would put a second "{" in the reply) or trusting a state
 that counted a token the lost worker never sent. The kill comes once every stream
 has a few tokens, by progress rather than by the clock, as in test_worker_faults, on
-the same two workers (the session's `two_workers`, conftest.py).
+the same two workers (the session's `two_workers`, conftest.py); and once more on two
+workers that speculate (constrained rows verify n-gram drafts, their masks a row per
+draft position), so the kill also lands mid-speculation.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import signal
 
 import grpc
 import jsonschema
+import pytest
 
 from cbserve.local_stack import LocalStack
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
+from tests.integration.conftest import WORKER_ARGS, WORKER_TIMEOUT_S
 from tests.integration.liveness import requests_recomputed, wait_until, worker_connected
-from tests.integration.stacks import wait_until_idle
+from tests.integration.stacks import started_stack, stop_stack, wait_until_idle
+from tests.integration.test_speculative_decoding import SPECULATIVE_FLAGS
 from tests.integration.test_structured_outputs import SCHEMAS
 
 MAX_TOKENS = 64
@@ -83,8 +88,22 @@ async def run_with_kill(stack: LocalStack) -> tuple[list[tuple[str, int]], list[
     return list(zip(texts, reasons, strict=True)), at_kill
 
 
-def test_constrained_replies_validate_after_a_worker_is_killed_mid_run(two_workers):
-    stack = two_workers
+@pytest.fixture(scope="module")
+def two_speculative_workers():
+    """As the session's two workers, with n-gram speculation (fixed drafts)."""
+    running = started_stack(
+        num_workers=2,
+        worker_args=WORKER_ARGS,
+        worker_metrics_ports=[0, 0],
+        scheduler_args=["--worker-timeout", str(WORKER_TIMEOUT_S), *SPECULATIVE_FLAGS],
+    )
+    yield running
+    stop_stack(running)
+
+
+@pytest.mark.parametrize("workers", ["two_workers", "two_speculative_workers"])
+def test_constrained_replies_validate_after_a_worker_is_killed_mid_run(request, workers):
+    stack = request.getfixturevalue(workers)
     lost_address = f"127.0.0.1:{stack.worker_ports[0]}"
     assert worker_connected(stack, lost_address)
     recomputed_before = requests_recomputed(stack)
@@ -97,4 +116,8 @@ def test_constrained_replies_validate_after_a_worker_is_killed_mid_run(two_worke
         assert reason == pb.STOP, (text, pb.FinishReason.Name(reason))
         jsonschema.validate(json.loads(text), schema)
     wait_until_idle(stack)
-    print(f"\n[structured kill] {int(recomputed)} of {len(WORK)} recomputed; at kill {at_kill}")
+    drafts = stack.metrics().get("cbserve_spec_decode_num_draft_tokens_total", 0)
+    print(
+        f"\n[structured kill, {workers}] {int(recomputed)} of {len(WORK)} recomputed; at "
+        f"kill {at_kill}; draft tokens verified {int(drafts)}"
+    )

@@ -98,6 +98,14 @@ class FakeWorker(FakeDrafting):
         # Slots written so far, for tests that want to see what was (re)computed.
         self.num_slots_written = 0
         self.drafter = None  # fake_drafting.Drafter
+        # This step's masked sequences with a row per draft position: (allowed ids of
+        # each row, the drafts the rows follow).
+        self.draft_masks: dict[int, tuple[list[np.ndarray], list[int]]] = {}
+        # Every such mask: (seq_id, its output before the step, its rows, their drafts).
+        self.draft_mask_log: list[tuple[int, list[int], np.ndarray, list[int]]] = []
+        # Every drafting decode: (seq_id, its drafts, tokens emitted, the allowed ids of
+        # each position it could emit, None if free).
+        self.draft_log: list[tuple[int, list[int], int, list | None]] = []
 
     def step(self, plan: StepPlan, masks: DeferredMasks | None = None) -> StepOutput:
         """Runs a scheduler's plan (and its deferred masks, if they came) through the
@@ -139,6 +147,7 @@ class FakeWorker(FakeDrafting):
         self._check(len(set(seq_ids)) == len(seq_ids), f"a sequence twice in step {plan.step_id}")
         holders = self._holders()
         result = wpb.StepResult(step_id=plan.step_id)
+        self.draft_masks = {}
         for seq_id, n in scheduled:
             self._score_prompt(seq_id, n, result)
         sampling = [seq_id for seq_id, n in scheduled if self._compute(seq_id, n, holders)]
@@ -172,7 +181,8 @@ class FakeWorker(FakeDrafting):
                     self._check(self._compute(seq_id, 1, holders), "a decode that did not sample")
             for seq_id in sampling:
                 if seq_id in room:
-                    verified[seq_id] = self._verify(seq_id, room[seq_id], result, holders)
+                    masks = self._position_masks(seq_id, allowed)
+                    verified[seq_id] = self._verify(seq_id, room[seq_id], result, holders, masks)
                 else:
                     self._sample(seq_id, result, allowed.get(seq_id))
         result.num_tokens = sum(n for _, n in scheduled) + (num_steps - 1) * len(sampling)
@@ -257,14 +267,29 @@ class FakeWorker(FakeDrafting):
         self._check(
             max(plan.num_steps, 1) == 1, f"step {plan.step_id}: a mask in a multi-step plan"
         )
-        rows = np.frombuffer(mask.words, dtype="<i4").reshape(len(mask.seq_ids), -1)
+        counts = list(mask.row_counts) or [1] * len(mask.seq_ids)
+        self._check(len(counts) == len(mask.seq_ids), "row_counts not parallel to seq_ids")
+        self._check(
+            len(mask.draft_token_ids) == sum(counts) - len(counts), "draft_token_ids miscounted"
+        )
+        rows = np.frombuffer(mask.words, dtype="<i4").reshape(sum(counts), -1)
         allowed = {}
-        for seq_id, row in zip(mask.seq_ids, rows, strict=True):
+        at = drafts_at = 0
+        for seq_id, count in zip(mask.seq_ids, counts, strict=True):
             self._check(
                 seq_id in sampling,
                 f"step {plan.step_id}: a mask for {seq_id}, which does not sample",
             )
-            allowed[seq_id] = allowed_ids(row)
+            allowed[seq_id] = allowed_ids(rows[at])
+            if count > 1:
+                drafts = list(mask.draft_token_ids[drafts_at : drafts_at + count - 1])
+                self.draft_masks[seq_id] = ([allowed_ids(r) for r in rows[at : at + count]], drafts)
+                # What the rows followed: the output so far, then the drafts.
+                self.draft_mask_log.append(
+                    (seq_id, list(self.sequences[seq_id].sampled), rows[at : at + count], drafts)
+                )
+                drafts_at += count - 1
+            at += count
         return allowed
 
     def _sample(self, seq_id: int, result: wpb.StepResult, allowed: np.ndarray | None) -> int:

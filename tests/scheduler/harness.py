@@ -97,6 +97,7 @@ class Harness:
         max_model_len: int = 256,
         deferred_masks: bool = True,
         drafts: bool = False,
+        constrained_drafts: bool = True,
         **config,
     ) -> None:
         """`config`: further SchedulerConfig fields (prefix caching, bypasses, ...).
@@ -104,7 +105,9 @@ class Harness:
         One plan at a time unless async_scheduling=True is given: the step-by-step
         tests state what each plan holds after the result before it. deferred_masks:
         the worker accepts them (as this project's do), so constrained rows are
-        planned ahead of their samples under async scheduling.
+        planned ahead of their samples under async scheduling. drafts: the worker
+        verifies drafts; constrained_drafts: constrained rows too, with a mask row per
+        draft position (as this project's do).
         """
         self.clock = FakeClock()
         config.setdefault("async_scheduling", False)
@@ -116,6 +119,7 @@ class Harness:
             max_in_flight=scheduler_config.max_steps_in_flight,
             deferred_masks=deferred_masks,
             drafts=drafts,
+            constrained_drafts=constrained_drafts,
             num_blocks=num_blocks,
             block_size=block_size,
             max_model_len=max_model_len,

@@ -94,7 +94,9 @@ def test_a_mask_message_without_a_row_fails_that_row_only(compiler):
     # A scheduler bug that leaves one row out: the worker reports that row missing.
     index = rows.seq_ids.index(dropped.seq_id)
     rows.seq_ids.pop(index)
+    rows.row_counts.pop(index)
     rows._rows = rows._rows[[i for i in range(len(rows._rows)) if i != index]]
+    rows._num_rows -= 1
     harness.run()
     assert "mask" in harness.errors["dropped"].message
     assert json.loads(harness.text("kept")) == json.loads(ANSWER)

@@ -133,7 +133,10 @@ def test_a_request_moved_mid_speculation_resumes_token_identically():
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
-def test_constrained_requests_and_new_sequences_get_no_drafts(compiler, async_scheduling):
+def test_wrong_guesses_keep_a_constrained_reply_valid(compiler, async_scheduling):
+    """The fake's drafts here are not the n-gram lookup's, so the scheduler's draft
+    rows (test_scheduler_constrained_drafts.py) never follow them: the constrained row
+    emits one token a step, masked, and its reply stays valid."""
     harness = Harness(drafts=True, speculative_config=SPECULATE, async_scheduling=async_scheduling)
     harness.worker.drafter = guessing(harness, right=4)
     free(harness, "free", max_tokens=10)
@@ -143,7 +146,9 @@ def test_constrained_requests_and_new_sequences_get_no_drafts(compiler, async_sc
         plans.append(plan)
         check_books(harness.scheduler)
     drafted = {s.seq_id for p in plans for s in p.continuing_sequences if s.num_draft_tokens}
-    assert drafted == {harness.requests["free"].seq_id}
+    assert drafted == {harness.requests["free"].seq_id, harness.requests["json"].seq_id}
+    json_id = harness.requests["json"].seq_id
+    assert all(n == 1 for seq_id, _, n, _ in harness.worker.draft_log if seq_id == json_id)
     assert_valid(harness, "json")
     assert len(harness.token_ids("free")) == 10
 

@@ -159,9 +159,16 @@ def test_drafts_are_refused_where_they_cannot_be_verified(make_runner, tokenizer
         runner.execute(plan())
     with pytest.raises(PlanError, match="one-step plan"):
         runner.execute(plan(ngram_lookup=LOOKUP, num_steps=2))
-    masked = pb.TokenBitmask(seq_ids=[1], words=b"\xff" * 4 * -(-runner.reader.vocab_size // 32))
-    with pytest.raises(PlanError, match="constrained"):
+    # A constrained sequence's rows past its first follow drafts: no more than its room.
+    row = b"\xff" * 4 * -(-runner.reader.vocab_size // 32)
+    masked = pb.TokenBitmask(
+        seq_ids=[1], words=row * 6, row_counts=[6], draft_token_ids=[1, 2, 3, 4, 5]
+    )
+    with pytest.raises(PlanError, match="may verify 4 drafts"):
         runner.execute(plan(ngram_lookup=LOOKUP, allowed_tokens=masked))
+    miscounted = pb.TokenBitmask(seq_ids=[1], words=row * 3, row_counts=[3], draft_token_ids=[1])
+    with pytest.raises(PlanError, match="draft_token_ids"):
+        runner.execute(plan(ngram_lookup=LOOKUP, allowed_tokens=miscounted))
     assert runner.sequences[1].num_tokens == 15  # nothing changed
 
 

@@ -1,2 +1,2 @@
 """Speculative decoding on the worker: drafts proposed from a sequence's own tokens
-(ngram.py) and verified in the step that computes them (verify.py)."""
+(common/ngram.py) and verified in the step that computes them (verify.py)."""

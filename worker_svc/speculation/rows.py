@@ -1,5 +1,6 @@
 """A step's drafts and what its result says of them: proposing the drafts of the
-sequences a plan lets speculate, and the result's per-sequence counts.
+sequences a plan lets speculate (capped, for a constrained one, to the positions its
+masks cover), and the result's per-sequence counts.
 
 How the drafts are computed (each a decode row of its own) is step/flat_batch.py's;
 how they are accepted, verify.py's.
@@ -13,6 +14,7 @@ from types import MappingProxyType
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.sequence import SequenceState
 from worker_svc.step.description import NgramLookup
+from worker_svc.token_bitmask import DraftRows
 
 NO_DRAFTS: Mapping[int, list[int]] = MappingProxyType({})
 
@@ -31,6 +33,29 @@ def propose_drafts(
         if proposed:
             drafts[seq_id] = proposed
     return drafts
+
+
+def cap_masked_drafts(
+    drafts: Mapping[int, list[int]],
+    allowed: Mapping[int, object],
+    draft_rows: Mapping[int, DraftRows],
+) -> Mapping[int, list[int]]:
+    """The drafts a step verifies where masks came in its plan: a constrained sequence
+    keeps only the drafts whose next position has a row that followed them (the
+    scheduler's rows stop at a draft the grammar forbids, whose row forbids it, so
+    that draft could never be accepted: dropping it before the forward changes no
+    token)."""
+    capped = dict(drafts)
+    for seq_id, proposed in drafts.items():
+        if seq_id not in allowed:
+            continue
+        rows = draft_rows.get(seq_id)
+        keep = rows.usable_positions(proposed) - 1 if rows is not None else 0
+        if keep:
+            capped[seq_id] = proposed[:keep]
+        else:
+            del capped[seq_id]
+    return capped
 
 
 def record_counts(result: worker_pb2.StepResult, verified: Mapping[int, tuple[int, int]]) -> None:

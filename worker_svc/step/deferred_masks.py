@@ -18,7 +18,7 @@ and the worker and every other row go on.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from types import MappingProxyType
 
 import numpy as np
@@ -26,7 +26,7 @@ import structlog
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from worker_svc.errors import PlanError
-from worker_svc.token_bitmask import mask_rows
+from worker_svc.token_bitmask import DraftRows, read_mask
 
 log = structlog.get_logger("worker_svc.deferred_masks")
 
@@ -83,9 +83,11 @@ class StepMasks:
         deferred: Collection[int] = (),
         mailbox: MaskMailbox | None = None,
         timeout_s: float = 0.0,
+        inline_draft_rows: Mapping[int, DraftRows] = MappingProxyType({}),
     ) -> None:
         self.step_id = step_id
         self._rows = inline
+        self._draft_rows = inline_draft_rows
         self._deferred = deferred
         self._mailbox = mailbox
         self._timeout_s = timeout_s if timeout_s > 0 else DEFAULT_TIMEOUT_S
@@ -101,14 +103,32 @@ class StepMasks:
         return bool(self._deferred)
 
     def rows(self) -> Mapping[int, np.ndarray]:
-        """seq_id -> row; waits once for the deferred rows, if any."""
+        """seq_id -> (first) row; waits once for the deferred rows, if any."""
         if self._deferred:
             deferred, self._deferred = self._deferred, ()
-            self._rows = {**self._rows, **self._arrived_rows(deferred)}
+            first, drafting = self._arrived_rows(deferred)
+            self._rows = {**self._rows, **first}
+            if drafting:
+                self._draft_rows = {**self._draft_rows, **drafting}
             self.missing = [sid for sid in deferred if sid not in self._rows]
         return self._rows
 
-    def _arrived_rows(self, deferred: Collection[int]) -> dict[int, np.ndarray]:
+    def position_rows(self, seq_id: int, drafts: Sequence[int]) -> list[np.ndarray] | None:
+        """The rows a sequence that verifies `drafts` (its own) samples its positions
+        with, one per position it may emit (1 to 1 + len(drafts)): where the scheduler
+        masked draft positions (token_bitmask.DraftRows), those whose rows followed
+        these very drafts; else its one row. None where it is not masked. After rows()."""
+        first = self._rows.get(seq_id)
+        if first is None:
+            return None
+        extra = self._draft_rows.get(seq_id)
+        if extra is None or not drafts:
+            return [first]
+        return [first, *extra.rows[1 : extra.usable_positions(drafts)]]
+
+    def _arrived_rows(
+        self, deferred: Collection[int]
+    ) -> tuple[dict[int, np.ndarray], dict[int, DraftRows]]:
         message = self._mailbox.take(self.step_id, self._timeout_s) if self._mailbox else None
         if message is None:
             # Rows left out of a message that came are no news (their requests ended
@@ -119,15 +139,16 @@ class StepMasks:
                 seq_ids=sorted(deferred),
                 waited_s=self._timeout_s,
             )
-            return {}
+            return {}, {}
         if not message.seq_ids:
-            return {}
+            return {}, {}
         try:
-            rows = mask_rows(message.words, len(message.seq_ids))
+            first, drafting = read_mask(message)
         except PlanError as error:  # a malformed message: its rows count as missing
             log.warning("deferred_masks_malformed", step_id=self.step_id, error=str(error))
-            return {}
-        return {sid: row for sid, row in zip(message.seq_ids, rows, strict=True) if sid in deferred}
+            return {}, {}
+        first = {sid: row for sid, row in first.items() if sid in deferred}
+        return first, {sid: rows for sid, rows in drafting.items() if sid in first}
 
 
 # A step without masks: what multi-step's later steps use.

@@ -21,10 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from worker_svc.token_bitmask import DraftRows
 
 # The masks of a step that has none: one shared, read-only, empty mapping.
 NO_MASKS: Mapping[int, np.ndarray] = MappingProxyType({})
@@ -61,7 +65,7 @@ class ContinuingSequence:
 
 @dataclass(frozen=True, slots=True)
 class NgramLookup:
-    """How the worker proposes drafts (speculation/ngram.py): suffixes of min_n..max_n."""
+    """How the worker proposes drafts (common/ngram.py): suffixes of min_n..max_n."""
 
     min_n: int
     max_n: int
@@ -80,6 +84,9 @@ class Step:
     # seq_id -> its allowed-token row (token_bitmask.py), for constrained rows; one-step
     # plans only: the next row needs this step's token.
     allowed_tokens: Mapping[int, np.ndarray] = field(default_factory=dict)
+    # seq_id -> all its rows, for a constrained sequence whose mask follows its drafts
+    # (one row per position it may emit: token_bitmask.DraftRows).
+    allowed_draft_rows: Mapping[int, DraftRows] = field(default_factory=lambda: NO_MASKS)
     # Constrained rows whose mask follows in a message of its own (deferred_masks.py);
     # the sampler waits for it up to deferred_mask_timeout_s (0: the worker's default).
     deferred_mask_seq_ids: frozenset[int] = frozenset()

@@ -30,7 +30,7 @@ from worker_svc.step.description import (
     NgramLookup,
     Step,
 )
-from worker_svc.token_bitmask import mask_rows
+from worker_svc.token_bitmask import DraftRows, read_mask
 
 if TYPE_CHECKING:
     import numpy as np
@@ -71,9 +71,9 @@ class PlanReader:
             self._check_continuing(self._held(sid, held, gone, listed), 1, 0, lookahead)
         mask = plan.allowed_tokens
         masked = mask.seq_ids or mask.words
-        allowed = self._masks(mask, num_steps, listed) if masked else NO_MASKS
+        allowed, draft_rows = self._masks(mask, num_steps, listed) if masked else (NO_MASKS, {})
         deferred = self._deferred(plan, num_steps, listed, allowed)
-        lookup = self._ngram_lookup(plan, continuing, allowed.keys() | deferred)
+        lookup = self._ngram_lookup(plan, continuing, draft_rows)
         return Step(
             step_id=plan.step_id,
             num_steps=num_steps,
@@ -82,6 +82,7 @@ class PlanReader:
             continuing_sequences=tuple(continuing),
             decode_seq_ids=decodes,
             allowed_tokens=allowed,
+            allowed_draft_rows=draft_rows or NO_MASKS,
             deferred_mask_seq_ids=deferred,
             deferred_mask_timeout_s=max(plan.deferred_mask_timeout_seconds, 0.0),
             ngram_lookup=lookup,
@@ -157,13 +158,19 @@ class PlanReader:
 
     @staticmethod
     def _ngram_lookup(
-        plan: wpb.StepPlan, continuing: list[ContinuingSequence], masked: Collection[int]
+        plan: wpb.StepPlan, continuing: list[ContinuingSequence], draft_rows: Mapping
     ) -> NgramLookup | None:
-        drafting = [c.seq_id for c in continuing if c.num_draft_tokens]
-        if not drafting:
+        """The plan's lookup where it has drafts. A constrained sequence's rows past its
+        first need that many drafts it may verify."""
+        room = {c.seq_id: c.num_draft_tokens for c in continuing if c.num_draft_tokens}
+        for sid, rows in draft_rows.items():
+            if len(rows.drafts) > room.get(sid, 0):
+                raise PlanError(
+                    f"allowed_tokens: sequence {sid} has {len(rows.rows)} rows but may "
+                    f"verify {room.get(sid, 0)} drafts"
+                )
+        if not room:
             return None
-        if any(sid in masked for sid in drafting):
-            raise PlanError("a constrained sequence (allowed_tokens) cannot verify drafts")
         lookup = plan.ngram_lookup
         if not 1 <= lookup.min_n <= lookup.max_n:
             raise PlanError(
@@ -236,14 +243,12 @@ class PlanReader:
     @staticmethod
     def _masks(
         mask: wpb.TokenBitmask, num_steps: int, planned: Collection[int]
-    ) -> Mapping[int, np.ndarray]:
-        """seq_id -> its mask row. Plain decodes and the others count as planned alike."""
+    ) -> tuple[Mapping[int, np.ndarray], Mapping[int, DraftRows]]:
+        """seq_id -> its (first) mask row, and the rows of sequences that verify drafts.
+        Plain decodes and the others count as planned alike."""
         if num_steps > 1 and mask.seq_ids:
             raise PlanError(f"a plan of {num_steps} steps has allowed_tokens: one step only")
-        rows = mask_rows(mask.words, len(mask.seq_ids))
-        allowed = {}
-        for seq_id, row in zip(mask.seq_ids, rows, strict=True):
-            if seq_id not in planned or seq_id in allowed:
-                raise PlanError(f"allowed_tokens: sequence {seq_id} is not in the plan, or twice")
-            allowed[seq_id] = row
-        return allowed
+        allowed, draft_rows = read_mask(mask)
+        if len(allowed) != len(mask.seq_ids) or not allowed.keys() <= planned:
+            raise PlanError("allowed_tokens: a sequence not in the plan, or twice")
+        return allowed, draft_rows

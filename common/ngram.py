@@ -2,8 +2,12 @@
 sequence's tokens is what followed the last earlier occurrence of their longest suffix
 of min_n..max_n tokens.
 
-Why on the worker: with async scheduling the scheduler plans step N+1 before step N's
-token is back, so only the worker knows the token a draft must follow. Why an index:
+The worker proposes with it (with async scheduling the scheduler plans step N+1
+before step N's token is back, so only the worker knows the token a draft must
+follow). The scheduler runs the same code for a constrained sequence when it builds
+its mask rows (scheduler_svc/structured/draft_masks.py): once it has taken the token
+a draft follows, the proposal is a function of the tokens and (k, min_n, max_n)
+alone, so it knows the worker's drafts and masks each position after them. Why an index:
 searching the whole sequence for each suffix every step costs O(length) Python per
 row; a dict from each n-gram to where it last ended is kept up to date with each
 appended token (O(max_n - min_n + 1) per token), and a lookup is a few dict probes.
