@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.micro.step_profile [--batch 64] [--context 200 | 100:1500]
         [--prefill 0] [--threads 2] [--dtype float32] [--attention-backend auto|torch|cpu]
-        [--profile] [--steps 5] [--compile]
+        [--profile] [--steps 5] [--compile] [--model PATH]
 
 The step is what a worker runs under the serving benchmark: `batch` sequences
 decoding one token each, over `context` tokens of KV (one length, or a uniform
@@ -87,6 +87,7 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None, help="as the worker's --model")
     parser.add_argument("--profile", action="store_true", help="print torch's operator table")
     parser.add_argument(
         "--compile", action="store_true", help="the worker's --compile (torch.compile)"
@@ -99,7 +100,11 @@ def main() -> None:
     decode_room = max(DECODE_ROOM, args.steps + 2 + 2)
     blocks_needed = sum(-(-(c + decode_room) // 16) for c in contexts) + args.prefill // 16 + 2
     runner = make_runner(
-        args.dtype, blocks_needed, attention=args.attention_backend, compile=args.compile
+        args.dtype,
+        blocks_needed,
+        attention=args.attention_backend,
+        compile=args.compile,
+        model=args.model,
     )
     set_up_started = time.perf_counter()
     free = set_up(runner, contexts, args.seed, decode_room)
