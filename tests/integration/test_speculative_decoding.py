@@ -137,13 +137,21 @@ def test_a_json_schema_reply_validates_with_speculation_on(speculative_stack):
     assert reply.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("masks", ["deferred", "in the plan"])
+# Masks in the plan (no async scheduling) in the slow tier: a float32 stack of its own
+# and 20 s of the suite, where the fake worker's tests (tests/scheduler/
+# test_scheduler_constrained_drafts.py) and the real model's step (tests/worker/
+# test_constrained_drafts.py) cover that path in make test.
+@pytest.mark.parametrize("masks", ["deferred", pytest.param("in the plan", marks=pytest.mark.slow)])
 def test_greedy_constrained_replies_are_those_of_plain_decoding(
-    stack, speculative_stack, speculative_sync_stack, masks
+    request, stack, speculative_stack, masks
 ):
     """Only constrained requests run while the counters are read: their drafts are the
     ones counted, so the comparison is not vacuous."""
-    spec = speculative_stack if masks == "deferred" else speculative_sync_stack
+    spec = (
+        speculative_stack
+        if masks == "deferred"
+        else request.getfixturevalue("speculative_sync_stack")
+    )
     before = counters(spec)
     token_ids = replies(spec, CONSTRAINED)
     after = counters(spec)
