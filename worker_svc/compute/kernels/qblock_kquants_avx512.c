@@ -23,6 +23,7 @@
 
 #include "qblock_kquants.h"
 #include "qblock_kquants_stage.h"
+#include "qblock_small_cases.h"
 
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -260,32 +261,7 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
             y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
-/* Four rows with 1-4 rows of x, two with 5-8 (RR * MM <= 16 accumulators), so that a
- * decode of up to 8 sequences builds each weight once; a partial tile row by row. */
-#define SMALL_CASES(FORMAT)                                                                   \
-    if (rows == 4) {                                                                          \
-        switch (m_count) {                                                                    \
-        case 1: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 1); break;                       \
-        case 2: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 2); break;                       \
-        case 3: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 3); break;                       \
-        case 4: small(w, row_bytes, x, k, y, ldy, FORMAT, 4, 4); break;                       \
-        default:                                                                              \
-            for (int64_t r = 0; r < 4; r += 2) {                                              \
-                const uint8_t *w2 = w + r * row_bytes;                                        \
-                switch (m_count) {                                                            \
-                case 5: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 5); break;          \
-                case 6: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 6); break;          \
-                case 7: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 7); break;          \
-                default: small(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 8); break;         \
-                }                                                                             \
-            }                                                                                 \
-        }                                                                                     \
-    } else {                                                                                  \
-        for (int64_t r = 0; r < rows; r++)                                                    \
-            for (int64_t i = 0; i < m_count; i++)                                             \
-                small(w + r * row_bytes, row_bytes, x + i * k, k, y + i * ldy + r, ldy,       \
-                      FORMAT, 1, 1);                                                          \
-    }
+#define SMALL_CASES(FORMAT) QBLOCK_SMALL_CASES(small, FORMAT)
 
 AVX512_TARGET void kq_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes,
                                         int64_t rows, const float *x, int64_t m_count,

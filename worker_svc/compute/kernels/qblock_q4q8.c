@@ -20,6 +20,7 @@
 
 #include "qblock_half.h"
 #include "qblock_q4q8.h"
+#include "qblock_small_cases.h"
 
 enum { FORMAT_Q4_1 = QBLOCK_FORMAT_Q4_1, FORMAT_Q8_0 = QBLOCK_FORMAT_Q8_0 };
 enum { Q4_1_BYTES = QBLOCK_Q4_1_BYTES, Q8_0_BYTES = QBLOCK_Q8_0_BYTES, QK = 32 };
@@ -162,34 +163,7 @@ AVX512_TARGET INLINE void small_avx512(const uint8_t *w, int64_t row_bytes, cons
             y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 
-/* Four weight rows with 1-4 rows of x, two with 5-8 (RR * MM <= 16 accumulators), so
- * that a decode of up to 8 rows (a few sequences, or one with its drafts) unpacks each
- * block once: through the buffer, 5 rows cost as much as 8 (bench.micro.step_profile).
- * A partial tile goes row by row. */
-#define SMALL_CASES(FORMAT)                                                                       \
-    if (rows == 4) {                                                                              \
-        switch (m_count) {                                                                        \
-        case 1: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 1); break;                    \
-        case 2: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 2); break;                    \
-        case 3: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 3); break;                    \
-        case 4: small_avx512(w, row_bytes, x, k, y, ldy, FORMAT, 4, 4); break;                    \
-        default:                                                                                  \
-            for (int64_t r = 0; r < 4; r += 2) {                                                  \
-                const uint8_t *w2 = w + r * row_bytes;                                            \
-                switch (m_count) {                                                                \
-                case 5: small_avx512(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 5); break;       \
-                case 6: small_avx512(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 6); break;       \
-                case 7: small_avx512(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 7); break;       \
-                default: small_avx512(w2, row_bytes, x, k, y + r, ldy, FORMAT, 2, 8); break;      \
-                }                                                                                 \
-            }                                                                                     \
-        }                                                                                         \
-    } else {                                                                                      \
-        for (int64_t r = 0; r < rows; r++)                                                        \
-            for (int64_t i = 0; i < m_count; i++)                                                 \
-                small_avx512(w + r * row_bytes, row_bytes, x + i * k, k, y + i * ldy + r, ldy,    \
-                             FORMAT, 1, 1);                                                       \
-    }
+#define SMALL_CASES(FORMAT) QBLOCK_SMALL_CASES(small_avx512, FORMAT)
 
 /* rows <= 4 weight rows times m_count <= Q4Q8_SMALL_M rows of x. */
 AVX512_TARGET void q4q8_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes,
