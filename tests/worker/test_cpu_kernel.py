@@ -34,7 +34,18 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "head_dim", "block_size"),
-    [(9, 3, 64, 16), (6, 2, 16, 4), (4, 4, 32, 8), (8, 1, 64, 1), (14, 2, 20, 5)],
+    [
+        (9, 3, 64, 16),
+        (6, 2, 16, 4),
+        (4, 4, 32, 8),
+        (8, 1, 64, 1),
+        (14, 2, 20, 5),
+        # The AVX-512 float16 kernel's shapes: head_dim 64 in chunks of up to 4 query
+        # heads (a group of 5 is 4 + 1), 128 in chunks of 2, blocks of 16 keys or fewer.
+        (10, 2, 64, 16),
+        (16, 2, 128, 16),
+        (3, 1, 128, 12),
+    ],
 )
 def test_kernel_matches_sdpa(heads, kv_heads, head_dim, block_size, cache_dtype):
     gen = torch.Generator().manual_seed(heads * head_dim + block_size)

@@ -51,6 +51,58 @@ static inline void prefetch_rows(const void *first, int64_t rows, int64_t stride
     prefetch_rows_to(first, rows, stride_bytes, row_bytes, 0);
 }
 
+/* While block b's keys are scored (both kernels): the next block's key rows into L1, the
+ * one after into L2, and block b's values into L2 for the value pass. A decode's KV comes
+ * from memory (the weights stream through the caches between layers), and one block of
+ * lookahead covers too little of a miss's latency. `elem` is the cache's element size;
+ * block_stride and kv_offset count elements, the rest bytes. */
+static inline void prefetch_block(const char *k_cache, const char *v_cache, int64_t elem,
+                                  const int32_t *table, int64_t b, int64_t num_blocks,
+                                  int64_t start, int64_t n, int64_t len, int64_t block_size,
+                                  int64_t block_stride, int64_t kv_offset, int64_t stride_bytes,
+                                  int64_t row_bytes)
+{
+    const int64_t left = len - start - n;
+    if (b + 1 < num_blocks)
+        prefetch_rows(k_cache + ((int64_t)table[b + 1] * block_stride + kv_offset) * elem,
+                      left < block_size ? left : block_size, stride_bytes, row_bytes);
+    if (b + 2 < num_blocks)
+        prefetch_rows_to(k_cache + ((int64_t)table[b + 2] * block_stride + kv_offset) * elem,
+                         left - block_size < block_size ? left - block_size : block_size,
+                         stride_bytes, row_bytes, 1);
+    prefetch_rows_to(v_cache + ((int64_t)table[b] * block_stride + kv_offset) * elem, n,
+                     stride_bytes, row_bytes, 1);
+}
+
+#define prefetch_ahead(k_cache, v_cache, ...)                                                  \
+    prefetch_block((const char *)(k_cache), (const char *)(v_cache), sizeof *(k_cache),      \
+                   __VA_ARGS__)
+
+/* Each query head's softmax over its `count` scores, in place, leaving exp(s - max); the
+ * division by the sum waits for the end of the value pass (inv_sum). With `stats` (a
+ * part of a split item) each head's maximum and sum too, for the merge. */
+static inline void softmax_scores(float *scores, int64_t count, int64_t group, float *inv_sum,
+                                  float *stats)
+{
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores + g * count;
+        float max = s[0];
+        for (int64_t t = 1; t < count; t++)
+            max = s[t] > max ? s[t] : max;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < count; t++) {
+            s[t] = expf(s[t] - max);
+            sum += s[t];
+        }
+        inv_sum[g] = 1.0f / sum;
+        if (stats) {
+            stats[2 * g] = max;
+            stats[2 * g + 1] = sum;
+        }
+    }
+}
+
 /* A float32 block's rows are read where they lie. */
 static inline const float *rows_f32(const float *block, int64_t n, int64_t token_stride,
                                     int64_t head_dim, float *buffer, int64_t *stride)
@@ -77,6 +129,10 @@ static inline const float *rows_f16(const uint16_t *block, int64_t n, int64_t to
 #undef KV_T
 #undef KV_ROWS
 #undef ATTEND_NAME
+
+#if defined(__AVX512F__)
+#include "paged_decode_f16_avx512.h"
+#endif
 
 #define KV_T uint16_t
 #define KV_ROWS rows_f16
@@ -107,6 +163,11 @@ void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
                            float scale, float *stats)
 {
+#if defined(__AVX512F__)
+    if (attend_f16_avx512(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim,
+                          block_size, token_stride, block_stride, kv_offset, scale, stats))
+        return;
+#endif
     if (head_dim == 64)
         attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size, token_stride,
                    block_stride, kv_offset, scale, stats);

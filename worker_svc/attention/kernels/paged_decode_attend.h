@@ -38,21 +38,8 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
         const int64_t skip = first > start ? first - start : 0;
-        if (b + 1 < num_blocks)
-            prefetch_rows(k_cache + (int64_t)table[b + 1] * block_stride + kv_offset,
-                          len - start - n < block_size ? len - start - n : block_size,
-                          token_stride * (int64_t)sizeof(KV_T), row_bytes);
-        /* Two blocks ahead into L2, and this block's values for pass 2: a decode's KV
-         * comes from memory (the weights stream through the caches between layers), and
-         * one block of lookahead covers too little of a miss's latency. */
-        if (b + 2 < num_blocks)
-            prefetch_rows_to(k_cache + (int64_t)table[b + 2] * block_stride + kv_offset,
-                             len - start - n - block_size < block_size
-                                 ? len - start - n - block_size
-                                 : block_size,
-                             token_stride * (int64_t)sizeof(KV_T), row_bytes, 1);
-        prefetch_rows_to(v_cache + (int64_t)table[b] * block_stride + kv_offset, n,
-                         token_stride * (int64_t)sizeof(KV_T), row_bytes, 1);
+        prefetch_ahead(k_cache, v_cache, table, b, num_blocks, start, n, len, block_size,
+                       block_stride, kv_offset, token_stride * (int64_t)sizeof(KV_T), row_bytes);
         const float *keys = KV_ROWS(block, n, token_stride, head_dim, buffer, &stride);
         for (int64_t g = 0; g < group; g++) {
             const float *qg = q + g * head_dim;
@@ -72,25 +59,8 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
                   len - first_block * block_size < block_size ? len - first_block * block_size
                                                               : block_size,
                   token_stride * (int64_t)sizeof(KV_T), row_bytes);
-    /* Softmax per query head; the division waits for the end of pass 2. */
     float inv_sum[group];
-    for (int64_t g = 0; g < group; g++) {
-        float *s = scores + g * count;
-        float max = s[0];
-        for (int64_t t = 1; t < count; t++)
-            max = s[t] > max ? s[t] : max;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < count; t++) {
-            s[t] = expf(s[t] - max);
-            sum += s[t];
-        }
-        inv_sum[g] = 1.0f / sum;
-        if (stats) { /* a part of a split item: what merging the parts needs */
-            stats[2 * g] = max;
-            stats[2 * g + 1] = sum;
-        }
-    }
+    softmax_scores(scores, count, group, inv_sum, stats);
     /* Pass 2: out_g = sum_t p[g][t] v_t, one block and one query head at a time so the
      * running row stays in registers across the block's tokens. */
     memset(out, 0, sizeof(float) * group * head_dim);
