@@ -123,7 +123,7 @@ SCHEMAS = [closed(schema) for schema in SCHEMAS]
 # The issue's load: 32 unconstrained streams in the same batches as the constrained
 # requests; short ones, enough to run through the constrained requests' prefill and
 # first steps, so that the module stays quick on 2 cores.
-FREE_STREAMS = 32
+FREE_STREAMS = 16
 FREE_TOKENS = 24
 
 
