@@ -56,6 +56,20 @@ static inline void prefetch_rows(const void *first, int64_t rows, int64_t stride
  * from memory (the weights stream through the caches between layers), and one block of
  * lookahead covers too little of a miss's latency. `elem` is the cache's element size;
  * block_stride and kv_offset count elements, the rest bytes. */
+/* Block b + 1's rows (its first `left` keys at most) into L1, where there is one. */
+static inline void prefetch_next_block(const char *cache, int64_t elem, const int32_t *table,
+                                       int64_t b, int64_t num_blocks, int64_t left,
+                                       int64_t block_size, int64_t block_stride,
+                                       int64_t kv_offset, int64_t stride_bytes, int64_t row_bytes)
+{
+    if (b + 1 < num_blocks)
+        prefetch_rows(cache + ((int64_t)table[b + 1] * block_stride + kv_offset) * elem,
+                      left < block_size ? left : block_size, stride_bytes, row_bytes);
+}
+
+#define prefetch_next(cache, ...)                                                              \
+    prefetch_next_block((const char *)(cache), sizeof *(cache), __VA_ARGS__)
+
 static inline void prefetch_block(const char *k_cache, const char *v_cache, int64_t elem,
                                   const int32_t *table, int64_t b, int64_t num_blocks,
                                   int64_t start, int64_t n, int64_t len, int64_t block_size,
@@ -63,9 +77,8 @@ static inline void prefetch_block(const char *k_cache, const char *v_cache, int6
                                   int64_t row_bytes)
 {
     const int64_t left = len - start - n;
-    if (b + 1 < num_blocks)
-        prefetch_rows(k_cache + ((int64_t)table[b + 1] * block_stride + kv_offset) * elem,
-                      left < block_size ? left : block_size, stride_bytes, row_bytes);
+    prefetch_next_block(k_cache, elem, table, b, num_blocks, left, block_size, block_stride,
+                        kv_offset, stride_bytes, row_bytes);
     if (b + 2 < num_blocks)
         prefetch_rows_to(k_cache + ((int64_t)table[b + 2] * block_stride + kv_offset) * elem,
                          left - block_size < block_size ? left - block_size : block_size,

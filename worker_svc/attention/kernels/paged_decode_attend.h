@@ -69,10 +69,8 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
         const int64_t skip = first > start ? first - start : 0;
-        if (b + 1 < num_blocks)
-            prefetch_rows(v_cache + (int64_t)table[b + 1] * block_stride + kv_offset,
-                          len - start - n < block_size ? len - start - n : block_size,
-                          token_stride * (int64_t)sizeof(KV_T), row_bytes);
+        prefetch_next(v_cache, table, b, num_blocks, len - start - n, block_size, block_stride,
+                      kv_offset, token_stride * (int64_t)sizeof(KV_T), row_bytes);
         const float *values = KV_ROWS(block, n, token_stride, head_dim, buffer, &stride);
         for (int64_t g = 0; g < group; g++) {
             const float *p = scores + g * count + start - first;

@@ -127,10 +127,8 @@ static inline __attribute__((always_inline)) void heads_avx512(
         const int64_t start = b * block_size;
         const int64_t n = len - start < block_size ? len - start : block_size;
         const int64_t skip = first > start ? first - start : 0;
-        if (b + 1 < num_blocks)
-            prefetch_rows(v_cache + (int64_t)table[b + 1] * block_stride + kv_offset,
-                          len - start - n < block_size ? len - start - n : block_size,
-                          stride_bytes, row_bytes);
+        prefetch_next(v_cache, table, b, num_blocks, len - start - n, block_size, block_stride,
+                      kv_offset, stride_bytes, row_bytes);
         block_values_avx512(acc, v_cache + (int64_t)table[b] * block_stride + kv_offset,
                             token_stride, skip, n, scores + start - first, count, HEADS, D16);
     }
