@@ -88,12 +88,7 @@ VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_byt
             }
         }
     }
-    /* Transpose 32-bit words: lane r of vector k2 is row r's int16 at 2*k2 and 2*k2+1. */
-    const __m512i index = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
-                                                               11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32((int)(k / 2)));
-    for (int64_t k2 = 0; k2 < k / 2; k2++)
-        _mm512_storeu_si512(wq + k2 * 32, _mm512_i32gather_epi32(index, tmp + 2 * k2, 4));
+    qblock_vnni_transpose_panel(tmp, k, wq); /* as qblock_vnni.c's panels */
 }
 
 /* MM rows of x (a constant after inlining) against one packed panel, QB weights a scale. */
