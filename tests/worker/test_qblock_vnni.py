@@ -93,3 +93,19 @@ def test_this_cpus_measured_thresholds_are_the_default():
     assert (layer.vnni_from_m, layer.dense_from_m) == (here.vnni_from_m, here.dense_from_m)
     assert closest_measured(ICE_LAKE).qblock == QBlockStrategy(vnni_from_m=256, dense_from_m=None)
     assert closest_measured(ICE_LAKE | {"avx512_bf16"}).qblock == QBlockStrategy()
+
+
+@pytest.mark.parametrize("k", [32, 256, 1536])
+def test_a_panel_is_transposed_word_by_word(k):
+    """qblock_vnni_transpose_panel: vector k2 holds every row's int16 pair at 2 * k2, the
+    layout the panel's vpdpwssd reads (the 16 x 16 register transpose's shuffles each
+    move a different lane: a wrong immediate shows here as a misplaced pair)."""
+    import ctypes
+
+    gen = torch.Generator().manual_seed(k)
+    rows = torch.randint(-32768, 32767, (16, k), generator=gen, dtype=torch.int16)
+    packed = torch.empty(k // 2, 16, 2, dtype=torch.int16)
+    load_vnni_kernel().qblock_vnni_transpose_panel(
+        ctypes.c_void_p(rows.data_ptr()), ctypes.c_int64(k), ctypes.c_void_p(packed.data_ptr())
+    )
+    assert torch.equal(packed, rows.view(16, k // 2, 2).permute(1, 0, 2))
