@@ -29,8 +29,9 @@ from worker_svc.compute.qblock import (
 # (compute/measured.py, QBlockStrategy; bench/qblock_bench.py prints the figures):
 # - below both thresholds, the float block kernel (weights dequantized in registers);
 # - from `vnni_from_m`, where the CPU has AVX-512 VNNI, 16-bit activation blocks and
-#   integer dot products (kernels/qblock_vnni.c): on Zen 4, 140 vs 79 (float kernel)
-#   GFLOP/s at M = 64; on Ice Lake the float kernel leads up to M = 128;
+#   integer dot products (kernels/qblock_vnni.c): on Zen 4, 270-320 GFLOP/s at M = 64 on
+#   2 threads since its panels are transposed in registers (bench/RESULTS.md); on Ice
+#   Lake the float kernel led up to M = 128 (measured before that change);
 # - from `dense_from_m`, W dequantized in cache-sized chunks into torch's float32 GEMM.
 # The LM head, 30 MB of Q8_0, never takes the dense chunks (dense_from_m=None): they
 # would stream 113 MB of float32 through the caches a call. CBSERVE_QBLOCK_VNNI=0
