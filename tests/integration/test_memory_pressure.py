@@ -65,8 +65,9 @@ async def _complete_all(address: str, prompts: list[list[int]], max_tokens: int)
 
 
 def test_preempted_requests_give_the_tokens_of_a_big_pool(stack, pressure_stack, tokenizer):
-    prompts = [prompt[:PROMPT_CAP] for prompt in mixed_prompts(tokenizer, 16)]
-    assert sum(len(p) + OUTPUT_TOKENS for p in prompts) > 4 * PRESSURE_POOL_BLOCKS * BLOCK_SIZE
+    # 12 prompts ask for 3.5 pools' worth of slots (a pool holds 3 of them at once).
+    prompts = [prompt[:PROMPT_CAP] for prompt in mixed_prompts(tokenizer, 12)]
+    assert sum(len(p) + OUTPUT_TOKENS for p in prompts) > 3 * PRESSURE_POOL_BLOCKS * BLOCK_SIZE
     before = pressure_stack.metrics()["cbserve_num_preemptions_total"]
 
     small = asyncio.run(_complete_all(pressure_stack.address, prompts, OUTPUT_TOKENS))
