@@ -21,6 +21,7 @@ import pytest
 from cbserve.client import AsyncClient, Client
 from tests.integration.prompts import mixed_prompts
 from tests.integration.stacks import started_stack, stop_stack, wait_for_metric_async
+from tests.waiting import wait_until_async
 
 PRESSURE_POOL_BLOCKS = 16
 BLOCK_SIZE = 16
@@ -117,16 +118,6 @@ def test_a_prompt_repeated_whole_never_skips_its_last_token(stack, tokenizer):
     assert again.token_ids == first.token_ids
 
 
-async def wait_until(condition, timeout_s: float = TIMEOUT_S) -> None:
-    """Polls `condition` until it holds; fails the test after timeout_s."""
-
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), timeout_s)
-
-
 async def _first_token(stream) -> tuple[list[int], asyncio.Task]:
     """Reads `stream` until its first token; the rest is read by the returned task,
     whose result is every token id."""
@@ -212,7 +203,11 @@ def test_a_deadline_removes_a_waiting_request(limits_stack, tokenizer):
             streamed = len(long_tokens)
             # Its tokens still come after the expiry; the rest of its 192 prove nothing
             # more (they took 16 s in the suite), so it is cancelled.
-            await wait_until(lambda: len(long_tokens) > streamed + 2)
+            await wait_until_async(
+                "the request ahead streams after the expiry",
+                lambda: len(long_tokens) > streamed + 2,
+                TIMEOUT_S,
+            )
             long_task.cancel()  # cancels the request on the server too
             with contextlib.suppress(asyncio.CancelledError):
                 await long_task
