@@ -22,6 +22,7 @@
 #include "qblock_kquants.h"
 #include "qblock_kquants_stage.h"
 #include "qblock_vnni.h"
+#include "qblock_vnni_transpose.h"
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -88,7 +89,7 @@ VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_byt
             }
         }
     }
-    qblock_vnni_transpose_panel(tmp, k, wq); /* as qblock_vnni.c's panels */
+    vnni_transpose_panel(tmp, k, wq); /* as qblock_vnni.c's panels */
 }
 
 /* MM rows of x (a constant after inlining) against one packed panel, QB weights a scale. */

@@ -21,9 +21,7 @@ void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, int64_t rows
                        const int16_t *qx, const float *dx, const float *sx, int64_t m, float *y,
                        int64_t ldy, int16_t *tmp, float *wd);
 
-/* tmp[16][k] int16 (a panel's rows, k a multiple of 32) -> wq[k / 2][16][2]: vector k2
- * holds every row's int16 pair at 2 * k2 (lane r: row r), the layout the panel's
- * vpdpwssd reads. Shared by both packers (qblock_vnni.c, qblock_kquants_vnni.c). */
+/* A panel's transpose (qblock_vnni_transpose.h, which the packers inline), for tests. */
 void qblock_vnni_transpose_panel(const int16_t *tmp, int64_t k, int16_t *wq);
 
 #endif
