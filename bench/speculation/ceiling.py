@@ -25,7 +25,9 @@ from collections.abc import Callable, Sequence
 from common.defaults import default_model_path
 from common.ngram import NgramIndex
 
-Proposer = Callable[[Sequence[int], int], list[int]]
+# (tokens so far, k, the reply's tokens still to come) -> drafts; only the oracle reads
+# the third.
+Proposer = Callable[[Sequence[int], int, Sequence[int]], list[int]]
 
 
 def greedy_replies(workload: str, num_prompts: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -48,19 +50,18 @@ def greedy_replies(workload: str, num_prompts: int, seed: int) -> list[tuple[lis
 
 
 def oracle(min_n: int) -> Callable[[], Proposer]:
-    """A proposer that knows the reply: set `.reply` and `.at` before each call."""
+    """A proposer that knows the reply."""
 
     def make() -> Proposer:
-        def propose(tokens: Sequence[int], k: int) -> list[int]:
-            reply, at = propose.reply, propose.at
+        def propose(tokens: Sequence[int], k: int, upcoming: Sequence[int]) -> list[int]:
             length, best = len(tokens), []
             suffix = list(tokens[length - min_n :])
             for end in range(min_n, length):
                 if list(tokens[end - min_n : end]) != suffix:
                     continue
                 run = 0
-                while run < k and end + run < length and at + run < len(reply):
-                    if tokens[end + run] != reply[at + run]:
+                while run < k and end + run < length and run < len(upcoming):
+                    if tokens[end + run] != upcoming[run]:
                         break
                     run += 1
                 if run > len(best):
@@ -77,11 +78,9 @@ def replay(pairs, make_proposer: Callable[[], Proposer], k: int) -> tuple[float,
     steps = drafts = accepted = 0
     for prompt, reply in pairs:
         propose, tokens, at = make_proposer(), list(prompt), 0
-        propose.reply = reply
         while at < len(reply):
-            propose.at = at
             room = len(reply) - at - 1  # the last token of the reply needs no draft
-            draft = propose(tokens, min(k, room)) if room > 0 else []
+            draft = propose(tokens, min(k, room), reply[at:]) if room > 0 else []
             taken = 0
             while taken < len(draft) and draft[taken] == reply[at + taken]:
                 taken += 1
@@ -95,7 +94,7 @@ def replay(pairs, make_proposer: Callable[[], Proposer], k: int) -> tuple[float,
 def lookup(min_n: int, max_n: int) -> Callable[[], Proposer]:
     def make() -> Proposer:
         index = NgramIndex(min_n, max_n)
-        return lambda tokens, k: index.propose(tokens, k)
+        return lambda tokens, k, _upcoming: index.propose(tokens, k)
 
     return make
 

@@ -51,11 +51,6 @@ static inline void prefetch_rows(const void *first, int64_t rows, int64_t stride
     prefetch_rows_to(first, rows, stride_bytes, row_bytes, 0);
 }
 
-/* While block b's keys are scored (both kernels): the next block's key rows into L1, the
- * one after into L2, and block b's values into L2 for the value pass. A decode's KV comes
- * from memory (the weights stream through the caches between layers), and one block of
- * lookahead covers too little of a miss's latency. `elem` is the cache's element size;
- * block_stride and kv_offset count elements, the rest bytes. */
 /* Block b + 1's rows (its first `left` keys at most) into L1, where there is one. */
 static inline void prefetch_next_block(const char *cache, int64_t elem, const int32_t *table,
                                        int64_t b, int64_t num_blocks, int64_t left,
@@ -70,6 +65,11 @@ static inline void prefetch_next_block(const char *cache, int64_t elem, const in
 #define prefetch_next(cache, ...)                                                              \
     prefetch_next_block((const char *)(cache), sizeof *(cache), __VA_ARGS__)
 
+/* While block b's keys are scored (both kernels): the next block's key rows into L1, the
+ * one after into L2, and block b's values into L2 for the value pass. A decode's KV comes
+ * from memory (the weights stream through the caches between layers), and one block of
+ * lookahead covers too little of a miss's latency. `elem` is the cache's element size;
+ * block_stride and kv_offset count elements, the rest bytes. */
 static inline void prefetch_block(const char *k_cache, const char *v_cache, int64_t elem,
                                   const int32_t *table, int64_t b, int64_t num_blocks,
                                   int64_t start, int64_t n, int64_t len, int64_t block_size,
