@@ -10,6 +10,7 @@
 
 #include "qblock_float16.h"
 #include "qblock_half.h"
+#include "qblock_prefetch.h"
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -137,10 +138,10 @@ AVX512_TARGET INLINE void small_avx512(const uint8_t *w, int64_t row_bytes, cons
         for (int i = 0; i < MM; i++)
             acc[r][i] = _mm512_setzero_ps();
     for (int64_t j = 0; j < k; j += 32) {
-        /* The next tile's rows, a line (32 weights) ahead, as the quantized formats'
-         * small tiles fetch theirs: at M = 1 this is a stream of weights. */
+        /* The weights 16 KB on, a line (32 weights) at a time, as the quantized
+         * formats' small tiles fetch theirs (qblock_prefetch.h). */
         for (int r = 0; r < RR; r++)
-            _mm_prefetch((const char *)(w + (RR + r) * row_bytes + 2 * j), _MM_HINT_T0);
+            QBLOCK_PREFETCH_AHEAD(w + r * row_bytes + 2 * j);
 #pragma GCC unroll 2
         for (int c = 0; c < 32; c += 16) {
             __m512 wv[4];

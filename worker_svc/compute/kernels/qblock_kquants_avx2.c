@@ -16,6 +16,7 @@
 
 #include "qblock_kquants.h"
 #include "qblock_kquants_stage.h"
+#include "qblock_prefetch.h"
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -90,7 +91,7 @@ AVX2_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float *
         for (int r = 0; r < RR; r++) {
             const uint8_t *blk = w + r * row_bytes + b * bytes;
             for (int line = 0; line < bytes; line += 64)
-                _mm_prefetch((const char *)(blk + RR * row_bytes + line), _MM_HINT_T0);
+                QBLOCK_PREFETCH_AHEAD(blk + line);
             kq_stage(blk, FORMAT, &s[r]);
         }
         for (int c = 0; c < G / 8; c++)

@@ -23,6 +23,7 @@
 
 #include "qblock_kquants.h"
 #include "qblock_kquants_stage.h"
+#include "qblock_prefetch.h"
 #include "qblock_small_cases.h"
 
 #define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -197,7 +198,7 @@ AVX512_TARGET INLINE void small_staged(const uint8_t *w, int64_t row_bytes, cons
         for (int r = 0; r < RR; r++) {
             const uint8_t *blk = w + r * row_bytes + b * bytes;
             for (int line = 0; line < bytes; line += 64)
-                _mm_prefetch((const char *)(blk + RR * row_bytes + line), _MM_HINT_T0);
+                QBLOCK_PREFETCH_AHEAD(blk + line);
             kq_stage(blk, FORMAT, &s[r]);
         }
         for (int c = 0; c < G / 16; c++) {
@@ -232,10 +233,10 @@ AVX512_TARGET INLINE void small(const uint8_t *w, int64_t row_bytes, const float
     for (int64_t b = 0; b < k / G; b++) {
         for (int r = 0; r < RR; r++) {
             const uint8_t *blk = w + r * row_bytes + b * bytes;
-            /* The next tile's rows, as qblock_q4q8.c's small_avx512 fetches them (a line
-             * of 64 bytes at a time: a super-block spans three or four). */
+            /* The weights 16 KB on (qblock_prefetch.h), a line of 64 bytes at a time: a
+             * super-block spans three or four. */
             for (int line = 0; line < bytes; line += 64)
-                _mm_prefetch((const char *)(blk + RR * row_bytes + line), _MM_HINT_T0);
+                QBLOCK_PREFETCH_AHEAD(blk + line);
             group_scales(blk, FORMAT, sc[r]);
         }
         for (int u = 0; u < group_units(FORMAT); u++) {

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include "qblock_half.h"
+#include "qblock_prefetch.h"
 #include "qblock_q4q8.h"
 #include "qblock_small_cases.h"
 
@@ -146,10 +147,8 @@ AVX512_TARGET INLINE void small_avx512(const uint8_t *w, int64_t row_bytes, cons
     for (int64_t b = 0; b < k / QK; b++) {
         __m512 lo[4], hi[4];
         for (int r = 0; r < RR; r++) {
-            /* The next tile's rows, a block at a time: out-of-cache weights (the LM head)
-             * arrive at twice the rate with this lookahead (measured). A prefetch past
-             * the end of the weights is harmless: it never faults. */
-            _mm_prefetch((const char *)(w + (RR + r) * row_bytes + b * bytes), _MM_HINT_T0);
+            /* The weights 16 KB on (qblock_prefetch.h), a block at a time. */
+            QBLOCK_PREFETCH_AHEAD(w + r * row_bytes + b * bytes);
             block_regs_avx512(w + r * row_bytes + b * bytes, FORMAT, &lo[r], &hi[r]);
         }
         for (int i = 0; i < MM; i++) {
