@@ -62,6 +62,9 @@ AVX2_TARGET INLINE void small_avx2(const uint8_t *w, int64_t row_bytes, const fl
         for (int i = 0; i < MM; i++)
             acc[r][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < k; j += 8) {
+        if (j % 32 == 0) /* a line (32 weights) at a time, 16 KB on (qblock_prefetch.h) */
+            for (int r = 0; r < RR; r++)
+                QBLOCK_PREFETCH_AHEAD(w + r * row_bytes + 2 * j);
         __m256 wv[4];
         for (int r = 0; r < RR; r++)
             wv[r] = widen8_avx2(w + r * row_bytes + 2 * j, FORMAT);
