@@ -86,6 +86,16 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]
 
 
+def row_argmax(values: torch.Tensor) -> torch.Tensor:
+    """Each row's first largest index (torch.argmax's answer), by numpy on the CPU: torch
+    2.13's CPU argmax over a vocabulary runs one thread without vector code, 43 us for
+    one row of 49,152 and 1.5 ms for 64 where numpy takes 5 us and 0.2 ms (Zen 4). A
+    NaN is the largest in both."""
+    if values.device.type != "cpu" or values.dtype != torch.float32:
+        return values.argmax(-1)
+    return torch.from_numpy(values.contiguous().numpy().argmax(-1))
+
+
 def _rows(mask: list[bool], device: torch.device) -> torch.Tensor:
     return torch.tensor([i for i, m in enumerate(mask) if m], dtype=torch.long, device=device)
 
@@ -190,7 +200,7 @@ class Sampler:
         processed = raw.clone()
         apply_penalties(processed, rows)
         apply_min_tokens(processed, rows)
-        tokens = processed.argmax(-1)
+        tokens = row_argmax(processed)
 
         random_mask = [not r.sampling.greedy for r in rows]
         if any(random_mask):
@@ -199,7 +209,7 @@ class Sampler:
             temperature = [r.sampling.temperature for r in sub_rows]
             temperature = torch.tensor(temperature, device=self.device)[:, None]
             probs = _truncate(processed[idx] / temperature, sub_rows).softmax(-1)
-            tokens[idx] = (probs / self._exponential_noise(probs, sub_rows)).argmax(-1)
+            tokens[idx] = row_argmax(probs / self._exponential_noise(probs, sub_rows))
 
         return SamplerOutput(tokens.tolist(), self._logprobs(raw, tokens, rows))
 

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from common.sampling_params import SamplingParams
-from worker_svc.sampler import PenaltyCounts, Sampler, apply_min_tokens, apply_penalties
+from worker_svc.sampler import (
+    PenaltyCounts,
+    Sampler,
+    apply_min_tokens,
+    apply_penalties,
+    row_argmax,
+)
 
 VOCAB = 50
 
@@ -161,3 +167,25 @@ def test_invalid_sampling_settings_are_rejected():
     for bad in ({"top_p": 0.0}, {"temperature": -1.0}, {"repetition_penalty": 0.0}, {"top_k": -2}):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+
+
+def test_row_argmax_is_torchs_argmax_on_ties_nans_and_wide_rows():
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(5, 49152, generator=generator)
+    values[1, 700] = values[1, 9000] = values[1].max() + 1.0  # a tie: the first index
+    values[2, 123] = float("nan")  # a NaN is the largest
+    values[3] = float("-inf")  # all -inf: index 0
+    values[4, -1] = float("inf")
+    expected = values.argmax(-1)
+    assert (
+        row_argmax(values).tolist()
+        == expected.tolist()
+        == [
+            expected[0].item(),
+            700,
+            123,
+            0,
+            49151,
+        ]
+    )
+    assert row_argmax(values[:, ::2]).tolist() == values[:, ::2].argmax(-1).tolist()
