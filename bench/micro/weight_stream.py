@@ -19,28 +19,20 @@ arithmetic does not depend on the values); medians of --repeats calls, after war
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from bench.micro.qblock import timed
 from worker_svc.compute.cpu_features import cpu_name
 from worker_svc.compute.qblock import FORMATS, qblock_matmul
 
 # A K each format's blocks divide: SmolLM2's hidden size, or its MLP width for the
 # super-blocks of 256.
-K_BY_BLOCK = {32: 576, 64: 576, 256: 1536}
+K_BY_BLOCK = {32: 576, 256: 1536}
 
 
 def median_seconds(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return timed(fn, repeats)[1]
 
 
 def memory_ceiling(megabytes: int, repeats: int) -> float:
