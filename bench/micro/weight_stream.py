@@ -31,14 +31,10 @@ from worker_svc.compute.qblock import FORMATS, qblock_matmul
 K_BY_BLOCK = {32: 576, 256: 1536}
 
 
-def median_seconds(fn, repeats: int) -> float:
-    return timed(fn, repeats)[1]
-
-
 def memory_ceiling(megabytes: int, repeats: int) -> float:
     """GB/s of a plain float32 sum over `megabytes`: what the threads can read."""
     data = torch.ones(megabytes * 2**20 // 4)
-    return data.numel() * 4 / median_seconds(data.sum, repeats) / 1e9
+    return data.numel() * 4 / timed(data.sum, repeats)[1] / 1e9
 
 
 def stream_row(
@@ -51,7 +47,7 @@ def stream_row(
     n = megabytes * 2**20 // row_bytes // 16 * 16
     blocks = torch.randint(0, 60, (n, row_bytes), dtype=torch.uint8)
     x = torch.randn(m, k)
-    seconds = median_seconds(lambda: qblock_matmul(x, blocks, fmt, k, variant), repeats)
+    _, seconds = timed(lambda: qblock_matmul(x, blocks, fmt, k, variant), repeats)
     return n * row_bytes / seconds / 1e9, 2 * m * n * k / seconds / 1e9
 
 
