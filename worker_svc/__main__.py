@@ -21,6 +21,7 @@ from common import parent_watch
 from common.cli_config import FlagError, add_flags, build
 from common.logging import configure_logging
 from worker_svc.config import WorkerConfig, parse_bytes
+from worker_svc.heap_policy import apply_heap_policy
 from worker_svc.wait_policy import apply_wait_policy
 
 __all__ = ["build_parser", "config_from_args", "main", "parse_bytes"]
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch loads libgomp, which reads it once (worker_svc/wait_policy.py); the
     # worker_built log line says which policy is in effect.
     apply_wait_policy()
+    # Before the model loads, so that every step's buffers come back from the heap
+    # (worker_svc/heap_policy.py).
+    apply_heap_policy()
     from worker_svc.server import run
 
     return run(config, config.metrics_port, config.grace_period_s)

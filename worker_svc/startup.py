@@ -18,6 +18,7 @@ from worker_svc.compute.model_shapes import read_projection_shapes
 from worker_svc.compute.selection import select_path
 from worker_svc.compute.weight_source import read_weight_source
 from worker_svc.config import WorkerConfig
+from worker_svc.heap_policy import applied_heap_policy
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
 from worker_svc.model_loader import load_model, own_forward_serves, resolve_device
 from worker_svc.model_runner import ModelRunner
@@ -92,6 +93,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         kv_bytes=pool.num_bytes,
         kv_cache_dtype=dtype_name(kv_dtype),
         openmp_wait_policy=applied_policy(),
+        malloc_policy=applied_heap_policy(),
     )
     runner = ModelRunner(loaded, pool, backend)
     # Timed where a decode step is a few milliseconds (the native step); elsewhere the
