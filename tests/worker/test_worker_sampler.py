@@ -144,6 +144,27 @@ def test_min_tokens_masks_banned_ids_until_reached():
     assert Sampler().sample(logits, [short, long]).token_ids[0] != 4
 
 
+def test_argmax_only_rows_answer_as_the_general_path_does():
+    # All plain greedy rows take the argmax of the logits as they are; one row asking
+    # for logprobs sends the same batch down the general path: the tokens agree.
+    logits = random_logits(8, seed=4)
+    logits[2, 5] = logits[2, 11] = logits[2].max() + 1.0  # a tie: the first index
+    plain = [Row(SamplingParams(temperature=0)) for _ in range(8)]
+    general = [*plain[:7], Row(SamplingParams(temperature=0, logprobs=1))]
+    fast = Sampler().sample(logits, plain)
+    assert fast.token_ids == Sampler().sample(logits, general).token_ids
+    assert fast.token_ids[2] == 5 and fast.logprobs == [None] * 8
+    # A min_tokens ban in force is applied alone too; once met, the row is plain again.
+    params = SamplingParams(temperature=0, min_tokens=2, min_tokens_banned_ids=(4,))
+    banned = torch.zeros(1, VOCAB)
+    banned[0, 4] = 10.0
+    assert Sampler().sample(banned, [Row(params, output_token_ids=[1])]).token_ids != [4]
+    assert Sampler().sample(banned, [Row(params, output_token_ids=[1, 2])]).token_ids == [4]
+    # A penalty alone still applies: the penalised token loses its lead.
+    penalised = Row(SamplingParams(temperature=0, frequency_penalty=2.0), output_token_ids=[4] * 6)
+    assert Sampler().sample(banned, [penalised]).token_ids != [4]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_logprobs_come_from_raw_logits(temperature):
     logits = random_logits(3, seed=9)
