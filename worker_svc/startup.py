@@ -84,6 +84,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         architecture=loaded.architecture.name if loaded.architecture else None,
         compiled=config.compile,
         native_decode=native_decode_status(loaded.model),
+        weights_on_huge_pages=getattr(loaded.model, "block_weights_on_huge_pages", None),
         processor=processor,
         threads=torch.get_num_threads(),
         device=str(device),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from worker_svc.compute.block_arena import gather_block_weights
 from worker_svc.compute.qblock import FORMATS, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
 from worker_svc.compute.qblock_stack import qblock_projection
@@ -145,6 +146,9 @@ def build_qblock(
     skeleton = _SkeletonState(checkpoint, blocks is not None)
     model = DecoderForCausalLM(architecture, spec, skeleton, "float32", dtype, norms_offset_applied)
     to_qblock(model, blocks, float_format)
+    # In the order the native step reads them: each layer's projections, then the head.
+    in_step_order = [getattr(layer, name) for layer in model.layers for name in _PROJECTIONS]
+    _, model.block_weights_on_huge_pages = gather_block_weights([*in_step_order, model.lm_head])
     model.qblock_source = (
         source if blocks is not None else _at_load(float_format, checkpoint, source)
     )
