@@ -128,7 +128,7 @@ def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
     row_idx: list[int] = []
     col_idx: list[int] = []
     for i, r in enumerate(rows):
-        if r.num_output_tokens < r.sampling.min_tokens and r.sampling.min_tokens_banned_ids:
+        if _min_tokens_ban_in_force(r):
             row_idx.extend([i] * len(r.sampling.min_tokens_banned_ids))
             col_idx.extend(r.sampling.min_tokens_banned_ids)
     if row_idx:
@@ -137,12 +137,18 @@ def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         logits[rows_t, cols_t] = float("-inf")
 
 
+def _min_tokens_ban_in_force(row: SamplingRow) -> bool:
+    """Whether the row still bans its min_tokens ids (fewer outputs than min_tokens)."""
+    sampling = row.sampling
+    return bool(row.num_output_tokens < sampling.min_tokens and sampling.min_tokens_banned_ids)
+
+
 def _argmax_only(row: SamplingRow) -> bool:
     """A greedy row with no penalty, no min_tokens ban in force and no logprobs."""
     sampling = row.sampling
     if not sampling.greedy or sampling.uses_penalties or sampling.logprobs > 0:
         return False
-    return not (row.num_output_tokens < sampling.min_tokens and sampling.min_tokens_banned_ids)
+    return not _min_tokens_ban_in_force(row)
 
 
 def _truncate(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

@@ -27,12 +27,11 @@ def _projections() -> list:
 def test_products_are_unchanged_and_the_runs_share_one_buffer_in_order():
     projections = _projections()
     x = {256: torch.randn(3, 256), 512: torch.randn(3, 512)}
-    before = [
-        p(x[p.in_features]) for p in projections if hasattr(p, "format") or hasattr(p, "runs")
-    ]
+    blocks = [p for p in projections if not isinstance(p, torch.nn.Linear)]
+    before = [p(x[p.in_features]) for p in blocks]
     arena, _ = gather_block_weights(projections)
-    runs = [run for p in projections if not isinstance(p, torch.nn.Linear) for run in block_runs(p)]
-    after = [p(x[p.in_features]) for p in projections if hasattr(p, "format") or hasattr(p, "runs")]
+    runs = [run for p in blocks for run in block_runs(p)]
+    after = [p(x[p.in_features]) for p in blocks]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     starts = [run.blocks.data_ptr() for run in runs]
     assert all(run.blocks.untyped_storage().data_ptr() == arena.data_ptr() for run in runs)

@@ -37,16 +37,16 @@ def gather_block_weights(projections: Iterable[object]) -> tuple[torch.Tensor | 
     runs = [run for p in blocks for run in block_runs(p)]
     if not runs:
         return None, False
-    sizes = [run.blocks.numel() for run in runs]
-    total = sum(-(-size // RUN_ALIGNMENT) * RUN_ALIGNMENT for size in sizes)
+    # Each run's bytes rounded up to whole lines: the space it takes in the buffer.
+    spans = [-(-run.blocks.numel() // RUN_ALIGNMENT) * RUN_ALIGNMENT for run in runs]
     # One huge page of slack: the runs start at the first 2 MiB boundary, so that all
     # of them lie in the advised, aligned interior.
-    arena = torch.empty(total + HUGE_PAGE_BYTES, dtype=torch.uint8)
+    arena = torch.empty(sum(spans) + HUGE_PAGE_BYTES, dtype=torch.uint8)
     huge = advise_huge_pages(arena)
     offset = -arena.data_ptr() % HUGE_PAGE_BYTES
-    for run, size in zip(runs, sizes, strict=True):
-        view = arena[offset : offset + size].view(run.blocks.shape)
+    for run, span in zip(runs, spans, strict=True):
+        view = arena[offset : offset + run.blocks.numel()].view(run.blocks.shape)
         view.copy_(run.blocks)
         run.blocks = view
-        offset += -(-size // RUN_ALIGNMENT) * RUN_ALIGNMENT
+        offset += span
     return arena, huge
