@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from cbserve.ports import free_port
 from common import parent_watch
 from common.metrics import parse_samples
 
@@ -27,12 +27,6 @@ STOP_TIMEOUT_S = 10.0
 # The --grace-period LocalStack gives its children: short, so that stopping a stack
 # with requests still in flight (a test's teardown, Ctrl-C) does not wait 30 s.
 DEFAULT_GRACE_PERIOD_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class ChildProcess:

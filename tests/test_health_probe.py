@@ -8,7 +8,6 @@ called from the test body, and as `python -m common.health_probe` in a subproces
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cbserve.ports import free_port
 from common.grpc_server import create_server, set_serving
 from common.health_probe import EXIT_SERVING, EXIT_UNHEALTHY, check, main
 
@@ -59,13 +59,6 @@ def server():
     server.close()
 
 
-def _free_port() -> int:
-    # Bound and released: nothing listens there while the probe runs.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_serving_server_exits_zero(server, capsys):
     server.set_serving(True)
     assert main([server.address]) == EXIT_SERVING
@@ -96,7 +89,7 @@ def test_unknown_service_is_unhealthy(server, capsys):
 
 def test_nothing_listening_is_unhealthy_and_fast(capsys):
     started = time.monotonic()
-    assert main([f"127.0.0.1:{_free_port()}", "--timeout", "5"]) == EXIT_UNHEALTHY
+    assert main([f"127.0.0.1:{free_port()}", "--timeout", "5"]) == EXIT_UNHEALTHY
     assert time.monotonic() - started < 5, "the probe waited for a server that is not there"
     assert "UNAVAILABLE" in capsys.readouterr().err
 

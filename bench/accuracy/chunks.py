@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cbserve.ports import free_port
+
 DEFAULT_N_CTX = 512  # llama-perplexity's own default
 
 
@@ -122,7 +124,7 @@ def document_ids(our_ids: list[int], text: str, gguf: Path | None, threads: int)
     if binary is None or gguf is None:
         why = "llama-server not built" if binary is None else "no GGUF of this model"
         return DocumentIds(our_ids, f"ours (llama.cpp's not checked: {why})")
-    port = _free_port()
+    port = free_port()
     argv = llama_server.server_argv(binary, gguf, port, 1, threads, 512)
     with llama_server.LlamaServer(argv, port) as server:
         theirs = server.tokenize(text)
@@ -138,19 +140,11 @@ def llamacpp_replies(
     binary = llama_server.binary_path()
     if binary is None or gguf is None:
         return llama_server.MISSING if binary is None else "no GGUF of this model"
-    port = _free_port()
+    port = free_port()
     context = max(map(len, prompts)) + count + 16
     argv = llama_server.server_argv(binary, gguf, port, 1, threads, context)
     with llama_server.LlamaServer(argv, port) as server:
         return [server.greedy_tokens(prompt, count) for prompt in prompts]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def gguf_bos_id(gguf: Path | None) -> int | None:

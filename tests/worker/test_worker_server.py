@@ -6,7 +6,6 @@ import os
 import queue
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from cbserve.ports import free_port
 from cbserve.worker.v1 import worker_pb2 as pb
 from cbserve.worker.v1 import worker_pb2_grpc
 from tests.waiting import wait_until
@@ -34,12 +34,6 @@ def decode(step_id: int, seq_id: int) -> pb.StepPlan:
         step_id=step_id,
         continuing_sequences=[pb.ContinuingSequence(seq_id=seq_id, num_scheduled_tokens=1)],
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_worker(*args: str) -> subprocess.Popen:
