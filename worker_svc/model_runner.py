@@ -35,6 +35,7 @@ from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import AttentionBackend, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
 from worker_svc.model_loader import LoadedModel
+from worker_svc.models.qblock.native import attends_with
 from worker_svc.prompt_logprobs import score
 from worker_svc.sampler import Sampler
 from worker_svc.sequence import SequenceState
@@ -67,6 +68,10 @@ class ModelRunner:
         self.reader = PlanReader(loaded.vocab_size, loaded.max_model_len, pool)
         # Deferred masks as the Step stream reads them (the servicer posts them).
         self.mailbox = MaskMailbox()
+        # Prompt chunks as decode rows (step/flat_batch.py), where a native step runs
+        # the decodes: then a step with prompts in it is one native call too.
+        native = getattr(loaded.model, "native_decode", None)
+        self.prefill_rows = native is not None and attends_with(backend, pool)
 
     def reset(self) -> None:
         """Forget every sequence (a new Step stream starts empty)."""
@@ -154,7 +159,7 @@ class ModelRunner:
         drafts computes them too, each a decode row of its own (speculation/verify.py),
         and emits its accepted drafts and the token after them.
         """
-        batch = FlatBatch(work, drafts, self.pool.block_size)
+        batch = FlatBatch(work, drafts, self.pool.block_size, self.prefill_rows)
         keep, samplers, scoring = batch.keep, batch.sampler_rows, batch.scoring
         layout = batch.layout
         device = self.loaded.device

@@ -186,7 +186,7 @@ def test_chat_reply_equals_float32s(q4_1, loaded_model):
         reply = greedy_replies(q4_1, prompt, 16)
     finally:
         q4_1.model.native_decode = counting.native
-    assert counting.ran == 15  # every step after the prefill
+    assert counting.ran == 16  # the prompt's step (its tokens as decode rows) and each after
     assert reply == expected and "Paris" in tok.decode(reply[0])
 
 

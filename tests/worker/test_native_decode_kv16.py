@@ -120,6 +120,6 @@ def test_chat_reply_equals_float32s(q4_1, loaded_model):
         reply = greedy_replies(q4_1, prompt, 16, kv_dtype=torch.float16)
     finally:
         q4_1.model.native_decode = counting.native
-    assert counting.ran == 15  # every step after the prefill, over the float16 pool
+    assert counting.ran == 16  # the prompt's step and each after, over the float16 pool
     assert reply == expected
     assert tok.decode(reply[0]).startswith("The capital of France is Paris.")

@@ -7,6 +7,13 @@ decode step needs), then prefill chunks in plan order. A speculating sequence's
 token and drafts are decodes of their own (one query each, context p + 1 + i, one
 block table: speculation/verify.py), so they sort among the other decodes; which
 sampler row belongs to which sequence and draft is kept in `sample_row`.
+
+With `prefill_rows` (a model whose native step runs only decodes: models/qblock/
+native.py), a prefill chunk is laid out the same way: each of its tokens a decode of
+its own over the sequence's block table, so that a step with prompts in it runs in the
+one native call too. A row attends up to its own position, which is the chunk's causal
+mask; the native step writes every row's K/V before any row attends (`chained`). A
+chunk whose prompt positions are scored (prompt logprobs) keeps its prefill layout.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class FlatBatch:
         work: Sequence[tuple[SequenceState, int]],
         drafts: Mapping[int, list[int]],
         block_size: int,
+        prefill_rows: bool = False,
     ):
         # Each sampling sequence in plan order, with its drafts (NO_DRAFT: none).
         self.sampling: list[tuple[SequenceState, list[int]]] = []
@@ -65,13 +73,18 @@ class FlatBatch:
                     groups.append(_Group(seq, (token,), start + i, row, (owner, i)))
                 continue
             end = start + n
-            if end == seq.num_tokens:
-                groups.append(
-                    _Group(seq, seq.token_ids[start:end], start, seq, (len(self.sampling), 0))
-                )
+            samples = end == seq.num_tokens
+            owner = (len(self.sampling), 0) if samples else (-1, 0)
+            if samples:
                 self.sampling.append((seq, NO_DRAFT))
-            else:
-                groups.append(_Group(seq, seq.token_ids[start:end], start, None, (-1, 0)))
+            if prefill_rows and n > 1 and prompt_rows(seq, start, end) is None:
+                # Only the chunk's last row samples (when the chunk ends the prompt).
+                for position in range(start, end - 1):
+                    groups.append(_Group(seq, (seq.token_ids[position],), position, None, (-1, 0)))
+                start = end - 1
+            groups.append(
+                _Group(seq, seq.token_ids[start:end], start, seq if samples else None, owner)
+            )
         groups.sort(key=lambda g: (g.query_len != 1, -g.context_len if g.query_len == 1 else 0))
 
         self.input_ids: list[int] = []

@@ -252,18 +252,27 @@ def _weight(norm) -> torch.Tensor | None:
     return None if norm is None else norm.weight
 
 
+def attends_with(backend, pool) -> bool:
+    """Whether the native step can attend a step of this backend and pool: the CPU
+    kernel's, over a float32 or float16 pool in CPU memory."""
+    cache = pool.cache
+    return (
+        isinstance(backend, CpuAttentionBackend)
+        and cache.dtype in KV_DTYPES
+        and cache.device.type == "cpu"
+        and cache.is_contiguous()
+    )
+
+
 def _plain_decodes(attention: PagedAttentionContext, num_tokens: int):
     """The step's KernelDecodes when every one of its tokens is a decode attended by the
     CPU kernel over a float32 or float16 pool, in flat-batch order; else None."""
-    if not isinstance(attention.backend, CpuAttentionBackend):
+    if not attends_with(attention.backend, attention.pool):
         return None
-    metadata, pool = attention.metadata, attention.pool
+    metadata = attention.metadata
     if metadata.prefills or len(metadata.decodes) != 1:
         return None
     decodes = metadata.decodes[0]
     if not isinstance(decodes.tokens, slice) or decodes.tokens != slice(0, num_tokens):
-        return None
-    cache = pool.cache
-    if cache.dtype not in KV_DTYPES or cache.device.type != "cpu" or not cache.is_contiguous():
         return None
     return decodes
