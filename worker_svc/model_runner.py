@@ -70,7 +70,8 @@ class ModelRunner:
         self.mailbox = MaskMailbox()
         # Prompt chunks as decode rows (step/flat_batch.py), where a native step runs
         # the decodes: then a step with prompts in it is one native call too.
-        native = getattr(loaded.model, "native_decode", None)
+        # (The null worker's model has no forward: worker_svc/null.)
+        native = getattr(getattr(loaded, "model", None), "native_decode", None)
         self.prefill_rows = native is not None and attends_with(backend, pool)
 
     def reset(self) -> None:
