@@ -59,10 +59,20 @@ def _bindable(port: int, host: str) -> bool:
 class PortBlocks:
     """Hands out ports from blocks this process holds a lock on."""
 
-    def __init__(self, first: int, end: int, lock_dir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        first: int,
+        end: int,
+        lock_dir: Path,
+        host: str = "127.0.0.1",
+        block_size: int = BLOCK_SIZE,
+    ) -> None:
         if not 0 < first <= end <= 65_536:
             raise ValueError(f"port range [{first}, {end}) is not within 1..65535")
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
         self.first, self.end, self.lock_dir, self.host = first, end, lock_dir, host
+        self.block_size = block_size
         self._lock = threading.Lock()
         self._held: list[int] = []  # lock file descriptors, kept open while we live
         self._next = self._block_end = 0
@@ -72,7 +82,7 @@ class PortBlocks:
 
     @property
     def num_blocks(self) -> int:
-        return (self.end - self.first) // BLOCK_SIZE
+        return (self.end - self.first) // self.block_size
 
     def take(self) -> int:
         with self._lock:
@@ -92,7 +102,7 @@ class PortBlocks:
             block = (start + offset) % self.num_blocks
             if block in self._blocks_tried:
                 continue
-            first = self.first + block * BLOCK_SIZE
+            first = self.first + block * self.block_size
             descriptor = os.open(self.lock_dir / f"{first}.lock", os.O_CREAT | os.O_RDWR, 0o600)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -101,10 +111,10 @@ class PortBlocks:
                 continue
             self._held.append(descriptor)
             self._blocks_tried.add(block)
-            self._next, self._block_end = first, first + BLOCK_SIZE
+            self._next, self._block_end = first, first + self.block_size
             return
         raise OSError(
-            f"no free block of {BLOCK_SIZE} ports in [{self.first}, {self.end}): "
+            f"no free block of {self.block_size} ports in [{self.first}, {self.end}): "
             f"other processes hold them all (locks in {self.lock_dir})"
         )
 

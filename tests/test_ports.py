@@ -12,9 +12,17 @@ import pytest
 
 from cbserve.ports import BLOCK_SIZE, PortBlocks, ephemeral_start, free_port, probe_port
 
-# Tests use their own lock directory and a range of their own, so that they never
-# claim what the suite's stacks take from the default blocks.
-TEST_FIRST = 40_000
+# Tests use their own lock directory, small blocks and a range of their own: above the
+# kernel's default ephemeral range (32768-60999), where no outgoing connection of the
+# suite holds a port, and outside the default blocks, so they never touch what the
+# suite's stacks are given.
+TEST_FIRST = 61_000
+SMALL = 4
+TEST_END = TEST_FIRST + 4 * SMALL
+
+
+def _blocks(lock_dir) -> PortBlocks:
+    return PortBlocks(TEST_FIRST, TEST_END, lock_dir, block_size=SMALL)
 
 
 def _child_ports(lock_dir, count: int, hold: bool) -> subprocess.Popen:
@@ -25,7 +33,7 @@ def _child_ports(lock_dir, count: int, hold: bool) -> subprocess.Popen:
         import sys
         from pathlib import Path
         from cbserve.ports import PortBlocks
-        blocks = PortBlocks({TEST_FIRST}, {TEST_FIRST + 4 * BLOCK_SIZE}, Path({str(lock_dir)!r}))
+        blocks = PortBlocks({TEST_FIRST}, {TEST_END}, Path({str(lock_dir)!r}), block_size={SMALL})
         print(" ".join(str(blocks.take()) for _ in range({count})), flush=True)
         if {hold}:
             sys.stdin.readline()
@@ -43,21 +51,22 @@ def test_ports_of_one_process_are_distinct_and_below_the_ephemeral_range():
 
 
 def test_two_processes_never_get_the_same_port(tmp_path):
-    ours = PortBlocks(TEST_FIRST, TEST_FIRST + 4 * BLOCK_SIZE, tmp_path)
-    mine = {ours.take() for _ in range(BLOCK_SIZE + 5)}  # two blocks claimed
-    child = _child_ports(tmp_path, BLOCK_SIZE + 5, hold=False)
+    ours = _blocks(tmp_path)
+    mine = {ours.take() for _ in range(SMALL + 1)}  # two blocks claimed
+    child = _child_ports(tmp_path, SMALL + 1, hold=False)
     theirs = set(map(int, child.communicate(timeout=60)[0].split()))
     assert child.returncode == 0
-    assert len(theirs) == BLOCK_SIZE + 5
+    assert len(mine) == len(theirs) == SMALL + 1
     assert not mine & theirs
+    assert all(TEST_FIRST <= port < TEST_END for port in mine | theirs)
 
 
 def test_a_claim_ends_with_its_process(tmp_path):
     holder = _child_ports(tmp_path, 1, hold=True)
     held_port = int(holder.stdout.readline())
     # While the child lives, all four blocks but its one are ours to take.
-    ours = PortBlocks(TEST_FIRST, TEST_FIRST + 4 * BLOCK_SIZE, tmp_path)
-    taken = {ours.take() for _ in range(3 * BLOCK_SIZE)}
+    ours = _blocks(tmp_path)
+    taken = {ours.take() for _ in range(3 * SMALL)}
     assert held_port not in taken
     with pytest.raises(OSError, match="other processes hold them all"):
         ours.take()
@@ -71,7 +80,7 @@ def test_a_port_someone_listens_on_is_skipped(tmp_path):
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         busy = listener.getsockname()[1]
-        blocks = PortBlocks(busy, busy + BLOCK_SIZE, tmp_path)
+        blocks = PortBlocks(busy, busy + SMALL, tmp_path, block_size=SMALL)
         assert blocks.take() == busy + 1
 
 
@@ -82,9 +91,11 @@ def test_the_ephemeral_range_is_read_from_the_kernel_or_defaulted(tmp_path):
     assert ephemeral_start(tmp_path / "missing") == 32_768
 
 
-def test_a_range_outside_the_ports_is_refused(tmp_path):
+def test_a_range_outside_the_ports_or_an_empty_block_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not within"):
         PortBlocks(60_000, 70_000, tmp_path)
+    with pytest.raises(ValueError, match="block_size"):
+        PortBlocks(TEST_FIRST, TEST_END, tmp_path, block_size=0)
 
 
 def test_the_probe_port_is_free():

@@ -5,7 +5,8 @@ the padded, gathered copy of every decode's keys (see torch_backend). The
 kernel (kernels/paged_decode.c) reads each sequence's blocks where they lie and
 only up to its own length, so a batch of chat-length contexts costs what its
 tokens cost. Prefill chunks keep the torch path: a chunk's many queries make
-SDPA's kernels efficient, and its gather is paid once for all of them.
+SDPA's kernels efficient, and its gather is paid once for all of them. (Where a native
+decode step runs the model, prompts come as decode rows instead: step/flat_batch.py.)
 
 The kernel reads float32 pools and float16 ones (--kv-cache-dtype float16, half the
 bytes a decode reads); a bfloat16 pool keeps the torch backend.
