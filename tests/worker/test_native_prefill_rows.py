@@ -16,6 +16,7 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from common.defaults import packaged_gguf_path
 from tests.worker.conftest import build_runner
 from tests.worker.native_step import GREEDY, TOLERANCES, uses_vnni
+from tests.worker.test_native_decode import _Counting
 
 pytestmark = [
     pytest.mark.model,
@@ -26,16 +27,6 @@ BLOCK_SIZE = 16
 # seq 0: a whole 40-token prompt; seq 1: a 70-token prompt in chunks of 32 and 38.
 PROMPT_LENS = (40, 70)
 FIRST_CHUNK = 32
-
-
-class _Counting:
-    def __init__(self, native):
-        self.native, self.ran = native, 0
-
-    def __call__(self, *args):
-        logits = self.native(*args)
-        self.ran += logits is not None
-        return logits
 
 
 def _plans() -> list[pb.StepPlan]:
