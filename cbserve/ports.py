@@ -41,8 +41,9 @@ def ephemeral_start(path: Path = EPHEMERAL_RANGE) -> int:
 
 
 def probe_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel picks (ephemeral): free now, with no claim on it."""
-    with socket.socket() as probe:
+    """A port the kernel picks (ephemeral) on `host` (IPv4 or IPv6): free now, with no
+    claim on it."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
 
@@ -126,9 +127,11 @@ _blocks_lock = threading.Lock()
 def _default_blocks() -> PortBlocks | None:
     global _blocks
     with _blocks_lock:
-        end = min(ephemeral_start(), 65_536)
         stale = _blocks is not None and _blocks.pid != os.getpid()
-        if (_blocks is None or stale) and end - FIRST_PORT >= BLOCK_SIZE:
+        if _blocks is None or stale:
+            end = min(ephemeral_start(), 65_536)
+            if end - FIRST_PORT < BLOCK_SIZE:
+                return None  # no room below the ephemeral range: the probe it is
             lock_dir = Path(tempfile.gettempdir()) / f"cbserve-ports-{os.getuid()}"
             _blocks = PortBlocks(FIRST_PORT, end, lock_dir)
         return _blocks

@@ -19,12 +19,12 @@ import asyncio
 import dataclasses
 import os
 import shutil
-import socket
 import tempfile
 
 import structlog
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from cbserve.ports import probe_port
 from common.defaults import default_model_path
 from common.errors import StartupError
 from common.logging import announce_ready
@@ -52,13 +52,6 @@ class ApiProcessExited(RuntimeError):
 API_READY_TIMEOUT_S = 120.0
 
 
-def _free_port(host: str) -> int:
-    """A port for --port 0: one for all API processes, which share it."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 async def serve_core(args: argparse.Namespace, argv: list[str]) -> None:
     process, config, faults = configs_from_args(args)
     edge = edge_config_from_args(args)
@@ -69,7 +62,8 @@ async def serve_core(args: argparse.Namespace, argv: list[str]) -> None:
     except (ValueError, FileNotFoundError) as error:
         raise StartupError(str(error)) from error
     if process.port == 0:
-        process = dataclasses.replace(process, port=_free_port(process.host))
+        # --port 0: one port the kernel picks, for all API processes, which share it.
+        process = dataclasses.replace(process, port=probe_port(process.host))
     run_dir = tempfile.mkdtemp(prefix="cbserve-core-")  # 0700: only this user
     try:
         await _serve(process, config, faults, edge, tokenizer, worker_security, argv, run_dir)

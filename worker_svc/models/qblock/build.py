@@ -38,8 +38,8 @@ from worker_svc.models.qblock.gguf_blocks import (
     gguf_architecture,
     read_gguf_blocks,
 )
+from worker_svc.models.qblock.native_structs import STEP_PROJECTIONS
 
-_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 _GGUF_KEYS = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 
 
@@ -84,7 +84,7 @@ def to_qblock(model, blocks: GgufBlocks | None, float_format: str = "Q8_0") -> N
     except KernelUnavailableError as exc:
         raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
     for index, layer in enumerate(model.layers):
-        for name in _PROJECTIONS:
+        for name in STEP_PROJECTIONS:
             bias = getattr(layer, name).bias
             if blocks is not None:
                 projection = qblock_projection(blocks.layers[index][_GGUF_KEYS[name]], bias)
@@ -147,7 +147,7 @@ def build_qblock(
     model = DecoderForCausalLM(architecture, spec, skeleton, "float32", dtype, norms_offset_applied)
     to_qblock(model, blocks, float_format)
     # In the order the native step reads them: each layer's projections, then the head.
-    in_step_order = [getattr(layer, name) for layer in model.layers for name in _PROJECTIONS]
+    in_step_order = [getattr(layer, name) for layer in model.layers for name in STEP_PROJECTIONS]
     _, model.block_weights_on_huge_pages = gather_block_weights([*in_step_order, model.lm_head])
     model.qblock_source = (
         source if blocks is not None else _at_load(float_format, checkpoint, source)

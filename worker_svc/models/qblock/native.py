@@ -30,6 +30,7 @@ from worker_svc.compute import qblock
 from worker_svc.compute.qblock_stack import block_runs
 from worker_svc.models.qblock.native_structs import (
     KV_DTYPES,
+    STEP_PROJECTIONS,
     BlockWeight,
     DecodeBatch,
     DecodeModel,
@@ -116,10 +117,7 @@ class NativeDecode:
         self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
         self.barrier_spin = barrier_spin
         layers = model.layers
-        projections = [
-            [getattr(layer, name) for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")]
-            for layer in layers
-        ]
+        projections = [[getattr(layer, name) for name in STEP_PROJECTIONS] for layer in layers]
         # From as many rows as QBlockLinear (this CPU's measured threshold), and only
         # where it does (CBSERVE_QBLOCK_VNNI, and formats the VNNI kernel reads: the step
         # keeps the others on the float kernel, decode_panels.h's project).

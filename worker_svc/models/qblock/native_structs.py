@@ -18,6 +18,9 @@ KV_DTYPES = {torch.float32: 0, torch.float16: 1}
 
 
 WEIGHT_RUNS = 3  # decode_model.h: a fused QKV's three parts, each its own format at most
+# A layer's projections in decode_model.h's order (PROJ_QKV .. PROJ_DOWN), which is also
+# the order the step reads them in (compute/block_arena.py lays weights out by it).
+STEP_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 class BlockWeight(ctypes.Structure):
