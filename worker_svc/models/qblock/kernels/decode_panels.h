@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "../../../compute/kernels/qblock_gemm.h"
+#include "../../../compute/kernels/qblock_kquants.h"
 #include "../../../compute/kernels/qblock_vnni.h"
 #include "decode_model.h"
 
@@ -46,6 +47,7 @@ struct thread_scratch {
     float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
     float *scores;        /* group * longest context */
     int vnni;             /* this step's projections take the VNNI kernel */
+    int small_vnni;       /* below vnni_from_m: Q5_0 takes its small VNNI tile */
 };
 
 /* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */
@@ -63,7 +65,7 @@ static int64_t thread_floats(int64_t tokens, int64_t hidden, int64_t max_k, int6
 }
 
 static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens, int64_t hidden,
-                                         int64_t max_k, int vnni)
+                                         int64_t max_k, int vnni, int small_vnni)
 {
     float *at = s->thread_mem + s->per_thread * omp_get_thread_num();
     struct thread_scratch out;
@@ -78,13 +80,31 @@ static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens
     out.out_b = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
     out.scores = at;
     out.vnni = vnni;
+    out.small_vnni = small_vnni;
     return out;
 }
 
-/* Before a projection's panels: its input's activation blocks, when the VNNI kernel runs. */
-static void prepare_input(const struct thread_scratch *ts, const float *x, int64_t m, int64_t k)
+/* Whether Q5_0's rows take the VNNI kernel's small tile (16-bit activation blocks) at
+ * this m: where the CPU has VNNI and m is below vnni_from_m, up to KQ_SMALL_VNNI_M. */
+static int small_vnni_rows(const struct thread_scratch *ts, int64_t m)
 {
-    if (ts->vnni)
+    return !ts->vnni && ts->small_vnni && m <= KQ_SMALL_VNNI_M;
+}
+
+static int has_format(const struct block_weight *w, int format)
+{
+    for (int64_t run = 0; run < w->runs; run++)
+        if (w->format[run] == format)
+            return 1;
+    return 0;
+}
+
+/* Before a projection's panels: its input's activation blocks, where a VNNI kernel
+ * reads some of the weight's rows. */
+static void prepare_input(const struct thread_scratch *ts, const struct block_weight *w,
+                          const float *x, int64_t m, int64_t k)
+{
+    if (ts->vnni || (small_vnni_rows(ts, m) && has_format(w, QBLOCK_FORMAT_Q5_0)))
         qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
 }
 
@@ -98,7 +118,8 @@ static void project(int variant, int format, const uint8_t *w, int64_t first, in
                     const struct thread_scratch *ts)
 {
     const int vnni_reads = format >= QBLOCK_FORMAT_Q4_1 && format <= QBLOCK_FORMAT_Q5_0;
-    if (!ts->vnni || !vnni_reads) {
+    const int small = format == QBLOCK_FORMAT_Q5_0 && small_vnni_rows(ts, m);
+    if (!small && (!ts->vnni || !vnni_reads)) {
         qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
         return;
     }

@@ -85,7 +85,7 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
 
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_INPUT], H, eps,
                   ts->normed);
-    prepare_input(ts, ts->normed, T, H);
+    prepare_input(ts, &weights[PROJ_QKV], ts->normed, T, H);
     FOR_SHARED(p, panels_of(qkv_width), me, me->dynamic)
     project_rows(variant, &weights[PROJ_QKV], p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p),
                  ts->normed, T, H, s->qkv + p * QBLOCK_PANEL_ROWS, qkv_width, ts);
@@ -120,17 +120,17 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
     }
     const float *post_attention = (const float *)m->post_norms[layer * 2];
     const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
-    prepare_input(ts, s->attended, T, q_width);
+    prepare_input(ts, &weights[PROJ_O], s->attended, T, q_width);
     add_projection(m, variant, &weights[PROJ_O], s->attended, T, q_width, post_attention, s, ts,
                    me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
-    prepare_input(ts, ts->normed, T, H);
+    prepare_input(ts, &weights[PROJ_GATE_UP], ts->normed, T, H);
     FOR_SHARED(p, panels_of(I), me, me->dynamic)
     swiglu_panel(variant, &weights[PROJ_GATE_UP], p, I, ts->normed, T, H, s->act,
                  (int)m->activation, ts);
     share_end(me);
-    prepare_input(ts, s->act, T, I);
+    prepare_input(ts, &weights[PROJ_DOWN], s->act, T, I);
     add_projection(m, variant, &weights[PROJ_DOWN], s->act, T, I, post_mlp, s, ts, me);
 }
 
@@ -146,20 +146,20 @@ static int64_t longest_context(const struct decode_batch *b)
 static void run_step(const struct decode_model *m, const struct decode_batch *b,
                      int variant, const struct scratch *s,
                      const struct attention_split *split, int layers_vnni, int head_vnni,
-                     int64_t rows, int64_t max_k, struct step_team *team)
+                     int small_vnni, int64_t rows, int64_t max_k, struct step_team *team)
 {
     const int64_t H = m->hidden, S = b->num_samples;
     struct member me = {.team = team,
                         .id = omp_get_thread_num(),
                         .dynamic = b->schedule == SCHEDULE_DYNAMIC,
                         .loop = 0};
-    struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni);
+    struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni, small_vnni);
     for (int64_t layer = 0; layer < m->num_layers; layer++)
         run_layer(m, b, variant, layer, s, split, &ts, &me);
     /* The head, for the sampled rows only; the region's end is its barrier. */
     rms_norm_rows(s->hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
     ts.vnni = head_vnni;
-    prepare_input(&ts, ts.normed, S, H);
+    prepare_input(&ts, m->lm_head, ts.normed, S, H);
     FOR_SHARED(p, panels_of(m->vocab), &me, me.dynamic)
     project_rows(variant, m->lm_head, p * QBLOCK_PANEL_ROWS, panel_rows(m->vocab, p), ts.normed,
                  S, H, b->logits + p * QBLOCK_PANEL_ROWS, m->vocab, &ts);
@@ -190,6 +190,9 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     const int vnni_ok = b->vnni_from_m > 0 && qblock_vnni_supported();
     const int layers_vnni = vnni_ok && T >= b->vnni_from_m;
     const int head_vnni = vnni_ok && S >= b->vnni_from_m;
+    /* Below vnni_from_m, Q5_0's rows take the VNNI kernel's small tile (decode_panels.h),
+     * in the AVX-512 variant only: the plain and AVX2 variants stay what they name. */
+    const int small_vnni = variant == QBLOCK_VARIANT_AVX512 && qblock_vnni_supported();
 
     struct scratch s;
     s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
@@ -247,7 +250,8 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
         }
 #pragma omp barrier
         if (!short_team)
-            run_step(m, b, variant, &s, &split, layers_vnni, head_vnni, rows, max_k, &team);
+            run_step(m, b, variant, &s, &split, layers_vnni, head_vnni, small_vnni, rows, max_k,
+                     &team);
     }
     free(team.counters);
     free(split_mem);
