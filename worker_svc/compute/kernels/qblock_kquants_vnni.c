@@ -150,9 +150,10 @@ VNNI_TARGET INLINE void panel_all(const int16_t *wq, const float *wd, const floa
  * (low nibbles, then high ones, the fifth bit added under a mask) and meet the row of x
  * in one vpdpwssd, so each weight byte is read once, as the float tile reads it; against
  * that tile's table lookups (two vpermt2ps and two FMAs a block) this is one integer dot
- * product, a conversion and an FMA: measured 1.2-1.5x at M = 1 on Zen 4 (bench/micro/
- * weight_stream.py). sum_j d (q_j - 16) x_j ~= d dx sum_j q_j qx_j - 16 d sx. RR weight
- * rows (a constant) against one row of x. */
+ * product, a conversion and an FMA: 1.2-1.5x the float tile at M = 1 on Zen 4 (a
+ * one-off timing of both tiles, 4 rows of K = 576; the Q4_K_M file's native call 6.2 ->
+ * 5.7 ms, bench/RESULTS.md). sum_j d (q_j - 16) x_j ~= d dx sum_j q_j qx_j - 16 d sx. RR
+ * weight rows (a constant) against one row of x. */
 VNNI_TARGET INLINE void q5_0_rows(const uint8_t *w, int64_t row_bytes, const int16_t *qx,
                                   const float *dx, const float *sx, int64_t k, float *y,
                                   const int RR)
