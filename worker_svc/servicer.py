@@ -47,6 +47,26 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 # Plans on the forward thread at once: the one running and the next, sent meanwhile.
 MAX_QUEUED_PLANS = 2
 
+# A plan of at most this many rows (tokens, drafts included, times its steps) runs on the
+# event loop's own thread when no plan is before it: a few decodes take milliseconds on
+# a CPU, and the hop to the forward thread and back (two futures, a wake-up, and the GIL
+# passed between threads twice) cost more than that step's Python: at one stream on 2
+# cores, 8-16% more tokens a second (bench/RESULTS.md, "One stream's step on the event
+# loop"). The loop then answers health checks and reads the next plan after the step,
+# a few milliseconds late; bigger plans, and a plan whose sampler may wait for deferred
+# masks (which only the loop can read), keep the forward thread.
+INLINE_PLAN_ROWS = 16
+
+
+def runs_inline(plan: worker_pb2.StepPlan, queued: int) -> bool:
+    """Whether a plan may run on the event loop's thread (see INLINE_PLAN_ROWS)."""
+    if queued or plan.deferred_mask_seq_ids:
+        return False
+    rows = len(plan.decode_seq_ids)
+    rows += sum(new.num_scheduled_tokens for new in plan.new_sequences)
+    rows += sum(c.num_scheduled_tokens + c.num_draft_tokens for c in plan.continuing_sequences)
+    return rows * max(plan.num_steps, 1) <= INLINE_PLAN_ROWS
+
 
 class _Superseded(Exception):
     pass
@@ -167,6 +187,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             # Masks for a plan queued or running: its sampler may wait
                             # on them now, so they go straight to it (no result).
                             worker.runner.mailbox.post(stream, plan)
+                        elif runs_inline(plan, len(queued)):
+                            queued.append((plan, self._execute_inline(worker, stream, plan)))
                         else:
                             future = loop.run_in_executor(
                                 self.executor, self._execute, worker, stream, plan
@@ -221,6 +243,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker.runner.reset()
             log.info("step_stream_state_dropped", stream=stream)
 
+    def _execute_inline(self, worker: Worker, stream: int, plan) -> asyncio.Future:
+        """The plan run now, on the loop's thread: its result (or error) as a done future,
+        as the forward thread's would be. Only when nothing runs on the forward thread
+        for this stream (runs_inline): the runner is never used by two threads at once."""
+        future = asyncio.get_running_loop().create_future()
+        try:
+            future.set_result(self._execute(worker, stream, plan))
+        except Exception as exc:  # noqa: BLE001 (handed on: _result_or_abort reads it)
+            future.set_exception(exc)
+        return future
+
+    # Run on the forward thread, or on the loop's when nothing waits there (runs_inline).
     def _execute(
         self, worker: Worker, stream: int, plan: worker_pb2.StepPlan
     ) -> worker_pb2.StepResult:
