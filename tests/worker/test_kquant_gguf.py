@@ -145,10 +145,11 @@ def test_python_forward_equals_the_float_forward_of_the_dequantized_weights(mixe
 
 @pytest.mark.parametrize("variant", supported_variants())
 def test_native_step_runs_the_mixed_formats(mixed, variant):
-    """One row a decode: on the AVX-512 variant of a VNNI CPU the step's Q5_0 rows take
-    16-bit activation blocks (qblock_kquants_vnni.c's small tile) where the Python
-    forward's float tile takes float32 ones: then the VNNI kernel's bound holds (measured
-    on Zen 4: 1.0e-4 of the largest logit, 3e-5 in norm), elsewhere float32's."""
+    """One row a decode: on the AVX-512 variant of a VNNI CPU the step's Q5_0 and Q4_K
+    rows take 16-bit activation blocks (qblock_kquants_small_vnni.c) where the Python
+    forward's float tiles take float32 ones: then the VNNI kernel's bound holds (measured
+    on Zen 4 with Q5_0 alone: 1.0e-4 of the largest logit, 3e-5 in norm), elsewhere
+    float32's."""
     assert mixed.model.native_decode_status == "native decode steps"
     got, want = native_and_python(mixed, prompt(12, 16), variant)
     if variant == "avx512" and load_vnni_kernel() is not None:

@@ -97,10 +97,13 @@ def load_qblock_kernel() -> ctypes.CDLL:
     return lib
 
 
-VNNI_SOURCE = KERNELS / "qblock_vnni.c"
-# The VNNI kernel's own objects: Q4_1 / Q8_0 (qblock_vnni.c) and the K-quants' and
-# Q5_0's panel packing (qblock_kquants_vnni.c); linked with PARTS.
-VNNI_PARTS = ((VNNI_SOURCE, COMPILE_FLAGS), (KERNELS / "qblock_kquants_vnni.c", COMPILE_FLAGS))
+# The VNNI kernel's own objects: Q4_1 / Q8_0 (qblock_vnni.c), the K-quants' and Q5_0's
+# panel packing (qblock_kquants_vnni.c) and Q5_0's and Q4_K's small-M tiles
+# (qblock_kquants_small_vnni.c); linked with PARTS.
+VNNI_PARTS = tuple(
+    (KERNELS / name, COMPILE_FLAGS)
+    for name in ("qblock_vnni.c", "qblock_kquants_vnni.c", "qblock_kquants_small_vnni.c")
+)
 
 
 @functools.cache

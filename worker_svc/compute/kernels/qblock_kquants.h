@@ -67,9 +67,14 @@ void kq_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes, int64
                           const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
 
 /* The VNNI kernel's panel (qblock_vnni.h's qblock_vnni_panel) for these formats, in
- * qblock_kquants_vnni.c. Q5_0 at m <= KQ_SMALL_VNNI_M rows of x packs no panel: its
- * blocks are widened in registers (the native decode step's small M). */
+ * qblock_kquants_vnni.c. Q5_0 and Q4_K at m <= KQ_SMALL_VNNI_M rows of x pack no panel:
+ * their blocks are widened in registers (qblock_kquants_small_vnni.c; the native decode
+ * step's small M). */
 enum { KQ_SMALL_VNNI_M = 8 };
+int kq_small_vnni_reads(int format);
+void kq_small_vnni(int format, const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t k,
+                   const int16_t *qx, const float *dx, const float *sx, int64_t m, float *y,
+                   int64_t ldy);
 void kq_vnni_panel(int format, const uint8_t *w, int64_t first, int64_t rows, int64_t k,
                    const int16_t *qx, const float *dx, const float *sx, int64_t m, float *y,
                    int64_t ldy, int16_t *tmp, float *wd);

@@ -21,7 +21,6 @@
 
 #include "qblock_kquants.h"
 #include "qblock_kquants_stage.h"
-#include "qblock_prefetch.h"
 #include "qblock_vnni.h"
 #include "qblock_vnni_transpose.h"
 
@@ -146,68 +145,14 @@ VNNI_TARGET INLINE void panel_all(const int16_t *wq, const float *wd, const floa
                    ldy, rows, 1, QB, HAS_MIN);
 }
 
-/* Q5_0 at small M: no panel. Each block's 32 values are widened to int16 in registers
- * (low nibbles, then high ones, the fifth bit added under a mask) and meet the row of x
- * in one vpdpwssd, so each weight byte is read once, as the float tile reads it; against
- * that tile's table lookups (two vpermt2ps and two FMAs a block) this is one integer dot
- * product, a conversion and an FMA: 1.2-1.5x the float tile at M = 1 on Zen 4 (a
- * one-off timing of both tiles, 4 rows of K = 576; the Q4_K_M file's native call 6.2 ->
- * 5.7 ms, bench/RESULTS.md). sum_j d (q_j - 16) x_j ~= d dx sum_j q_j qx_j - 16 d sx. RR
- * weight rows (a constant) against one row of x. */
-VNNI_TARGET INLINE void q5_0_rows(const uint8_t *w, int64_t row_bytes, const int16_t *qx,
-                                  const float *dx, const float *sx, int64_t k, float *y,
-                                  const int RR)
-{
-    const __m256i low = _mm256_set1_epi16(15);
-    const __m512i sixteen = _mm512_set1_epi16(16);
-    __m512 acc[4];
-    float offset[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int r = 0; r < RR; r++)
-        acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < k / QK; b++) {
-        const __m512i xv = _mm512_loadu_si512(qx + QK * b);
-        for (int r = 0; r < RR; r++) {
-            const uint8_t *blk = w + r * row_bytes + b * 22;
-            QBLOCK_PREFETCH_AHEAD(blk);
-            const float d = qblock_half(blk);
-            uint32_t qh;
-            memcpy(&qh, blk + 2, sizeof qh);
-            const __m256i qs = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 6)));
-            __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(qs, low)),
-                                           _mm256_srli_epi16(qs, 4), 1);
-            q = _mm512_mask_add_epi16(q, (__mmask32)qh, q, sixteen);
-            const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, xv);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * dx[b]), acc[r]);
-            offset[r] += d * sx[b];
-        }
-    }
-    for (int r = 0; r < RR; r++)
-        y[r] = _mm512_reduce_add_ps(acc[r]) - 16.0f * offset[r];
-}
-
-VNNI_TARGET static void q5_0_small(const uint8_t *w, int64_t row_bytes, int64_t rows, int64_t k,
-                                   const int16_t *qx, const float *dx, const float *sx,
-                                   int64_t m, float *y, int64_t ldy)
-{
-    const int64_t x_blocks = k / QK;
-    for (int64_t i = 0; i < m; i++) {
-        int64_t r = 0;
-        for (; r + 4 <= rows; r += 4)
-            q5_0_rows(w + r * row_bytes, row_bytes, qx + i * k, dx + i * x_blocks,
-                      sx + i * x_blocks, k, y + i * ldy + r, 4);
-        for (; r < rows; r++)
-            q5_0_rows(w + r * row_bytes, row_bytes, qx + i * k, dx + i * x_blocks,
-                      sx + i * x_blocks, k, y + i * ldy + r, 1);
-    }
-}
-
 VNNI_TARGET void kq_vnni_panel(int format, const uint8_t *w, int64_t first, int64_t rows,
                                int64_t k, const int16_t *qx, const float *dx, const float *sx,
                                int64_t m, float *y, int64_t ldy, int16_t *tmp, float *wd)
 {
     const int64_t row_bytes = k / group_weights(format) * group_bytes(format);
-    if (format == QBLOCK_FORMAT_Q5_0 && m <= KQ_SMALL_VNNI_M) {
-        q5_0_small(w + first * row_bytes, row_bytes, rows, k, qx, dx, sx, m, y + first, ldy);
+    if (kq_small_vnni_reads(format) && m <= KQ_SMALL_VNNI_M) {
+        kq_small_vnni(format, w + first * row_bytes, row_bytes, rows, k, qx, dx, sx, m, y + first,
+                      ldy);
         return;
     }
     int16_t *wq = tmp + LANES * k;

@@ -47,7 +47,7 @@ struct thread_scratch {
     float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
     float *scores;        /* group * longest context */
     int vnni;             /* this step's projections take the VNNI kernel */
-    int small_vnni;       /* below vnni_from_m: Q5_0 takes its small VNNI tile */
+    int small_vnni;       /* below vnni_from_m: Q5_0 and Q4_K take their small VNNI tiles */
 };
 
 /* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */
@@ -84,17 +84,18 @@ static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens
     return out;
 }
 
-/* Whether Q5_0's rows take the VNNI kernel's small tile (16-bit activation blocks) at
- * this m: where the CPU has VNNI and m is below vnni_from_m, up to KQ_SMALL_VNNI_M. */
+/* Whether Q5_0's and Q4_K's rows take the VNNI kernel's small tiles (16-bit activation
+ * blocks) at this m: where the CPU has VNNI and m is below vnni_from_m, up to
+ * KQ_SMALL_VNNI_M. */
 static int small_vnni_rows(const struct thread_scratch *ts, int64_t m)
 {
     return !ts->vnni && ts->small_vnni && m <= KQ_SMALL_VNNI_M;
 }
 
-static int has_format(const struct block_weight *w, int format)
+static int has_small_vnni_run(const struct block_weight *w)
 {
     for (int64_t run = 0; run < w->runs; run++)
-        if (w->format[run] == format)
+        if (kq_small_vnni_reads((int)w->format[run]))
             return 1;
     return 0;
 }
@@ -104,7 +105,7 @@ static int has_format(const struct block_weight *w, int format)
 static void prepare_input(const struct thread_scratch *ts, const struct block_weight *w,
                           const float *x, int64_t m, int64_t k)
 {
-    if (ts->vnni || (small_vnni_rows(ts, m) && has_format(w, QBLOCK_FORMAT_Q5_0)))
+    if (ts->vnni || (small_vnni_rows(ts, m) && has_small_vnni_run(w)))
         qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
 }
 
@@ -118,7 +119,7 @@ static void project(int variant, int format, const uint8_t *w, int64_t first, in
                     const struct thread_scratch *ts)
 {
     const int vnni_reads = format >= QBLOCK_FORMAT_Q4_1 && format <= QBLOCK_FORMAT_Q5_0;
-    const int small = format == QBLOCK_FORMAT_Q5_0 && small_vnni_rows(ts, m);
+    const int small = kq_small_vnni_reads(format) && small_vnni_rows(ts, m);
     if (!small && (!ts->vnni || !vnni_reads)) {
         qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
         return;
