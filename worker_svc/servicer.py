@@ -51,10 +51,10 @@ MAX_QUEUED_PLANS = 2
 # event loop's own thread when no plan is before it: a few decodes take milliseconds on
 # a CPU, and the hop to the forward thread and back (two futures, a wake-up, and the GIL
 # passed between threads twice) cost more than that step's Python: at one stream on 2
-# cores, 8-16% more tokens a second (bench/RESULTS.md, "One stream's step on the event
-# loop"). The loop then answers health checks and reads the next plan after the step,
-# a few milliseconds late; bigger plans, and a plan whose sampler may wait for deferred
-# masks (which only the loop can read), keep the forward thread.
+# cores, 8-16% more tokens a second (bench/RESULTS.md, issue 31's seventh pass). The
+# loop then answers health checks and reads the next plan after the step, a few
+# milliseconds late; bigger plans, and a plan whose sampler may wait for deferred masks
+# (which only the loop can read), keep the forward thread.
 INLINE_PLAN_ROWS = 16
 
 
@@ -246,7 +246,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _execute_inline(self, worker: Worker, stream: int, plan) -> asyncio.Future:
         """The plan run now, on the loop's thread: its result (or error) as a done future,
         as the forward thread's would be. Only when nothing runs on the forward thread
-        for this stream (runs_inline): the runner is never used by two threads at once."""
+        for this stream (runs_inline), and never beside a newer stream's reset there: that
+        stream sets this one's superseded signal before it queues the reset, and this
+        stream looks at the signal before it runs a plan. So the runner is never used by
+        two threads at once."""
         future = asyncio.get_running_loop().create_future()
         try:
             future.set_result(self._execute(worker, stream, plan))
