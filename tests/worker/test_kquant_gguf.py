@@ -25,6 +25,7 @@ from tests.worker.architectures.test_float_forward import CPU, prompt
 from tests.worker.kquant_file import QTYPE, rewrite_gguf
 from tests.worker.native_step import (
     TOLERANCES,
+    Path,
     assert_close_logits,
     batch16_paths,
     on_path,
@@ -182,6 +183,24 @@ def test_native_step_batch16_on_every_path(mixed, mixed_prefilled, path):
     assert_close_logits(nat_logits, py_logits, vnni=bool(path.vnni))
     assert torch.equal(nat_cache != before, py_cache != before)
     torch.testing.assert_close(nat_cache, py_cache, rtol=0, atol=TOLERANCES[bool(path.vnni)][1])
+
+
+@pytest.mark.skipif(
+    "avx512" not in supported_variants() or load_vnni_kernel() is None,
+    reason="the small-M VNNI tiles run only in the AVX-512 variant on a VNNI CPU",
+)
+def test_one_row_keeps_float32_activations_where_the_vnni_kernel_is_off(mixed, mixed_prefilled):
+    """The small-M tiles take 16-bit activations as the VNNI kernel does, so the switch
+    that turns it off (CBSERVE_QBLOCK_VNNI=0: no projection reads VNNI) turns them off too:
+    one row of the AVX-512 variant then stays within float32's bound of the Python
+    forward (with the tiles: ~1e-4 of the largest logit, far past it)."""
+    path = Path("avx512", vnni=False)
+    with on_path(mixed.model, path) as native:
+        assert native.vnni_from_m == 0
+        _, (py_logits, _), (nat_logits, _) = python_and_native(
+            mixed, mixed_prefilled, native, [0], torch.arange(1), path
+        )
+    assert_close_logits(nat_logits, py_logits, vnni=False)
 
 
 def test_dequantize_reads_the_written_q4_k(mixed):

@@ -191,9 +191,10 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     const int layers_vnni = vnni_ok && T >= b->vnni_from_m;
     const int head_vnni = vnni_ok && S >= b->vnni_from_m;
     /* Below vnni_from_m, Q5_0's and Q4_K's rows take the VNNI kernel's small tiles
-     * (decode_panels.h), in the AVX-512 variant only: the plain and AVX2 variants stay
-     * what they name. */
-    const int small_vnni = variant == QBLOCK_VARIANT_AVX512 && qblock_vnni_supported();
+     * (decode_panels.h): wherever the VNNI kernel may run (its 16-bit activations; off
+     * with CBSERVE_QBLOCK_VNNI=0, which leaves vnni_from_m 0), and in the AVX-512 variant
+     * only: the plain and AVX2 variants stay what they name. */
+    const int small_vnni = vnni_ok && variant == QBLOCK_VARIANT_AVX512;
 
     struct scratch s;
     s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
