@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import structlog
 
+from common.cancel_safe import cancel_and_wait, set_within
 from common.errors import ServiceError
 from common.metrics import exposition
 from scheduler_svc.api import admission
@@ -258,8 +259,7 @@ class EdgeHub:
         """The pool to every API process: at once on a worker change, else every 0.25 s."""
         changed = self._pool.changed
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), SNAPSHOT_INTERVAL_S)
+            await set_within(changed, SNAPSHOT_INTERVAL_S)  # wait_for could lose stop()'s cancel
             changed.clear()
             snapshot = self.snapshot()
             for edge in list(self._edges.values()):
@@ -268,7 +268,6 @@ class EdgeHub:
 
     async def stop(self) -> None:
         if self._snapshots is not None:
-            self._snapshots.cancel()
-            await asyncio.gather(self._snapshots, return_exceptions=True)
+            await cancel_and_wait(self._snapshots)
         for edge in list(self._edges.values()):
             await edge.channel.close()

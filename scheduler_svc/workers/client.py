@@ -28,6 +28,7 @@ import grpc
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
+from common.cancel_safe import done_within
 from common.grpc_options import channel_options
 from common.tls import ChannelSecurity, open_channel
 from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
@@ -189,10 +190,11 @@ class WorkerClient:
         has answered: when the worker starts this one)."""
         epoch = self.epoch
         try:
-            # wait_for, not asyncio.timeout: pyproject admits Python 3.10, which has
-            # only this, and raises asyncio.TimeoutError (not yet the builtin) from it.
-            reply = await asyncio.wait_for(asyncio.shield(answer), deadline_s)
-            return output_from_proto(reply)
+            # Not wait_for: on Python 3.10 and 3.11 it loses a cancel that meets the
+            # answer, and the engine's loop would outlive its stop (common.cancel_safe).
+            if not await done_within(answer, deadline_s):
+                raise asyncio.TimeoutError
+            return output_from_proto(answer.result())
         except asyncio.TimeoutError:
             self._lose(
                 epoch,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
+from common.cancel_safe import cancel_and_wait
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config.core import SchedulerConfig
@@ -252,8 +253,7 @@ class WorkerEngine:
         """Stops the loop and closes the stream; requests still here end with UNAVAILABLE,
         as when a worker is lost (the pool stops an engine whose worker left DNS)."""
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
             self._task = None
         await self.client.close()
         self._withdraw_cache()

@@ -17,13 +17,13 @@ the worker answered out of protocol); the engine recovers and starts a new one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.cancel_safe import set_within
 from scheduler_svc.config.faults import FaultConfig
 from scheduler_svc.core.plan import StepPlan
 from scheduler_svc.core.scheduler import Scheduler
@@ -122,10 +122,8 @@ class StepLoop:
     async def _sleep_until_woken_or(self, deadline: float | None) -> None:
         """Idle until a request arrives or leaves, or a queued request's deadline passes."""
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        # asyncio.TimeoutError: what wait_for raises on Python 3.10 (an alias of
-        # TimeoutError only from 3.11 on).
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.wakeup.wait(), timeout)
+        # Not wait_for, which on Python 3.10 and 3.11 can lose the engine's cancel.
+        await set_within(self.wakeup, timeout)
 
 
 def _next_deadline(scheduler: Scheduler) -> float | None:
