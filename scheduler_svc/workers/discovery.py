@@ -16,7 +16,6 @@ healthy worker with its requests.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from common.addresses import parse_target
+from common.cancel_safe import cancel_and_wait, done_within
 
 if TYPE_CHECKING:
     from scheduler_svc.workers.pool import WorkerPool
@@ -94,9 +94,7 @@ class WorkerDiscovery:
         """One lookup; adds the new addresses to the pool and removes the vanished ones."""
         try:
             # A lookup slower than the interval is as good as failed: try again then.
-            ips = await asyncio.wait_for(
-                self.resolver(self.host, self.port), max(self.interval_s, 1.0)
-            )
+            ips = await self._resolve(max(self.interval_s, 1.0))
         except (OSError, TimeoutError) as error:
             log.warning(
                 "worker lookup failed; keeping the workers", name=self.target, error=str(error)
@@ -110,6 +108,17 @@ class WorkerDiscovery:
             log.info("worker disappeared", name=self.target, worker=address)
             await self.pool.remove(address)
         self.addresses = found
+
+    async def _resolve(self, timeout_s: float) -> list[str]:
+        """The resolver's answer, or TimeoutError; not wait_for, which on Python 3.10
+        and 3.11 can lose stop()'s cancel (common.cancel_safe)."""
+        lookup = asyncio.ensure_future(self.resolver(self.host, self.port))
+        try:
+            if not await done_within(lookup, timeout_s):
+                raise TimeoutError(f"no answer within {timeout_s:.3g} s")
+            return lookup.result()
+        finally:
+            lookup.cancel()
 
     def start(self) -> None:
         """Follows the name until stop(); the first lookup is immediate."""
@@ -126,7 +135,5 @@ class WorkerDiscovery:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None

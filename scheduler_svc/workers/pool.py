@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import grpc
 import structlog
 
+from common.cancel_safe import cancel_and_wait
 from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config.core import SchedulerConfig
@@ -223,8 +224,7 @@ class WorkerPool:
             return
         connecting = self._connecting.pop(address, None)
         if connecting is not None:
-            connecting.cancel()
-            await asyncio.gather(connecting, return_exceptions=True)
+            await cancel_and_wait(connecting)
         engine = self.engines.pop(address)
         await engine.stop()
         self._retire(engine.stats)
