@@ -84,6 +84,8 @@ class Outcome:
     """One streamed request: its tokens, and how it ended (a finish reason or a status)."""
 
     tokens: list[int] = field(default_factory=list)
+    # One TokenLogprob per token, when the request asked for logprobs.
+    logprobs: list = field(default_factory=list)
     finish_reason: int | None = None
     code: grpc.StatusCode | None = None
     seconds: float = 0.0
@@ -100,6 +102,7 @@ async def stream(client: AsyncClient, prompt: Prompt, outcome: Outcome, progress
     try:
         async for response in client.generate(**request, **sampling):
             outcome.tokens.extend(response.token_ids)
+            outcome.logprobs.extend(response.logprobs)
             if response.finish_reason:
                 outcome.finish_reason = response.finish_reason
             if progress is not None:
@@ -111,10 +114,17 @@ async def stream(client: AsyncClient, prompt: Prompt, outcome: Outcome, progress
         outcome.seconds = time.monotonic() - started
 
 
-def run_greedy(address: str, prompts: list[Prompt], max_tokens: int, fault=None, after_tokens=3):
-    """Streams every prompt at once (greedy); calls fault() (in a thread) once every
-    stream has after_tokens tokens. Returns the outcomes, and the tokens each
-    stream had when the fault came."""
+def run_greedy(
+    address: str,
+    prompts: list[Prompt],
+    max_tokens: int,
+    fault=None,
+    after_tokens=3,
+    **sampling,
+):
+    """Streams every prompt at once (greedy, plus `sampling`: logprobs=5, say); calls
+    fault() (in a thread) once every stream has after_tokens tokens. Returns the
+    outcomes, and the tokens each stream had when the fault came."""
 
     async def scenario():
         outcomes = [Outcome() for _ in prompts]
@@ -135,6 +145,7 @@ def run_greedy(address: str, prompts: list[Prompt], max_tokens: int, fault=None,
                         max_tokens=max_tokens,
                         timeout=300,
                         **GREEDY,
+                        **sampling,
                     )
                 )
                 for prompt, outcome in zip(prompts, outcomes, strict=True)
