@@ -192,10 +192,8 @@ class WorkerClient:
         try:
             # Not wait_for: on Python 3.10 and 3.11 it loses a cancel that meets the
             # answer, and the engine's loop would outlive its stop (common.cancel_safe).
-            if not await done_within(answer, deadline_s):
-                raise asyncio.TimeoutError
-            return output_from_proto(answer.result())
-        except asyncio.TimeoutError:
+            if await done_within(answer, deadline_s):
+                return output_from_proto(answer.result())
             self._lose(
                 epoch,
                 WorkerLost(
