@@ -50,6 +50,7 @@ def test_ports_of_one_process_are_distinct_and_below_the_ephemeral_range():
     assert all(port < ephemeral_start() for port in ports)
 
 
+@pytest.mark.process
 def test_two_processes_never_get_the_same_port(tmp_path):
     ours = _blocks(tmp_path)
     mine = {ours.take() for _ in range(SMALL + 1)}  # two blocks claimed
@@ -61,6 +62,7 @@ def test_two_processes_never_get_the_same_port(tmp_path):
     assert all(TEST_FIRST <= port < TEST_END for port in mine | theirs)
 
 
+@pytest.mark.process
 def test_a_claim_ends_with_its_process(tmp_path):
     holder = _child_ports(tmp_path, 1, hold=True)
     held_port = int(holder.stdout.readline())

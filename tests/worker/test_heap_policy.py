@@ -56,6 +56,7 @@ def _glibc() -> bool:
     return hasattr(ctypes.CDLL(None), "mallinfo2")
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not _glibc(), reason="mallinfo2 is glibc's (2.33+)")
 def test_freed_step_buffers_stay_in_the_heap():
     applied, outcome, _ = _child("policy")
@@ -65,6 +66,7 @@ def test_freed_step_buffers_stay_in_the_heap():
     assert outcome == "True True"
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not _glibc(), reason="mallinfo2 is glibc's (2.33+)")
 def test_without_the_policy_glibc_maps_and_returns_the_buffer():
     # The control: the same child without the policy shows what the policy changes.

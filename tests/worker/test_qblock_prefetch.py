@@ -34,6 +34,9 @@ def prefetches_in(library: str, symbol: str) -> int:
     return listing.count("prefetcht1")
 
 
+# objdump is what reads the instructions: a process, so this runs in `make test`, not
+# the fast tier (tests/tiers.py).
+@pytest.mark.process
 @pytest.mark.parametrize("variant", sorted(TILES))
 def test_every_small_tile_fetches_its_weights_ahead(variant):
     if variant not in supported_variants():
