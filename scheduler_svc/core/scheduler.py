@@ -21,16 +21,17 @@ registers newly full blocks in the prefix cache and frees what finished. Text (d
 strings) is the edge's (output/text_stream.py): nothing here costs per character.
 
 Async scheduling: up to `max_in_flight` plans may be out at once (see
-workers/step_loop.py). What a plan computes counts as computed when planned,
-and what it samples as pending (Request.num_pending_samples): the next plan's
-decode computes that token without its id, which the worker sampled itself.
-So stop checks lag one step: a request that stopped at step N's token is in
-step N+1 already, and the token N+1 samples for it is dropped unseen. Its
-blocks are freed when N's result comes; the worker runs plans in order, so a
-later owner of those blocks writes them only after N+1. max_tokens and the
-model length never cost that extra step (a request is not planned past them),
-and a decode ahead of its sample never preempts. Results for a request
-preempted, aborted or finished since its plan went out are dropped.
+workers/step_loop.py; what each asked of whom: in_flight.py). What a plan
+computes counts as computed when planned, and what it samples as pending
+(Request.num_pending_samples): the next plan's decode computes that token
+without its id, which the worker sampled itself. So stop checks lag one step: a
+request that stopped at step N's token is in step N+1 already, and the token N+1
+samples for it is dropped unseen. Its blocks are freed when N's result comes;
+the worker runs plans in order, so a later owner of those blocks writes them
+only after N+1. max_tokens and the model length never cost that extra step (a
+request is not planned past them), and a decode ahead of its sample never
+preempts. Results for a request preempted, aborted or finished since its plan
+went out are dropped.
 
 num_scheduler_steps > 1: multi_step.py. How requests enter and leave (finish,
 fail, deadlines): request_table.py. `take_unfinished` and `adopt` move requests
@@ -57,8 +58,8 @@ from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.core import handover
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockEvents, BlockManager
+from scheduler_svc.core.in_flight import Planned, PlansInFlight
 from scheduler_svc.core.multi_step import plan_decode_steps, room_to_sample
-from scheduler_svc.core.pending_masks import PendingMasks
 from scheduler_svc.core.plan import (
     DeferredMasks,
     StepOutput,
@@ -73,11 +74,6 @@ from scheduler_svc.core.speculation import Speculation
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.token_intake import take_output
 from scheduler_svc.structured.scheduling import mask_missing_error
-
-# What a plan in flight asked of one request: the request, its num_preemptions when
-# planned (a preemption since makes the result stale), whether it samples and the
-# drafts it may verify.
-_Planned = tuple[Request, int, bool, int]
 
 
 class Scheduler:
@@ -100,8 +96,8 @@ class Scheduler:
         """kv_events: told of blocks entering and leaving the prefix cache (KV events)."""
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
-        if max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        # Plans sent and not answered yet, oldest first, with what each asked of whom.
+        self._in_flight = PlansInFlight(max_in_flight)
         self.config = config
         self.max_model_len = max_model_len
         self.block_manager = BlockManager(
@@ -114,14 +110,9 @@ class Scheduler:
         self.requests = RequestTable(
             self.queue, self.block_manager, self._eos_token_ids, max_model_len
         )
-        self._next_step_id = 1
-        # Plans sent and not answered yet, oldest first, with what each asked of whom.
-        self.max_in_flight = max_in_flight
-        self._in_flight: dict[int, list[_Planned]] = {}
         # Plan constrained rows ahead of their pending sample, their masks sent later
         # (the worker says whether it accepts that: WorkerDescription).
         self.deferred_masks = deferred_masks
-        self._pending_masks = PendingMasks()
         # Speculative decoding, where configured and the worker drafts (core/speculation.py).
         self.speculation = None
         if drafts and config.speculative is not None:
@@ -133,6 +124,10 @@ class Scheduler:
                 draft_row_cost,
                 constrained_drafts,
             )
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._in_flight.max_in_flight
 
     @property
     def waiting(self) -> list[Request]:
@@ -173,13 +168,10 @@ class Scheduler:
 
     def schedule(self) -> StepPlan | None:
         """The next step's plan; None when there is nothing to compute or tell the worker."""
-        if len(self._in_flight) >= self.max_in_flight:
-            raise RuntimeError(
-                f"{len(self._in_flight)} steps are in flight: call update_from_output first"
-            )
+        step_id = self._in_flight.next_step_id()
         self.requests.expire_deadlines(self._clock())
-        plan = StepPlan(step_id=self._next_step_id)
-        planned: list[_Planned] = []
+        plan = StepPlan(step_id=step_id)
+        planned: list[Planned] = []
         budget = self.config.max_num_batched_tokens
         step = self.queue.begin_step()
         if self.config.batching == "continuous":
@@ -245,9 +237,7 @@ class Scheduler:
             return None
         if plan.allowed_tokens is not None:
             plan.allowed_tokens.fill()
-        self._next_step_id += 1
-        self._in_flight[plan.step_id] = planned
-        self._pending_masks.note(plan, planned)
+        self._in_flight.sent(plan, planned)
         return plan
 
     def _plan(
@@ -260,15 +250,8 @@ class Scheduler:
     def update_from_output(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:
         """Applies the oldest plan in flight's result; returns one output per request that
         got a token (a multi-step plan's tokens of one request merged into one)."""
-        oldest = next(iter(self._in_flight), None)
-        if plan.step_id != oldest or result.step_id != plan.step_id:
-            raise RuntimeError(
-                f"result for step {result.step_id} and plan {plan.step_id} do not match "
-                f"the oldest step in flight ({oldest})"
-            )
-        planned = self._in_flight.pop(plan.step_id)
+        planned, missing = self._in_flight.answered(plan, result)
         _, sampled = match_output(plan, result)
-        missing = self._pending_masks.missing(plan, result)
         verified = dict(zip(result.seq_ids, result.draft_counts, strict=False))
         if self.speculation is not None:
             self.speculation.observe_step(plan, result)
@@ -308,7 +291,7 @@ class Scheduler:
         """The deferred rows of the oldest plan in flight, once every plan before it has
         answered (call after each update_from_output); None if it has none, or they
         were taken already. The worker's sampler waits for them: send them at once."""
-        return self._pending_masks.take(next(iter(self._in_flight), None))
+        return self._in_flight.take_deferred_masks()
 
     # -- handing requests to another scheduler when the worker is lost (handover.py) ----
 
@@ -317,7 +300,6 @@ class Scheduler:
         (`adopt` there). Called when the worker is lost: its steps will never answer."""
         taken = handover.take_unfinished(self.queue, self.requests)
         self._in_flight.clear()
-        self._pending_masks.clear()
         return taken
 
     def adopt(self, request: Request) -> None:
