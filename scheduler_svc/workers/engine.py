@@ -7,9 +7,9 @@ themselves are step_loop.StepLoop's. RPC handlers add and abort requests
 between steps; every request's outputs go to its own asyncio.Queue (handle.py),
 which its Generate handler drains.
 
-The pool reads an engine's plain properties (load, pool, cache) to place
-requests and is told when its connection comes or goes (on_connection_change):
-health status follows it.
+The pool reads an engine's plain properties (load, pool, cache:
+engine_readings.py) to place requests and is told when its connection comes or
+goes (on_connection_change): health status follows it.
 
 A lost worker (see liveness: its stream broke, a keepalive ping or a step
 went unanswered; idle or not) loses nothing: it is marked disconnected the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -38,11 +38,11 @@ from common.errors import ServiceError
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.config.faults import FaultConfig
-from scheduler_svc.core.prefix_hash import extend_block_hashes
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.workers.client import WorkerClient, WorkerLost
+from scheduler_svc.workers.engine_readings import EngineReadings
 from scheduler_svc.workers.handle import Migrant, RequestHandle, RequestHandles
 from scheduler_svc.workers.liveness import Comeback, keep_trying
 from scheduler_svc.workers.step_loop import StepLoop
@@ -58,7 +58,7 @@ log = structlog.get_logger("scheduler.engine")
 RECONNECT_ATTEMPT_S = 2.0
 
 
-class WorkerEngine:
+class WorkerEngine(EngineReadings):
     def __init__(
         self,
         address: str,
@@ -97,63 +97,6 @@ class WorkerEngine:
 
     def _count_step(self) -> None:
         self.steps += 1
-
-    # -- what placement and the metrics read (0 before the worker has described itself) --
-
-    @property
-    def connected(self) -> bool:
-        return self._connected
-
-    def holds(self, request_id: str) -> bool:
-        return request_id in self._handles
-
-    @property
-    def load(self) -> int:
-        return len(self._handles)
-
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens of KV the worker's pool holds."""
-        description = self.client.description
-        return description.num_kv_blocks * description.block_size if description else 0
-
-    def fits(self, num_tokens: int) -> bool:
-        """Whether a request that may hold num_tokens of KV fits this worker's pool."""
-        return num_tokens <= self.capacity_tokens
-
-    @property
-    def num_running(self) -> int:
-        return self.scheduler.num_running if self.scheduler else 0
-
-    @property
-    def num_waiting(self) -> int:
-        return self.scheduler.num_waiting if self.scheduler else 0
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.scheduler.block_manager.num_blocks if self.scheduler else 0
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.scheduler.block_manager.num_used_blocks if self.scheduler else 0
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return self.scheduler.block_manager.num_cached_blocks if self.scheduler else 0
-
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
-        """Leading tokens of a prompt whose KV this worker's prefix cache holds now.
-
-        Read-only: the same lookup admission makes, without taking the blocks.
-        The last token is left out, as admission does: its logits need a forward.
-        """
-        if not self.connected or self.scheduler is None:
-            return 0
-        manager = self.scheduler.block_manager
-        hashes: list[int] = []
-        extend_block_hashes(hashes, token_ids, manager.block_size)
-        hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1)
-        return len(hits) * manager.block_size
 
     # -- requests in and out --------------------------------------------------------------
 
