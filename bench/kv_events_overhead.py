@@ -98,11 +98,11 @@ def _run(mix, events_on: bool) -> tuple[float, int, float]:
     return elapsed, steps, replica.seconds if replica is not None else 0.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.kv_events_overhead") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     mix = _prompts(args.requests, seed=0)
     per_step: dict[str, list[float]] = {"off": [], "on": []}
     in_events: list[float] = []

@@ -62,14 +62,14 @@ def _prompts(count: int, seed: int) -> list[list[int]]:
     return prompts
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.kv_events_stack") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--blocks", type=int, default=128)
     parser.add_argument("--api-processes", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     pub_port, replay_port, http_port = free_port(), free_port(), free_port()
     config = {
         "enable_kv_cache_events": True,

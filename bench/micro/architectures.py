@@ -93,13 +93,13 @@ class Stepper:
         return time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.micro.architectures")
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.architectures") -> None:
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--dtype", default="q4_1")
     parser.add_argument("--batch", default="1,16")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--context", type=int, default=128)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import transformers as hf
 
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}; path {args.dtype}")

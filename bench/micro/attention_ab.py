@@ -33,14 +33,14 @@ def load(path: str) -> ctypes.CDLL:
     return lib
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.attention_ab") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("old")
     parser.add_argument("new")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--batch", type=int, default=64)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
     lens = [rng.randint(100, 800) for _ in range(args.batch)]

@@ -26,8 +26,10 @@ from worker_svc.attention.cpu_backend import kernel_cache_unsupported_reason
 from worker_svc.kv_pool import KV_CACHE_TORCH_DTYPES, KVPool, KVPoolSpec
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(
+    argv: list[str] | None = None, prog: str = "python -m bench.micro.attention_profile"
+) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", default="200", metavar="N|LOW:HIGH")
     parser.add_argument("--heads", type=int, default=9)
@@ -38,7 +40,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kv-cache-dtype", default="float32", choices=KV_CACHE_TORCH_DTYPES)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
     low, high = parse_range(args.context)

@@ -21,12 +21,12 @@ from worker_svc.compute.cpu_features import cpu_name
 from worker_svc.speculation.row_cost import measure_draft_row_cost
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.draft_rows") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--drafts", default="2,4,6,7")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtype", default="q4_1")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runner = make_runner(args.dtype, 400)
     print(f"CPU: {cpu_name()}, {args.dtype}, median of {args.repeats}")
     for drafts in (int(k) for k in args.drafts.split(",")):

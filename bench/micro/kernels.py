@@ -73,19 +73,19 @@ def step_gflops(
     return total_flops / total_time / 1e9, per_shape
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.kernels") -> None:
     from transformers import AutoConfig
 
     from common.defaults import default_model_path
 
-    parser = argparse.ArgumentParser(prog="python -m bench.micro.kernels")
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--model", default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--rows", default="1,64", help="M values (tokens in a step)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--print-table-row", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
     torch.set_num_threads(args.threads)
     config = AutoConfig.from_pretrained(args.model or default_model_path())

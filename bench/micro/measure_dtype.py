@@ -119,15 +119,15 @@ def measure_prefill(runner: ModelRunner, length: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.measure_dtype") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--prefill", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     per_seq = -(-(args.context + args.steps + 3) // 16)
     num_blocks = max(args.batch * per_seq, -(-args.prefill // 16))

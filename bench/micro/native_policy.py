@@ -34,8 +34,8 @@ def _spin() -> None:
         pass
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.native_policy") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=0)
     parser.add_argument("--spins", default=str(BARRIER_SPIN))
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     policy = os.environ.get("OMP_WAIT_POLICY", "default")
     spin = os.environ.get("GOMP_SPINCOUNT", "default")

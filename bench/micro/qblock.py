@@ -64,16 +64,16 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return min(times), statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.qblock") -> None:
     from common.defaults import packaged_gguf_path
 
-    parser = argparse.ArgumentParser(prog="python -m bench.micro.qblock")
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--gguf", default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", default="1,4,16,64,256")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--variants", default=None, help="kernel variants (default: all here)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     shapes = shapes_from_gguf(args.gguf or packaged_gguf_path())
     variants = args.variants.split(",") if args.variants else supported_variants()

@@ -90,15 +90,15 @@ def matmul_with(lib: ctypes.CDLL, x, blocks, fmt: BlockFormat, k: int, variant: 
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.micro.qblock_formats")
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.qblock_formats") -> None:
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", default="1,4")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--formats", default=",".join(FORMATS))
     parser.add_argument("--variants", default="", help="default: every one this CPU runs")
     parser.add_argument("--baseline", type=Path, help="another copy of compute/kernels")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     libs = [qblock.load_qblock_kernel()]
     if args.baseline is not None:
         libs.append(load_baseline(args.baseline))

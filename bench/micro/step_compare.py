@@ -35,14 +35,14 @@ from bench.micro.step_profile import set_up, step_plan
 from worker_svc.compute.cpu_features import cpu_name
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.step_compare") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float32,int8,q4_1")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     dtypes = args.dtypes.split(",")
     print(

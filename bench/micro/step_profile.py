@@ -70,8 +70,8 @@ def step_plan(num_decodes: int, prefill: list[int], free: list[int], bs: int) ->
     return plan
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.step_profile") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context", default="200", metavar="N|LOW:HIGH")
     parser.add_argument("--prefill", type=int, default=0, help="tokens of one prefill chunk")
@@ -92,7 +92,7 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="the worker's --compile (torch.compile)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     low, high = parse_range(args.context)
     rng = random.Random(args.seed)

@@ -93,8 +93,8 @@ def _passed(args) -> list[str]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.wait_policy") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--dtypes", default="q4_1")
     parser.add_argument("--batches", default="1,16")
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--busy", default="0,1", help="runs alone (0) and beside a busy process")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(args)
         return

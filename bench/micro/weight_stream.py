@@ -66,8 +66,8 @@ def stream_row(
     return n * row_bytes / seconds / 1e9, 2 * m * n * k / seconds / 1e9
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.micro.weight_stream")
+def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.weight_stream") -> None:
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--formats", default="Q8_0,Q4_1,Q5_0,Q4_K,Q6_K")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rows", default="1,2", help="M values (rows of activations)")
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--variant", default="auto", help="the kernel's: auto, avx2, avx512...")
     parser.add_argument("--pages", default="4k", help="4k, huge or 4k,huge: the weight's memory")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(
         f"CPU: {cpu_name()}, {args.threads} threads, kernel variant {args.variant}, "

@@ -105,13 +105,13 @@ def run(num_requests: int, num_tokens: int, in_flight: int, profile: bool) -> No
         pstats.Stats(profiler).sort_stats("cumtime").print_stats(12)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "python -m bench.scheduler.core_cost") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--sync", action="store_true", help="one plan in flight")
     parser.add_argument("--profile", action="store_true", help="cProfile update_from_output")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     run(args.requests, args.tokens, 1 if args.sync else 2, args.profile)
 
 

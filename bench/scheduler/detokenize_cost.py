@@ -71,8 +71,10 @@ def differences(tokenizer: Tokenizer, hf: HFTokenizer, eos_run: int) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.scheduler.detokenize_cost")
+def main(
+    argv: list[str] | None = None, prog: str = "python -m bench.scheduler.detokenize_cost"
+) -> None:
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--text-file", type=Path, default=REPO_ROOT / "README.md")
     parser.add_argument("--eos-run", type=int, default=8000)

@@ -63,10 +63,12 @@ def _us(seconds: float) -> float:
     return seconds * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(
+    argv: list[str] | None = None, prog: str = "python -m bench.scheduler.structured_cost"
+) -> None:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--rows", type=int, default=64)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tokenizer = Tokenizer(converted_model_dir())
     compiler = GrammarCompiler.for_tokenizer(tokenizer)
     compiler.compile_now(Constraint("regex", "warm"))  # builds the llguidance tokenizer

@@ -103,8 +103,8 @@ def print_row(name: str, k: int, row: tuple[float, float, float]) -> None:
     print(f"{name:<14} {k:3d}  {row[0]:11.2f}  {row[1]:11.2f}  {row[2]:10.2f}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.speculation.ceiling")
+def main(argv: list[str] | None = None, prog: str = "python -m bench.speculation.ceiling") -> None:
+    parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--workload", default="edit", choices=("edit", "summarize", "chat"))
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
