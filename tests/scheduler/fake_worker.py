@@ -25,6 +25,10 @@ A decode given num_draft_tokens (speculative decoding) verifies the drafts of
 KV (rejected ones leave stale slots, which any later read catches), emits the
 script's tokens while they equal the drafts and one more, and reports the counts.
 
+Masks of allowed tokens (structured outputs), in the plan or deferred after it, are
+checked and applied as the protocol says (fake_masks.py); a masked row samples the
+script's token if the mask allows it, else the first allowed one.
+
 A sequence that asks for prompt logprobs gets, for each prompt token its step's
 positions score, fake_prompt_logprob(position) and alternatives of its token id +
 rank, as a real worker's slices come.
@@ -41,11 +45,11 @@ import numpy as np
 from cbserve.worker.v1 import worker_pb2 as wpb
 from common.plan_sequences import continuing_sequences
 from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
-from scheduler_svc.structured.bitmask import allowed_ids
 from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_proto, plan_to_proto
 
 from .fake_drafting import FakeDrafting
 from .fake_kv import SlotKV, contexts_of
+from .fake_masks import FakeMasking
 
 # (seq_id, index of the output token to sample) -> token id
 TokenScript = Callable[[int, int], int]
@@ -85,7 +89,7 @@ def scripted(
     return next_token
 
 
-class FakeWorker(FakeDrafting):
+class FakeWorker(FakeDrafting, FakeMasking):
     def __init__(self, num_blocks: int, block_size: int, script: TokenScript) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -160,19 +164,7 @@ class FakeWorker(FakeDrafting):
                 len(sampling) == len(scheduled) and all(n == 1 for _, n in scheduled),
                 f"step {plan.step_id}: a multi-step plan with a sequence that is not a decode",
             )
-        allowed = self._allowed_tokens(plan.allowed_tokens, plan, sampling)
-        if plan.deferred_mask_seq_ids:
-            self._check(not allowed.keys() & set(plan.deferred_mask_seq_ids), "masked twice")
-            came = (
-                self._allowed_tokens(deferred.deferred_allowed_tokens, plan, sampling)
-                if deferred is not None
-                else {}
-            )
-            for seq_id in plan.deferred_mask_seq_ids:
-                if seq_id in came:
-                    allowed[seq_id] = came[seq_id]
-                else:
-                    result.mask_missing_seq_ids.append(seq_id)
+        allowed = self._masks_of_step(plan, deferred, sampling, result)
         room = self._draft_room(plan, sampling)
         verified: dict[int, tuple[int, int]] = {}
         for step in range(num_steps):
@@ -256,41 +248,6 @@ class FakeWorker(FakeDrafting):
             for rank in range(seq.prompt_logprobs):
                 entry.top_token_ids.append(seq.token_ids[position] + rank)
                 entry.top_logprobs.append(-float(rank))
-
-    def _allowed_tokens(
-        self, mask: wpb.TokenBitmask, plan: wpb.StepPlan, sampling: list[int]
-    ) -> dict[int, np.ndarray]:
-        """The allowed ids of each masked row; a mask must be for sampling rows of a
-        one-step plan, as the worker protocol says."""
-        if not mask.seq_ids:
-            return {}
-        self._check(
-            max(plan.num_steps, 1) == 1, f"step {plan.step_id}: a mask in a multi-step plan"
-        )
-        counts = list(mask.row_counts) or [1] * len(mask.seq_ids)
-        self._check(len(counts) == len(mask.seq_ids), "row_counts not parallel to seq_ids")
-        self._check(
-            len(mask.draft_token_ids) == sum(counts) - len(counts), "draft_token_ids miscounted"
-        )
-        rows = np.frombuffer(mask.words, dtype="<i4").reshape(sum(counts), -1)
-        allowed = {}
-        at = drafts_at = 0
-        for seq_id, count in zip(mask.seq_ids, counts, strict=True):
-            self._check(
-                seq_id in sampling,
-                f"step {plan.step_id}: a mask for {seq_id}, which does not sample",
-            )
-            allowed[seq_id] = allowed_ids(rows[at])
-            if count > 1:
-                drafts = list(mask.draft_token_ids[drafts_at : drafts_at + count - 1])
-                self.draft_masks[seq_id] = ([allowed_ids(r) for r in rows[at : at + count]], drafts)
-                # What the rows followed: the output so far, then the drafts.
-                self.draft_mask_log.append(
-                    (seq_id, list(self.sequences[seq_id].sampled), rows[at : at + count], drafts)
-                )
-                drafts_at += count - 1
-            at += count
-        return allowed
 
     def _sample(self, seq_id: int, result: wpb.StepResult, allowed: np.ndarray | None) -> int:
         seq = self.sequences[seq_id]
