@@ -16,7 +16,7 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 BUF_STAMP := $(TOOLS)/.buf-$(BUF_VERSION)
 
 .PHONY: env proto model run test test-fast test-slow test-refs lint lint-python lint-proto buf
-.PHONY: compose-config deploy-check
+.PHONY: compose-config deploy-check docs
 .PHONY: format bench bench-accuracy bench-formats bench-peers bench-sweep bench-front bench-scheduler bench-speculation bench-replicas clean
 
 env: $(STAMP)
@@ -104,6 +104,19 @@ lint-proto: $(BUF_STAMP)
 	  echo "$(BUF) breaking proto --against '$$against'"; \
 	  $(BUF) breaking proto --against "$$against"; \
 	fi
+
+# The docs site (docs/, mkdocs.yml) into out/site/. --strict with mkdocs.yml's
+# `validation:` turns a broken link, a missing anchor or a page left out of the nav into
+# a failure. mkdocs is pinned here and installed into the venv once (its own stamp), so
+# the worker and dev dependencies do not carry it.
+MKDOCS_VERSION ?= 1.6.1
+MKDOCS_STAMP := $(VENV)/.mkdocs-$(MKDOCS_VERSION)
+$(MKDOCS_STAMP): | $(STAMP)
+	$(PY) -m pip install -q mkdocs==$(MKDOCS_VERSION)
+	touch $@
+
+docs: $(MKDOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir out/site
 
 # Renders every compose file the way Docker would (interpolation, merges, schema) with
 # Debian's docker-compose; no Docker engine is needed.
