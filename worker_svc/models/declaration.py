@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker_svc.models.mixture import MoeSpec
+
 # The weights of one decoder layer, by role. An architecture maps the roles it has to
 # its names in a Hugging Face checkpoint ("{i}" is the layer index) and in a GGUF file.
 LAYER_ROLES = (
@@ -37,6 +39,26 @@ LAYER_ROLES = (
     "up",
     "down",
     "mlp_post_norm",  # on the MLP's output, before the residual (Gemma 3)
+)
+# A mixture layer's weights (models/mixture.py), by where a family stores them:
+# "{e}" is the expert. Read into one layout by checkpoint/experts.py.
+EXPERT_ROLES = (
+    "router",  # [experts, hidden]
+    "router_bias",
+    "expert_gate",  # one tensor per expert, [intermediate, hidden] (Qwen3-MoE, Mixtral)
+    "expert_up",
+    "expert_down",
+    "experts_gate",  # stacked 3-D [experts, intermediate, hidden] (GGUF's *_exps)
+    "experts_up",
+    "experts_down",
+    "experts_gate_bias",
+    "experts_up_bias",
+    "experts_down_bias",
+    # transformers' fused [experts, hidden, 2 * intermediate] with gate and up columns
+    # interleaved (gpt-oss), and its bias [experts, 2 * intermediate]
+    "experts_gate_up_interleaved",
+    "experts_gate_up_interleaved_bias",
+    "experts_down_transposed",  # its down, [experts, intermediate, hidden]
 )
 MODEL_ROLES = ("embed", "final_norm", "lm_head")
 
@@ -98,6 +120,8 @@ class DecoderSpec:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
+    # The mixture of experts of the layers it names; None: every layer is dense.
+    moe: MoeSpec | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -128,6 +152,8 @@ class DecoderSpec:
         for layer in self.layers:
             if layer.window is not None and layer.window <= 0:
                 raise ValueError(f"a sliding window must be positive, got {layer.window}")
+        if self.moe is not None and max(self.moe.sparse_layers, default=-1) >= len(self.layers):
+            raise ValueError(f"sparse layers {sorted(self.moe.sparse_layers)} past the last layer")
 
     @property
     def num_layers(self) -> int:
@@ -155,7 +181,12 @@ class DecoderSpec:
             "two rope bases": len({layer.rope for layer in self.layers}) > 1,
             "logit soft-capping": self.final_logit_softcap is not None,
             "attention soft-capping": self.attn_logit_softcap is not None,
+            **(self.moe.features() if self.moe is not None else {}),
         }
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is the mixture of experts."""
+        return self.moe is not None and layer in self.moe.sparse_layers
 
     def unsupported(self, supported: frozenset[str]) -> list[str]:
         """The features this checkpoint has that a path's `supported` set lacks."""

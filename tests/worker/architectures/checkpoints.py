@@ -47,10 +47,33 @@ def configs() -> dict:
         "gemma3": hf.Gemma3TextConfig(
             **COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16
         ),
+        # Mixtures: more experts than a short prompt's tokens pick in some layer, and
+        # (Qwen3-MoE) a dense layer among the sparse ones.
+        "qwen3_moe": hf.Qwen3MoeConfig(
+            **COMMON,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            norm_topk_prob=True,
+            mlp_only_layers=[2],
+        ),
+        "mixtral": hf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),
     }
 
 
-ARCHITECTURES = ("llama3", "mistral", "ministral", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = (
+    "llama3",
+    "mistral",
+    "ministral",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "qwen3_moe",
+    "mixtral",
+)
+# The mixtures, whose decode steps the native step does not compute yet.
+MIXTURES = ("qwen3_moe", "mixtral")
 
 
 def write_checkpoint(name: str, directory: Path, tokenizer_dir: Path | None = None) -> Path:

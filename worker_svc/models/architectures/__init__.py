@@ -19,6 +19,8 @@ _BY_CLASS = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 # A config.json's `model_type`, or a GGUF's `general.architecture` -> the module.
 _BY_TYPE = {
@@ -29,6 +31,9 @@ _BY_TYPE = {
     "qwen3": "qwen3",
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",
+    "qwen3_moe": "qwen3_moe",
+    "qwen3moe": "qwen3_moe",  # a GGUF's general.architecture
+    "mixtral": "mixtral",
 }
 
 

@@ -70,3 +70,17 @@ def names(table: dict[str, str], roles: tuple[str, ...], **renamed: str) -> dict
     chosen = {role: table[role] for role in roles if role not in renamed}
     chosen.update(renamed)
     return chosen
+
+
+# llama.cpp's mixture tensors: the router, and each projection of every expert stacked
+# into one 3-D tensor (`[experts, out, in]` once its dimensions are reversed).
+GGUF_EXPERT_NAMES: dict[str, str] = {
+    "router": "blk.{i}.ffn_gate_inp.weight",
+    "router_bias": "blk.{i}.ffn_gate_inp.bias",
+    "experts_gate": "blk.{i}.ffn_gate_exps.weight",
+    "experts_up": "blk.{i}.ffn_up_exps.weight",
+    "experts_down": "blk.{i}.ffn_down_exps.weight",
+    "experts_gate_bias": "blk.{i}.ffn_gate_exps.bias",
+    "experts_up_bias": "blk.{i}.ffn_up_exps.bias",
+    "experts_down_bias": "blk.{i}.ffn_down_exps.bias",
+}

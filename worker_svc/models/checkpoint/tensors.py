@@ -87,6 +87,10 @@ class CheckpointTensors(Mapping[str, torch.Tensor]):
         values = np.fromfile(where.file, np_dtype, where.count, offset=where.offset)
         return torch.from_numpy(values).view(torch_dtype).reshape(where.shape)
 
+    def __contains__(self, name: object) -> bool:
+        # Mapping's own would read the tensor to answer.
+        return name in self._located
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._located)
 

@@ -20,7 +20,9 @@ from torch import nn
 
 from worker_svc.attention import PagedAttentionContext
 from worker_svc.compute.projections import make_projection
-from worker_svc.models.declaration import Architecture, DecoderSpec, LayerAttention
+from worker_svc.models.checkpoint.experts import ExpertWeights, expert_weights
+from worker_svc.models.declaration import EXPERT_ROLES, Architecture, DecoderSpec, LayerAttention
+from worker_svc.models.forward.experts import ExpertMlp
 from worker_svc.models.forward.layers import ACTIVATIONS, make_norm
 from worker_svc.models.forward.rope import RotaryEmbedding, apply_rotary
 
@@ -34,6 +36,7 @@ class DecoderLayer(nn.Module):
         path: str,
         dtype: torch.dtype,
         norms_offset_applied: bool,
+        experts: ExpertWeights | None = None,
     ):
         super().__init__()
         self.num_heads, self.num_kv_heads = spec.num_heads, spec.num_kv_heads
@@ -59,8 +62,11 @@ class DecoderLayer(nn.Module):
             torch.cat([weights["q"], weights["k"], weights["v"]]), path, qkv_bias
         )
         self.o_proj = make_projection(weights["o"], path)
-        self.gate_up_proj = make_projection(torch.cat([weights["gate"], weights["up"]]), path)
-        self.down_proj = make_projection(weights["down"], path)
+        # A mixture layer (spec.moe) has its experts in place of the dense MLP.
+        self.experts = ExpertMlp(spec.moe, experts, path) if experts is not None else None
+        if experts is None:
+            self.gate_up_proj = make_projection(torch.cat([weights["gate"], weights["up"]]), path)
+            self.down_proj = make_projection(weights["down"], path)
         self.activation = ACTIVATIONS[spec.activation]
 
     def forward(
@@ -95,7 +101,10 @@ class DecoderLayer(nn.Module):
         if self.attn_post_norm is not None:
             out = self.attn_post_norm(out)
         hidden = hidden + out
-        mlp = self.down_proj(self.activation(self.gate_up_proj(self.mlp_norm(hidden))))
+        if self.experts is not None:
+            mlp = self.experts(self.mlp_norm(hidden))
+        else:
+            mlp = self.down_proj(self.activation(self.gate_up_proj(self.mlp_norm(hidden))))
         if self.mlp_post_norm is not None:
             mlp = self.mlp_post_norm(mlp)
         return hidden + mlp
@@ -129,8 +138,9 @@ class DecoderForCausalLM(nn.Module):
         self.layer_rope = [ropes.index(layer.rope) for layer in spec.layers]
         self.layers = nn.ModuleList(
             DecoderLayer(
-                spec, attention, layer_weights(architecture, state, i), path, dtype,
-                norms_offset_applied,
+                spec, attention, layer_weights(architecture, state, i, spec.is_sparse(i)), path,
+                dtype, norms_offset_applied,
+                expert_weights(architecture, state, i, spec.moe) if spec.is_sparse(i) else None,
             )
             for i, attention in enumerate(spec.layers)
         )  # fmt: skip
@@ -168,12 +178,17 @@ class DecoderForCausalLM(nn.Module):
         return self.lm_head(self.norm(hidden)).float()
 
 
+_DENSE_MLP_ROLES = frozenset({"gate", "up", "down"})
+
+
 def layer_weights(
-    architecture: Architecture, state: Mapping[str, torch.Tensor], index: int
+    architecture: Architecture, state: Mapping[str, torch.Tensor], index: int, sparse: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Layer `index`'s tensors by role (declaration.LAYER_ROLES) that the family has."""
+    """Layer `index`'s tensors by role (declaration.LAYER_ROLES) that the family has; a
+    sparse layer's experts are read by checkpoint/experts.py, and it has no dense MLP."""
+    skipped = frozenset(EXPERT_ROLES) | (_DENSE_MLP_ROLES if sparse else frozenset())
     return {
         role: state[name.format(i=index)]
         for role, name in architecture.hf_names.items()
-        if "{i}" in name
+        if "{i}" in name and role not in skipped
     }

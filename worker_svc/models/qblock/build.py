@@ -36,6 +36,7 @@ from worker_svc.models.qblock.gguf_blocks import (
     GgufBlocks,
     blocks_match_state,
     gguf_architecture,
+    gguf_has_experts,
     read_gguf_blocks,
 )
 from worker_svc.models.qblock.native_structs import STEP_PROJECTIONS
@@ -63,7 +64,9 @@ def find_blocks(
     gguf = candidate_gguf(model_path)
     if gguf is None or not gguf.is_file():
         return None, "no GGUF file for this model"
-    if gguf_architecture(gguf) != architecture.gguf_architecture:
+    if gguf_architecture(gguf) != architecture.gguf_architecture or gguf_has_experts(gguf) != (
+        "router" in architecture.hf_names
+    ):
         return None, f"{gguf.name} holds another architecture"
     blocks = read_gguf_blocks(gguf, architecture)
     if model_path.suffix == ".gguf":
@@ -84,7 +87,7 @@ def to_qblock(model, blocks: GgufBlocks | None, float_format: str = "Q8_0") -> N
     except KernelUnavailableError as exc:
         raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
     for index, layer in enumerate(model.layers):
-        for name in STEP_PROJECTIONS:
+        for name in layer_projections(layer):
             bias = getattr(layer, name).bias
             if blocks is not None:
                 projection = qblock_projection(blocks.layers[index][_GGUF_KEYS[name]], bias)
@@ -92,11 +95,35 @@ def to_qblock(model, blocks: GgufBlocks | None, float_format: str = "Q8_0") -> N
                 weight = getattr(layer, name).weight.data
                 projection = QBlockLinear.from_float(weight, fmt, bias=bias)
             setattr(layer, name, projection)  # the float32 weight goes with the old module
+        if layer.experts is not None:
+            experts_to_qblock(layer.experts, blocks.layers[index] if blocks else None, fmt)
     # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).
     if blocks is not None:
         model.lm_head = QBlockLinear(*blocks.lm_head, dense_from_m=None)
     else:
         model.lm_head = QBlockLinear.from_float(model.lm_head.weight.data, fmt, dense_from_m=None)
+
+
+def layer_projections(layer) -> tuple[str, ...]:
+    """The layer's projections in the native step's order; a mixture layer's experts
+    are converted apart (experts_to_qblock)."""
+    if layer.experts is not None:
+        return STEP_PROJECTIONS[:2]
+    return STEP_PROJECTIONS
+
+
+def experts_to_qblock(experts, layer_blocks: dict | None, fmt) -> None:
+    """In place: each expert's gate/up and down as blocks: the GGUF's own (its stacked
+    `*_exps` tensors, one slice per expert) or `fmt` quantized at load. The router
+    stays float32."""
+    for index in range(len(experts.gate_up_projs)):
+        for projections, key in ((experts.gate_up_projs, "gate_up"), (experts.down_projs, "down")):
+            bias = projections[index].bias
+            if layer_blocks is not None:
+                projection = qblock_projection(layer_blocks[f"experts_{key}"][index], bias)
+            else:
+                projection = QBlockLinear.from_float(projections[index].weight.data, fmt, bias=bias)
+            projections[index] = projection
 
 
 class _SkeletonState(Mapping[str, torch.Tensor]):
@@ -119,6 +146,9 @@ class _SkeletonState(Mapping[str, torch.Tensor]):
         if name not in self._kept:
             self._kept[name] = self._checkpoint[name]
         return self._kept[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._checkpoint
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._checkpoint)
@@ -147,13 +177,24 @@ def build_qblock(
     model = DecoderForCausalLM(architecture, spec, skeleton, "float32", dtype, norms_offset_applied)
     to_qblock(model, blocks, float_format)
     # In the order the native step reads them: each layer's projections, then the head.
-    in_step_order = [getattr(layer, name) for layer in model.layers for name in STEP_PROJECTIONS]
+    in_step_order = [
+        projection
+        for layer in model.layers
+        for projection in [getattr(layer, name) for name in layer_projections(layer)]
+        + _expert_projections(layer)
+    ]
     _, model.block_weights_on_huge_pages = gather_block_weights([*in_step_order, model.lm_head])
     model.qblock_source = (
         source if blocks is not None else _at_load(float_format, checkpoint, source)
     )
     attach_native_decode(model)
     return model
+
+
+def _expert_projections(layer) -> list:
+    if layer.experts is None:
+        return []
+    return [*layer.experts.gate_up_projs, *layer.experts.down_projs]
 
 
 def _at_load(float_format: str, checkpoint: CheckpointTensors, source: str) -> str:

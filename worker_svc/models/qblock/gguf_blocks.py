@@ -90,6 +90,12 @@ def gguf_architecture(path: str | Path) -> str:
     return str(read_index(path).metadata["general.architecture"])
 
 
+def gguf_has_experts(path: str | Path) -> bool:
+    """Whether the file's layers are mixtures (llama.cpp writes Mixtral as "llama")."""
+    meta = read_index(path).metadata
+    return bool(meta.get(f"{meta['general.architecture']}.expert_count"))
+
+
 def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) -> GgufBlocks:
     """All layers' projections (or only `layers`), the LM head and the embedding."""
     index = read_index(path)
