@@ -40,6 +40,7 @@ def select_backend(
     block_size: int,
     head_dim: int,
     kv_dtype: torch.dtype | None = None,
+    sinks: bool = False,
 ) -> tuple[AttentionBackend, str]:
     """The backend to use, and why it was chosen (for the start-up log).
 
@@ -47,6 +48,7 @@ def select_backend(
     CPU kernel when it builds and fits, else torch; naming "flash_attn" or
     "cpu" explicitly fails instead of falling back. "torch" is the reference.
     `dtype` is the model's compute dtype, `kv_dtype` the pool's (default: the same).
+    `sinks`: the model has attention sinks (gpt-oss), which flash-attn lacks.
     """
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     if requested == "torch":
@@ -58,6 +60,8 @@ def select_backend(
         if requested != "cpu"
         else None
     )
+    if requested != "cpu" and sinks and flash_reason is None:
+        flash_reason = "flash_attn has no attention sinks (gpt-oss)"
     if requested == "flash_attn":
         if flash_reason is not None:
             raise BackendUnavailableError(

@@ -67,6 +67,9 @@ class AttentionBackend(ABC):
     """Paged attention for one flat batch: write K/V into the pool, attend over the blocks."""
 
     name: ClassVar[str]
+    # Whether `forward` takes per-head attention sinks (gpt-oss); a backend without
+    # them raises on a call with sinks, and the loader refuses such a model up front.
+    supports_sinks: ClassVar[bool] = False
 
     @abstractmethod
     def build_metadata(self, layout: BatchLayout, device: torch.device) -> Any:
@@ -83,10 +86,13 @@ class AttentionBackend(ABC):
         metadata: Any,
         scale: float,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """query `[T, heads, d]`, key/value `[T, kv_heads, d]` -> `[T, heads, d]`.
         With a sliding `window` (a layer's of Gemma 3 or Mistral), a query at position p
         sees keys p - window + 1 .. p only, as transformers masks it.
+        With `sinks` (`[heads]`, float32; gpt-oss), each head's softmax also counts one
+        learned logit that takes weight but no value (see attention/sinks.py).
 
         The flat token-major layout of the own forward: its projections produce it
         with a view, so no layer pays a transpose to call attention.

@@ -65,7 +65,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         dec: KernelDecodes,
         scale: float,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return paged_decode_attention(
-            queries, k_cache, v_cache, dec.block_tables, dec.context_lens, scale, window
+            queries, k_cache, v_cache, dec.block_tables, dec.context_lens, scale, window, sinks
         )

@@ -32,7 +32,9 @@ def load_kernel() -> ctypes.CDLL:
     lib = build_and_load(SOURCE, COMPILE_FLAGS, LINK_FLAGS)
     for function in (lib.paged_decode_attention, lib.paged_decode_attention_f16):
         function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+        function.argtypes = (
+            [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_void_p]
+        )
     return lib
 
 
@@ -61,10 +63,12 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """query `[D, H, d]` float32; caches `[blocks, bs, kv_heads, d]`, float32 or float16;
     block_tables `[D, max_blocks]` and context_lens `[D]` int32 -> `[D, H, d]` float32.
-    With a sliding `window`, each query sees its last `window` keys only."""
+    With a sliding `window`, each query sees its last `window` keys only; with `sinks`
+    (`[H]`, gpt-oss), each head's sink logit joins its softmax (attention/sinks.py)."""
     query = query.contiguous()
     if query.dtype != torch.float32:
         raise ValueError(f"query must be float32, not {query.dtype}")
@@ -80,6 +84,10 @@ def paged_decode_attention(
     # Held in names until the call returns: a temporary's memory could be freed first.
     block_tables = block_tables.contiguous()
     context_lens = context_lens.contiguous()
+    if sinks is not None:
+        if sinks.shape != (num_heads,):
+            raise ValueError(f"sinks must be [{num_heads}], not {list(sinks.shape)}")
+        sinks = sinks.detach().to(torch.float32).contiguous()
     out = torch.empty_like(query)
     lib = load_kernel()
     kernel = (
@@ -102,6 +110,7 @@ def paged_decode_attention(
         block_tables.shape[1],
         window or 0,
         scale,
+        sinks.data_ptr() if sinks is not None else None,
     )
     if status != 0:
         raise MemoryError("the CPU kernel could not allocate its score buffers")

@@ -14,7 +14,9 @@ Constraints of upstream flash-attn 2.x, checked at start-up by
   "Paged KV cache block size must be divisible by 256"); the scheduler's default
   of 16 therefore selects the torch backend unless the block size is raised;
 - head_dim a multiple of 8 and at most 256;
-- a flash-attn version whose `flash_attn_varlen_func` accepts `block_table` (2.6+).
+- a flash-attn version whose `flash_attn_varlen_func` accepts `block_table` (2.6+);
+- no attention sinks (gpt-oss): `supports_sinks` is False, and `select_backend` skips
+  flash-attn for a model that has them.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class FlashAttentionMetadata:
 
 class FlashAttentionBackend(AttentionBackend):
     name = "flash_attn"
+    # flash_attn_varlen_func (2.x) has no sink logits: a gpt-oss layer would lose them.
+    supports_sinks = False
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_varlen_func
@@ -110,7 +114,12 @@ class FlashAttentionBackend(AttentionBackend):
         metadata: FlashAttentionMetadata,
         scale: float,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if sinks is not None:
+            raise NotImplementedError(
+                "flash_attn has no attention sinks (gpt-oss): use the torch backend"
+            )
         k_slots, v_slots = pool.layer_slots(layer_idx)
         k_slots.index_copy_(0, metadata.slot_mapping, key)
         v_slots.index_copy_(0, metadata.slot_mapping, value)

@@ -14,7 +14,8 @@ Per layer: K/V of the step's tokens are written into their pool slots, then
 Gathers go by whole blocks (`index_select` on the block dimension): on CPU that
 is about 3x faster than gathering single slots, and the mask hides the tail.
 A pool of another dtype than the model's (--kv-cache-dtype) is written rounded to
-it and read back in the query's dtype.
+it and read back in the query's dtype. A layer with attention sinks (gpt-oss) attends
+explicitly instead of through SDPA (attention/sinks.py says why).
 The runner packs decodes first, longest context first, so that each group's
 queries and outputs are one slice.
 """
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.base import AttentionBackend, BatchLayout, PagedAttentionContext
+from worker_svc.attention.sinks import attend_chunk_with_sinks, attend_with_sinks
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 
 SCRATCH_BLOCK_SIZE = 16
@@ -42,13 +44,14 @@ class PrefillSegment:
     mask: torch.Tensor | None  # [length, blocks * block_size]
     first_position: int = 0  # the chunk's first query position (its context offset)
 
-    def windowed_mask(self, window: int, device: torch.device) -> torch.Tensor:
-        """Causal and within the sliding window: query i sees keys i - window + 1 .. i."""
+    def windowed_mask(self, window: int | None, device: torch.device) -> torch.Tensor:
+        """Causal and within the sliding window: query i sees keys i - window + 1 .. i
+        (all of 0 .. i without a window)."""
         keys = self.mask.shape[1] if self.mask is not None else self.length
         key_pos = torch.arange(keys, device=device)
         query_pos = torch.arange(self.first_position, self.first_position + self.length)
         delta = query_pos.to(device)[:, None] - key_pos[None, :]
-        return (delta >= 0) & (delta < window)
+        return (delta >= 0) & (delta < window) if window is not None else delta >= 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ def as_stored(fresh: torch.Tensor, pool_dtype: torch.dtype) -> torch.Tensor:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    supports_sinks = True
 
     def build_metadata(self, layout: BatchLayout, device: torch.device) -> TorchAttentionMetadata:
         bs = layout.block_size
@@ -197,6 +201,7 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: TorchAttentionMetadata,
         scale: float,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         k_cache, v_cache = pool.layer(layer_idx)
@@ -208,24 +213,33 @@ class TorchAttentionBackend(AttentionBackend):
         out = query.new_empty((num_tokens, num_heads, head_dim))
         for dec in metadata.decodes:
             out[dec.tokens] = self.attend_decodes(
-                query[dec.tokens], k_cache, v_cache, dec, scale, window
+                query[dec.tokens], k_cache, v_cache, dec, scale, window, sinks
             )
         for seg in metadata.prefills:
-            # SDPA wants [1, heads, T, d]: a transpose per prefill chunk, none per decode.
             chunk = slice(seg.start, seg.start + seg.length)
-            q = query[chunk].transpose(0, 1).unsqueeze(0)
             # A window shorter than the chunk's context hides its oldest keys.
             windowed = window is not None and seg.first_position + seg.length > window
             if seg.block_ids is None:
-                k = as_stored(key[chunk], pool.dtype).transpose(0, 1).unsqueeze(0)
-                v = as_stored(value[chunk], pool.dtype).transpose(0, 1).unsqueeze(0)
-                mask = seg.windowed_mask(window, q.device) if windowed else None
+                k = as_stored(key[chunk], pool.dtype)
+                v = as_stored(value[chunk], pool.dtype)
             else:
-                k = _gather_blocks(k_cache, seg.block_ids, q.dtype).transpose(0, 1).unsqueeze(0)
-                v = _gather_blocks(v_cache, seg.block_ids, q.dtype).transpose(0, 1).unsqueeze(0)
-                mask = seg.windowed_mask(window, q.device) if windowed else seg.mask
+                k = _gather_blocks(k_cache, seg.block_ids, query.dtype)
+                v = _gather_blocks(v_cache, seg.block_ids, query.dtype)
+            if sinks is not None:
+                mask = seg.windowed_mask(window if windowed else None, query.device)
+                out[chunk] = attend_chunk_with_sinks(query[chunk], k, v, mask, scale, sinks)
+                continue
+            # seg.mask is None for a chunk from position 0: is_causal.
+            mask = seg.windowed_mask(window, query.device) if windowed else seg.mask
+            # SDPA wants [1, heads, T, d]: a transpose per prefill chunk, none per decode.
             o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+                query[chunk].transpose(0, 1).unsqueeze(0),
+                k.transpose(0, 1).unsqueeze(0),
+                v.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=scale,
+                enable_gqa=True,
             )
             out[chunk] = o[0].transpose(0, 1)
         return out
@@ -238,6 +252,7 @@ class TorchAttentionBackend(AttentionBackend):
         dec: DecodeBatch,
         scale: float,
         window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One decode group: queries `[D, heads, d]` -> `[D, heads, d]`."""
         d, num_heads, head_dim = queries.shape
@@ -249,6 +264,16 @@ class TorchAttentionBackend(AttentionBackend):
         k = _gather_blocks(k_cache, dec.block_ids, q.dtype).view(d, -1, num_kv_heads, head_dim)
         v = _gather_blocks(v_cache, dec.block_ids, q.dtype).view(d, -1, num_kv_heads, head_dim)
         mask = dec.windowed_mask(window) if window is not None else dec.mask
+        if sinks is not None:
+            o = attend_with_sinks(
+                q.unsqueeze(3),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                mask.unsqueeze(3),
+                scale,
+                sinks,
+            )
+            return o.reshape(d, num_heads, head_dim)
         o = F.scaled_dot_product_attention(
             q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
         )

@@ -50,6 +50,8 @@ def paged_attention_forward(
         scale,
         # transformers' sliding layers (Gemma 3, Mistral, Qwen2) pass their window.
         window=kwargs.get("sliding_window"),
+        # gpt-oss passes its per-head sink logits as `s_aux`: lost, its softmax is wrong.
+        sinks=kwargs.get("s_aux"),
     )
     return out.unsqueeze(0), None
 

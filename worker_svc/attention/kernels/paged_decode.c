@@ -11,6 +11,7 @@
  *   k/v cache     [num_blocks, block_size, num_kv_heads, head_dim]  (one layer)
  *   block_tables  [num_seqs, max_blocks] int32, padded past a sequence's blocks
  *   context_lens  [num_seqs] int32, >= 1
+ *   sinks         [num_heads] float32, or NULL: each head's sink logit (gpt-oss)
  * Query head h reads kv head h / (num_heads / num_kv_heads), as transformers'
  * repeat_kv does.
  *
@@ -92,17 +93,19 @@ static inline void prefetch_block(const char *k_cache, const char *v_cache, int6
                    __VA_ARGS__)
 
 /* Each query head's softmax over its `count` scores, in place, leaving exp(s - max); the
- * division by the sum waits for the end of the value pass (inv_sum). With `stats` (a
- * part of a split item) each head's maximum and sum too, for the merge. */
+ * division by the sum waits for the end of the value pass (inv_sum). With `sinks` (one
+ * logit per query head, gpt-oss) each head's sink joins the maximum and the sum but has
+ * no value: its weight is left out of the output. With `stats` (a part of a split item)
+ * each head's maximum and sum too, for the merge. */
 static inline void softmax_scores(float *scores, int64_t count, int64_t group, float *inv_sum,
-                                  float *stats)
+                                  float *stats, const float *sinks)
 {
     for (int64_t g = 0; g < group; g++) {
         float *s = scores + g * count;
-        float max = s[0];
+        float max = sinks && sinks[g] > s[0] ? sinks[g] : s[0];
         for (int64_t t = 1; t < count; t++)
             max = s[t] > max ? s[t] : max;
-        float sum = 0.0f;
+        float sum = sinks ? expf(sinks[g] - max) : 0.0f;
 #pragma omp simd reduction(+ : sum)
         for (int64_t t = 0; t < count; t++) {
             s[t] = expf(s[t] - max);
@@ -157,17 +160,49 @@ static inline const float *rows_f16(const uint16_t *block, int64_t n, int64_t to
 
 /* The call with a literal head_dim of 64 (SmolLM2, Llama, Qwen: most small models)
  * compiles to fixed, fully vectorised dot products. */
+void paged_decode_item_sinks(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *table, int64_t first, int64_t len, float *out,
+                             float *scores, int64_t group, int64_t head_dim, int64_t block_size,
+                             int64_t token_stride, int64_t block_stride, int64_t kv_offset,
+                             float scale, float *stats, const float *sinks)
+{
+    if (head_dim == 64)
+        attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size,
+                   token_stride, block_stride, kv_offset, scale, stats, sinks);
+    else
+        attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim,
+                   block_size, token_stride, block_stride, kv_offset, scale, stats, sinks);
+}
+
+void paged_decode_item_f16_sinks(const float *q, const uint16_t *k_cache,
+                                 const uint16_t *v_cache, const int32_t *table, int64_t first,
+                                 int64_t len, float *out, float *scores, int64_t group,
+                                 int64_t head_dim, int64_t block_size, int64_t token_stride,
+                                 int64_t block_stride, int64_t kv_offset, float scale,
+                                 float *stats, const float *sinks)
+{
+#if defined(__AVX512F__)
+    if (attend_f16_avx512(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim,
+                          block_size, token_stride, block_stride, kv_offset, scale, stats,
+                          sinks))
+        return;
+#endif
+    if (head_dim == 64)
+        attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size,
+                   token_stride, block_stride, kv_offset, scale, stats, sinks);
+    else
+        attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim,
+                   block_size, token_stride, block_stride, kv_offset, scale, stats, sinks);
+}
+
 void paged_decode_item(const float *q, const float *k_cache, const float *v_cache,
                        const int32_t *table, int64_t first, int64_t len, float *out,
                        float *scores, int64_t group, int64_t head_dim, int64_t block_size, int64_t token_stride,
                        int64_t block_stride, int64_t kv_offset, float scale, float *stats)
 {
-    if (head_dim == 64)
-        attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size,
-                   token_stride, block_stride, kv_offset, scale, stats);
-    else
-        attend_f32(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim, block_size,
-                   token_stride, block_stride, kv_offset, scale, stats);
+    paged_decode_item_sinks(q, k_cache, v_cache, table, first, len, out, scores, group,
+                            head_dim, block_size, token_stride, block_stride, kv_offset, scale,
+                            stats, NULL);
 }
 
 void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -176,26 +211,19 @@ void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
                            float scale, float *stats)
 {
-#if defined(__AVX512F__)
-    if (attend_f16_avx512(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim,
-                          block_size, token_stride, block_stride, kv_offset, scale, stats))
-        return;
-#endif
-    if (head_dim == 64)
-        attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, 64, block_size, token_stride,
-                   block_stride, kv_offset, scale, stats);
-    else
-        attend_f16(q, k_cache, v_cache, table, first, len, out, scores, group, head_dim, block_size, token_stride,
-                   block_stride, kv_offset, scale, stats);
+    paged_decode_item_f16_sinks(q, k_cache, v_cache, table, first, len, out, scores, group,
+                                head_dim, block_size, token_stride, block_stride, kv_offset,
+                                scale, stats, NULL);
 }
 
 /* Every (sequence, kv head) of the batch over the OpenMP team; `half` picks the cache
- * element type. Returns 0, or -1 when a thread could not allocate its score buffer. */
+ * element type; `sinks` is [num_heads] or NULL. Returns 0, or -1 when a thread could not
+ * allocate its score buffer. */
 static int attend_batch(const float *q, const void *k_cache, const void *v_cache, int half,
                         const int32_t *block_tables, const int32_t *context_lens, float *out,
                         int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
                         int64_t head_dim, int64_t block_size, int64_t max_blocks, int64_t window,
-                        float scale)
+                        float scale, const float *sinks)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t token_stride = num_kv_heads * head_dim;
@@ -221,15 +249,17 @@ static int attend_batch(const float *q, const void *k_cache, const void *v_cache
             float *out_item = out + first_head * head_dim;
             const int64_t len = context_lens[seq];
             const int64_t first = window > 0 && len > window ? len - window : 0;
+            const float *item_sinks = sinks ? sinks + kv_head * group : NULL;
             if (half)
-                paged_decode_item_f16(q_item, k_cache, v_cache, table, first, len,
-                                      out_item, scores, group, head_dim, block_size,
-                                      token_stride, block_stride, kv_head * head_dim, scale,
-                                      NULL);
+                paged_decode_item_f16_sinks(q_item, k_cache, v_cache, table, first, len,
+                                            out_item, scores, group, head_dim, block_size,
+                                            token_stride, block_stride, kv_head * head_dim,
+                                            scale, NULL, item_sinks);
             else
-                paged_decode_item(q_item, k_cache, v_cache, table, first, len, out_item,
-                                  scores, group, head_dim, block_size, token_stride,
-                                  block_stride, kv_head * head_dim, scale, NULL);
+                paged_decode_item_sinks(q_item, k_cache, v_cache, table, first, len, out_item,
+                                        scores, group, head_dim, block_size, token_stride,
+                                        block_stride, kv_head * head_dim, scale, NULL,
+                                        item_sinks);
         }
         free(scores);
     }
@@ -240,18 +270,21 @@ int paged_decode_attention(const float *q, const float *k_cache, const float *v_
                            const int32_t *block_tables, const int32_t *context_lens,
                            float *out, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                           int64_t max_blocks, int64_t window, float scale)
+                           int64_t max_blocks, int64_t window, float scale, const float *sinks)
 {
     return attend_batch(q, k_cache, v_cache, 0, block_tables, context_lens, out, num_seqs,
-                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, window, scale);
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, window, scale,
+                        sinks);
 }
 
 int paged_decode_attention_f16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                const int32_t *block_tables, const int32_t *context_lens,
                                float *out, int64_t num_seqs, int64_t num_heads,
                                int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                               int64_t max_blocks, int64_t window, float scale)
+                               int64_t max_blocks, int64_t window, float scale,
+                               const float *sinks)
 {
     return attend_batch(q, k_cache, v_cache, 1, block_tables, context_lens, out, num_seqs,
-                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, window, scale);
+                        num_heads, num_kv_heads, head_dim, block_size, max_blocks, window, scale,
+                        sinks);
 }

@@ -27,4 +27,21 @@ void paged_decode_item_f16(const float *q, const uint16_t *k_cache, const uint16
                            int64_t token_stride, int64_t block_stride, int64_t kv_offset,
                            float scale, float *stats);
 
+/* The same two with attention sinks: `sinks` holds the item's `group` sink logits (one
+ * per query head, gpt-oss), which join each head's softmax maximum and sum but carry no
+ * value; NULL for none. With `stats`, the sums include the sink, so of the parts of a
+ * split item exactly one is given the sinks (the merge then counts each sink once). */
+void paged_decode_item_sinks(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *table, int64_t first, int64_t len, float *out,
+                             float *scores, int64_t group, int64_t head_dim, int64_t block_size,
+                             int64_t token_stride, int64_t block_stride, int64_t kv_offset,
+                             float scale, float *stats, const float *sinks);
+
+void paged_decode_item_f16_sinks(const float *q, const uint16_t *k_cache,
+                                 const uint16_t *v_cache, const int32_t *table, int64_t first,
+                                 int64_t len, float *out, float *scores, int64_t group,
+                                 int64_t head_dim, int64_t block_size, int64_t token_stride,
+                                 int64_t block_stride, int64_t kv_offset, float scale,
+                                 float *stats, const float *sinks);
+
 #endif

@@ -21,7 +21,7 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
     const float *q, const KV_T *k_cache, const KV_T *v_cache, const int32_t *table,
     int64_t first, int64_t len, float *out, float *scores, int64_t group, int64_t head_dim,
     int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t kv_offset,
-    float scale, float *stats)
+    float scale, float *stats, const float *sinks)
 {
     /* Keys first .. len - 1 (a sliding window starts past 0); scores are indexed from
      * `first`, and a block's rows before it are read but not used. */
@@ -60,7 +60,7 @@ static inline __attribute__((always_inline)) void ATTEND_NAME(
                                                               : block_size,
                   token_stride * (int64_t)sizeof(KV_T), row_bytes);
     float inv_sum[group];
-    softmax_scores(scores, count, group, inv_sum, stats);
+    softmax_scores(scores, count, group, inv_sum, stats, sinks);
     /* Pass 2: out_g = sum_t p[g][t] v_t, one block and one query head at a time so the
      * running row stays in registers across the block's tokens. */
     memset(out, 0, sizeof(float) * group * head_dim);

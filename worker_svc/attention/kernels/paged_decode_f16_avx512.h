@@ -94,7 +94,7 @@ static inline __attribute__((always_inline)) void heads_avx512(
     const float *q, const uint16_t *k_cache, const uint16_t *v_cache, const int32_t *table,
     int64_t first, int64_t len, float *out, float *scores, int64_t block_size,
     int64_t token_stride, int64_t block_stride, int64_t kv_offset, float scale, float *stats,
-    const int HEADS, const int D16)
+    const float *sinks, const int HEADS, const int D16)
 {
     const int64_t head_dim = 16 * D16, count = len - first;
     const int64_t first_block = first / block_size, num_blocks = (len + block_size - 1) / block_size;
@@ -119,7 +119,7 @@ static inline __attribute__((always_inline)) void heads_avx512(
                                                               : block_size,
                   stride_bytes, row_bytes);
     float inv_sum[4];
-    softmax_scores(scores, count, HEADS, inv_sum, stats);
+    softmax_scores(scores, count, HEADS, inv_sum, stats, sinks);
     __m512 acc[16];
     for (int i = 0; i < HEADS * D16; i++)
         acc[i] = _mm512_setzero_ps();
@@ -143,7 +143,7 @@ static int attend_f16_avx512(const float *q, const uint16_t *k_cache, const uint
                              const int32_t *table, int64_t first, int64_t len, float *out,
                              float *scores, int64_t group, int64_t head_dim, int64_t block_size,
                              int64_t token_stride, int64_t block_stride, int64_t kv_offset,
-                             float scale, float *stats)
+                             float scale, float *stats, const float *sinks)
 {
     if ((head_dim != 64 && head_dim != 128) || block_size > 16)
         return 0;
@@ -153,9 +153,10 @@ static int attend_f16_avx512(const float *q, const uint16_t *k_cache, const uint
         const float *qg = q + g * head_dim;
         float *og = out + g * head_dim, *sg = scores + g * count;
         float *st = stats ? stats + 2 * g : NULL;
+        const float *sk = sinks ? sinks + g : NULL;
 #define HEADS_CASE(H, D16)                                                                     \
     heads_avx512(qg, k_cache, v_cache, table, first, len, og, sg, block_size, token_stride,    \
-                 block_stride, kv_offset, scale, st, H, D16)
+                 block_stride, kv_offset, scale, st, sk, H, D16)
         if (head_dim == 64) {
             switch (heads) {
             case 1: HEADS_CASE(1, 4); break;

@@ -43,17 +43,26 @@ def _attention_op(
     layer_idx: int,
     scale: float,
     window: int,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # The K/V pool is written inside (not declared as mutated: the pool is not an
     # input of the graph); the layers' data dependence keeps the calls in order.
     context = _STEP[-1]
     return context.backend.forward(
-        layer_idx, query, key, value, context.pool, context.metadata, scale, window or None
+        layer_idx,
+        query,
+        key,
+        value,
+        context.pool,
+        context.metadata,
+        scale,
+        window or None,
+        sinks=sinks,
     )
 
 
 @_attention_op.register_fake
-def _(query, key, value, layer_idx, scale, window):
+def _(query, key, value, layer_idx, scale, window, sinks=None):
     return query.new_empty(query.shape)
 
 
@@ -61,10 +70,13 @@ class _OpBackend:
     """What the traced layers see as their attention backend: the custom op."""
 
     name = "compiled"
+    # Sinks pass through the op; whether the step's real backend takes them is
+    # checked at load (AttentionBackend.supports_sinks).
+    supports_sinks = True
 
-    def forward(self, layer_idx, query, key, value, pool, metadata, scale, window=None):
+    def forward(self, layer_idx, query, key, value, pool, metadata, scale, window=None, sinks=None):
         # 0 for no window: a custom op's int argument cannot be None.
-        return torch.ops.cbserve.attention(query, key, value, layer_idx, scale, window or 0)
+        return torch.ops.cbserve.attention(query, key, value, layer_idx, scale, window or 0, sinks)
 
 
 _TRACED_CONTEXT = PagedAttentionContext(_OpBackend(), None, None)  # type: ignore[arg-type]
