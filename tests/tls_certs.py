@@ -1,4 +1,4 @@
-"""Test certificates made with the openssl command line, as the README tells users to.
+"""Test certificates made with the openssl command line, as docs/keys-and-tls.md tells users to.
 
 One throwaway CA signs a server certificate valid for localhost and 127.0.0.1 (the
 scheduler's and the workers' ports in the tests) and a client certificate (the

@@ -9,7 +9,7 @@ node that drops off the network). Faults are real: SIGKILL (dead), SIGSTOP
 (hung: its process answers nothing, not even pings), the proxy's cut
 (unreachable). Times are measured from the fault to the moment the
 scheduler's cbserve_worker_connected gauge for that worker reads 0; the
-figures in the README's section on faults come from these tests (-s prints them).
+figures in docs/operations.md, "When a worker fails", come from these tests (-s prints them).
 """
 
 from __future__ import annotations
