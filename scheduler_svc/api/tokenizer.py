@@ -134,9 +134,15 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def render_chat(self, turns: list[ChatTurn], tools: list[dict] | None = None) -> str:
+    def render_chat(
+        self,
+        turns: list[ChatTurn],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The prompt text of a chat; tools are OpenAI `tools` entries ({"type":
-        "function", "function": {...}}), given to the template."""
+        "function", "function": {...}}), given to the template; add_generation_prompt
+        False leaves out the assistant turn's opening (HTTP's /tokenize asks it)."""
         if self._chat_template is None:
             raise InvalidArgument("chat", f"model {self.name} has no chat template; send a prompt")
         if not turns:
@@ -154,7 +160,7 @@ class Tokenizer:
             return self._chat_template.render(
                 messages=messages,
                 tools=tools or None,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
             )

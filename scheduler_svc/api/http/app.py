@@ -3,9 +3,10 @@
 POST /v1/chat/completions and /v1/completions translate the body (translate.py), run
 its choices through GenerationService.generate (fan_out.py) and shape the answer
 (chat.py, completions.py); their /render routes answer the token ids instead
-(render.py). GET /v1/models, /health, /metrics and /version describe
-the server; with API keys configured every route but those three needs
-`Authorization: Bearer KEY`.
+(render.py); POST /tokenize and /detokenize answer the tokenizer's (tokenize.py).
+GET /v1/models, /health, /metrics and /version describe the server; with API keys
+configured every route but the last three needs `Authorization: Bearer KEY`. What
+each route answers is declared in /openapi.json (responses.py, openapi.py).
 
 A request's id is the client's X-Request-Id header or a new one; it is the response's
 `id` (chatcmpl-<id>, cmpl-<id>), its X-Request-Id header, and the request_id of the
@@ -28,9 +29,24 @@ from scheduler_svc.api.http.chat import ChatShaper
 from scheduler_svc.api.http.completions import CompletionShaper
 from scheduler_svc.api.http.errors import OpenAIError, install_handlers
 from scheduler_svc.api.http.fan_out import FanOut
+from scheduler_svc.api.http.openapi import install_openapi
 from scheduler_svc.api.http.protocol import ChatCompletionRequest, CompletionRequest
 from scheduler_svc.api.http.render import render
+from scheduler_svc.api.http.responses import (
+    GENERATION_ERRORS,
+    HEALTH_ANSWERS,
+    RENDER_ERRORS,
+    ChatCompletion,
+    Completion,
+    DetokenizeResponse,
+    ModelList,
+    RenderedRequest,
+    TokenizeResponse,
+    Version,
+    answers,
+)
 from scheduler_svc.api.http.shaping import Shaper
+from scheduler_svc.api.http.tokenize import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from scheduler_svc.api.http.tools import tool_plan
 from scheduler_svc.api.http.translate import (
     chat_requests,
@@ -42,6 +58,8 @@ from scheduler_svc.api.server import GenerationService
 
 REQUEST_ID_HEADER = "X-Request-Id"
 STARTED = int(time.time())
+# The routes that need no API key: probes and scrapers carry none.
+OPEN_ROUTES = frozenset({"/health", "/metrics", "/version"})
 
 
 def _version() -> str:
@@ -88,6 +106,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
     """The FastAPI app over the scheduler's service and metrics registry."""
     app = FastAPI(title="cbserve", version=_version(), docs_url=None, redoc_url=None)
     install_handlers(app)
+    install_openapi(app, api_keys.required, OPEN_ROUTES)
     pool, tokenizer = service.pool, service.tokenizer
 
     def require_key(request: Request) -> None:
@@ -113,7 +132,10 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
             return Response(status_code=CLIENT_GONE)
         return JSONResponse(shaper.response(collected), headers=headers)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    keyed = [Depends(require_key)]
+    generates = answers(ChatCompletion, *GENERATION_ERRORS, streams=True)
+
+    @app.post("/v1/chat/completions", dependencies=keyed, responses=generates)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         request_id = _request_id(request)
         choices = chat_requests(body, request_id)
@@ -128,7 +150,9 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         )
         return await respond(request, body.stream, FanOut(service, choices), shaper)
 
-    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    completes = answers(Completion, *GENERATION_ERRORS, streams=True)
+
+    @app.post("/v1/completions", dependencies=keyed, responses=completes)
     async def completions(body: CompletionRequest, request: Request):
         request_id = _request_id(request)
         choices = completion_requests(body, request_id)
@@ -152,18 +176,36 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         return service.limits()
 
     # The token ids a request would run with (vLLM's render routes; render.py).
-    @app.post("/v1/chat/completions/render", dependencies=[Depends(require_key)])
+    @app.post(
+        "/v1/chat/completions/render",
+        dependencies=keyed,
+        responses=answers(RenderedRequest, *RENDER_ERRORS),
+    )
     async def chat_completions_render(body: ChatCompletionRequest, request: Request):
         choices = chat_requests(body, _request_id(request))
         [rendered] = render(body, choices, tokenizer, limits(), model_name())
         return rendered
 
-    @app.post("/v1/completions/render", dependencies=[Depends(require_key)])
+    @app.post(
+        "/v1/completions/render",
+        dependencies=keyed,
+        responses=answers(list[RenderedRequest], *RENDER_ERRORS),
+    )
     async def completions_render(body: CompletionRequest, request: Request):
         choices = completion_requests(body, _request_id(request))
         return render(body, choices, tokenizer, limits(), model_name())
 
-    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    @app.post("/tokenize", dependencies=keyed, responses=answers(TokenizeResponse, *RENDER_ERRORS))
+    async def tokenize_route(body: TokenizeRequest):
+        return tokenize(body, tokenizer, limits())
+
+    @app.post(
+        "/detokenize", dependencies=keyed, responses=answers(DetokenizeResponse, *RENDER_ERRORS)
+    )
+    async def detokenize_route(body: DetokenizeRequest):
+        return detokenize(body, tokenizer, limits())
+
+    @app.get("/v1/models", dependencies=keyed, responses=answers(ModelList, 401, 503))
     async def models():
         if not pool.connected_engines():
             raise OpenAIError(503, "no worker is connected; try again shortly")
@@ -177,7 +219,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         }
         return {"object": "list", "data": [card]}
 
-    @app.get("/health")
+    @app.get("/health", responses=HEALTH_ANSWERS)
     async def health():
         # Like the gRPC health status: serving while a worker is connected, and not
         # once shutting down, so that balancers send new clients elsewhere.
@@ -190,7 +232,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         body, content_type = await service.exposition(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
-    @app.get("/version")
+    @app.get("/version", responses=answers(Version))
     async def version():
         return {"version": _version()}
 

@@ -67,8 +67,8 @@ class OpenAIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
     def sse(self) -> str:
         """The error as one server-sent event, for a stream whose status is already sent."""
@@ -140,7 +140,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_request: Request, error: HTTPException) -> JSONResponse:
-        return OpenAIError(error.status_code, str(error.detail)).response()
+        # Starlette's own headers kept: a 405's `Allow` lists the route's methods (RFC 9110).
+        return OpenAIError(error.status_code, str(error.detail)).response(error.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, error: Exception) -> JSONResponse:
