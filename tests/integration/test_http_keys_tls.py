@@ -99,3 +99,19 @@ def test_plaintext_http_is_refused(https_stack):
 def test_a_client_that_does_not_trust_the_ca_is_refused(base_url):
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base_url}/health", timeout=10)
+
+
+def test_tokenize_and_detokenize_need_the_key_and_the_document_says_so(base_url, trusting):
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    for path, body in (("/tokenize", {"prompt": "Hello"}), ("/detokenize", {"tokens": [19556]})):
+        refused = trusting.post(base_url + path, json=body)
+        assert refused.status_code == 401, path
+        assert "API key is required" in refused.json()["error"]["message"]
+        assert trusting.post(base_url + path, json=body, headers=bearer).status_code == 200
+    document = trusting.get(f"{base_url}/openapi.json").json()
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            keyed = path not in ("/health", "/metrics", "/version")
+            assert ("security" in operation) == keyed, path
+            assert ("401" in operation["responses"]) == keyed, path
