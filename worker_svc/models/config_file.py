@@ -17,6 +17,7 @@ both answer `getattr` with the same names.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +144,14 @@ def rope_parameters(config, layer_type: str | None = None) -> dict[str, Any]:
     return dict(params)
 
 
-def rope_spec(params: dict[str, Any], default_theta: float) -> RopeSpec:
-    """Raises NotImplementedError for a scaling the own forward does not compute."""
+def rope_spec(
+    params: dict[str, Any], default_theta: float, max_positions: int | None = None
+) -> RopeSpec:
+    """Raises NotImplementedError for a scaling the own forward does not compute.
+    `max_positions` (the config's max_position_embeddings) sets a YaRN factor the
+    parameters leave out, as transformers does (DeepSeek-V3)."""
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", "linear", "llama3", "factors"):
+    if kind not in ("default", "linear", "llama3", "factors", "yarn"):
         raise NotImplementedError(f"rope_type {kind!r}")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise NotImplementedError("a partial rotary factor")
@@ -157,6 +162,8 @@ def rope_spec(params: dict[str, Any], default_theta: float) -> RopeSpec:
         return RopeSpec(theta, "linear", factor=float(params["factor"]))
     if kind == "factors":
         return RopeSpec(theta, "factors", factors=tuple(params["factors"]))
+    if kind == "yarn":
+        return _yarn_spec(params, theta, max_positions)
     return RopeSpec(
         theta,
         "llama3",
@@ -164,6 +171,37 @@ def rope_spec(params: dict[str, Any], default_theta: float) -> RopeSpec:
         low_freq_factor=float(params["low_freq_factor"]),
         high_freq_factor=float(params["high_freq_factor"]),
         original_max_positions=int(params["original_max_position_embeddings"]),
+    )
+
+
+def _yarn_spec(params: dict[str, Any], theta: float, max_positions: int | None) -> RopeSpec:
+    """YaRN with transformers' defaults: beta_fast 32, beta_slow 1, truncated ramp bounds,
+    and the attention factor from mscale/mscale_all_dim where both are given."""
+    original = int(params["original_max_position_embeddings"])
+    factor = params.get("factor")
+    if factor is None:
+        if max_positions is None:
+            raise NotImplementedError("a yarn rope without factor or max_position_embeddings")
+        factor = max_positions / original
+    factor = float(factor)
+    attention_factor = params.get("attention_factor")
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if attention_factor is None and mscale and mscale_all_dim:
+
+        def yarn_mscale(scale: float) -> float:
+            return 0.1 * scale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+        attention_factor = yarn_mscale(mscale) / yarn_mscale(mscale_all_dim)
+    return RopeSpec(
+        theta,
+        "yarn",
+        factor=factor,
+        original_max_positions=original,
+        # transformers reads these with `or`: a 0 or null in a config means the default.
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=None if attention_factor is None else float(attention_factor),
     )
 
 

@@ -69,20 +69,31 @@ class RopeSpec:
 
     theta: float
     # "default", "linear" (positions divided by `factor`), "llama3" (Llama 3.1's
-    # smoothed per-frequency scaling) or "factors" (each frequency divided by its own
-    # factor, as a GGUF's rope_freqs tensor gives Llama 3's scaling).
+    # smoothed per-frequency scaling), "factors" (each frequency divided by its own
+    # factor, as a GGUF's rope_freqs tensor gives Llama 3's scaling) or "yarn" (YaRN:
+    # gpt-oss, Qwen's long contexts; frequencies blended between `factor`-slowed and
+    # kept by a ramp from beta_fast to beta_slow rotations over original_max_positions,
+    # and cos/sin scaled by the attention factor).
     kind: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
     factors: tuple[float, ...] = ()
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # YaRN's ramp bounds rounded to whole dimensions
+    # YaRN's cos/sin scale; None: 0.1 * ln(factor) + 1, as the paper (and transformers)
+    # suggest. A config's mscale/mscale_all_dim are resolved into it when it is read.
+    attention_factor: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("default", "linear", "llama3", "factors"):
+        if self.kind not in ("default", "linear", "llama3", "factors", "yarn"):
             raise ValueError(f"rope type {self.kind!r} is not computed by the own forward")
         if self.theta <= 0 or self.factor <= 0:
             raise ValueError(f"rope theta and factor must be positive: {self}")
+        if self.attention_factor is not None and self.attention_factor <= 0:
+            raise ValueError(f"rope attention_factor must be positive: {self}")
 
 
 @dataclass(frozen=True)
