@@ -25,6 +25,8 @@ from bench.commands import SUBCOMMANDS
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
+# A benchmark's flag may be named on the CLI page or on the benchmarks page.
+BENCH_PAGES = "cli.md+benchmarks.md"
 
 
 class _Parsed(Exception):
@@ -67,8 +69,9 @@ def missing_from(names: Iterable[str], text: str) -> list[str]:
     )
 
 
-def page(name: str) -> str:
-    return (DOCS / name).read_text()
+def page(names: str) -> str:
+    """The text of the pages named, `+`-joined (`cli.md+benchmarks.md`)."""
+    return "\n".join((DOCS / name).read_text() for name in names.split("+"))
 
 
 def _cli(monkeypatch):
@@ -94,7 +97,7 @@ def _command_lines(monkeypatch) -> dict[str, tuple[argparse.ArgumentParser, str]
         "cbserve serve": (serve, "running.md"),
         "cbserve generate": (subparser(cli, "generate"), "cli.md"),
         "cbserve info": (subparser(cli, "info"), "cli.md"),
-        "cbserve bench": (subparser(cli, "bench"), "cli.md"),
+        "cbserve bench": (subparser(cli, "bench"), BENCH_PAGES),
         "python -m common.health_probe": (probe_parser(), "cli.md"),
         "python -m worker_svc.convert_gguf": (
             parser_of(lambda: convert_gguf.main([]), monkeypatch),
@@ -104,7 +107,7 @@ def _command_lines(monkeypatch) -> dict[str, tuple[argparse.ArgumentParser, str]
     for name in SUBCOMMANDS:
         # Through the table's own dispatch, which calls each kind of `main` its way.
         parser = parser_of(lambda n=name: bench_commands.run([n], "cbserve bench"), monkeypatch)
-        found[f"cbserve bench {name}"] = (parser, "cli.md")
+        found[f"cbserve bench {name}"] = (parser, BENCH_PAGES)
     return found
 
 
