@@ -47,8 +47,8 @@ def configs() -> dict:
         "gemma3": hf.Gemma3TextConfig(
             **COMMON, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16
         ),
-        # Mixtures: more experts than a short prompt's tokens pick in some layer, and
-        # (Qwen3-MoE) a dense layer among the sparse ones.
+        # Mixtures, every layer sparse as in the released models (llama.cpp's converter
+        # refuses a dense layer among them; test_moe_layers.py has one).
         "qwen3_moe": hf.Qwen3MoeConfig(
             **COMMON,
             head_dim=32,
@@ -56,7 +56,6 @@ def configs() -> dict:
             num_experts_per_tok=2,
             moe_intermediate_size=64,
             norm_topk_prob=True,
-            mlp_only_layers=[2],
         ),
         "mixtral": hf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),
     }

@@ -34,6 +34,7 @@ _BY_TYPE = {
     "qwen3_moe": "qwen3_moe",
     "qwen3moe": "qwen3_moe",  # a GGUF's general.architecture
     "mixtral": "mixtral",
+    "llama+experts": "mixtral",  # a GGUF "llama" with an expert_count
 }
 
 

@@ -58,6 +58,13 @@ def _spec(config) -> DecoderSpec:
     return replace(spec, moe=moe)
 
 
+def _gguf_config(values: dict, get) -> None:
+    values.update(
+        num_local_experts=int(get("expert_count")),
+        num_experts_per_tok=int(get("expert_used_count")),
+    )
+
+
 ARCHITECTURE = Architecture(
     name="mixtral",
     hf_architectures=("MixtralForCausalLM",),
@@ -74,5 +81,6 @@ ARCHITECTURE = Architecture(
         **GGUF_EXPERT_NAMES,
     },
     gguf_permutes_qk=True,
+    gguf_config=_gguf_config,
     ignored_config_keys=_IGNORED,
 )

@@ -52,7 +52,6 @@ QWEN3_MOE_HF_NAMES = {
     "experts_up": _LAYER + "experts.up_stack",
     "experts_down": _LAYER + "experts.down_stack",
 }
-EXPERT_ROLES = ("router", "experts_gate", "experts_up", "experts_down")
 
 
 def moe_spec(config) -> MoeSpec:
@@ -80,6 +79,18 @@ def _spec(config) -> DecoderSpec:
     return replace(spec, qk_norm=True, moe=moe_spec(config))
 
 
+def _gguf_config(values: dict, get) -> None:
+    """llama.cpp's names for the mixture; it always renormalizes Qwen3-MoE's top-k
+    weights (the released checkpoints set norm_topk_prob) and stores no flag for it."""
+    values.update(
+        num_local_experts=int(get("expert_count")),
+        num_experts_per_tok=int(get("expert_used_count")),
+        moe_intermediate_size=int(get("expert_feed_forward_length")),
+        norm_topk_prob=True,
+        mlp_only_layers=[],
+    )
+
+
 ARCHITECTURE = Architecture(
     name="qwen3_moe",
     hf_architectures=("Qwen3MoeForCausalLM",),
@@ -89,5 +100,6 @@ ARCHITECTURE = Architecture(
     spec=_spec,
     hf_names={**names(HF_NAMES, PLAIN_ROLES + NORM_ROLES), **QWEN3_MOE_HF_NAMES},
     gguf_names={**names(GGUF_NAMES, PLAIN_ROLES + NORM_ROLES), **GGUF_EXPERT_NAMES},
+    gguf_config=_gguf_config,
     ignored_config_keys=_IGNORED,
 )

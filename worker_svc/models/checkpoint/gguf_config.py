@@ -31,6 +31,9 @@ def read_gguf_config(path: Path) -> tuple[ConfigFile, Architecture] | None:
     meta = index.metadata
     arch_name = str(meta.get("general.architecture"))
     architecture = architecture_for(None, arch_name)
+    if meta.get(f"{arch_name}.expert_count"):
+        # llama.cpp writes Mixtral as "llama" with experts: the family with experts.
+        architecture = architecture_for(None, f"{arch_name}+experts") or architecture
     if architecture is None:
         return None
 

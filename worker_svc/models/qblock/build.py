@@ -19,6 +19,7 @@ Norms, rotary, attention, the KV cache and the embedding stay float32.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -126,6 +127,21 @@ def experts_to_qblock(experts, layer_blocks: dict | None, fmt) -> None:
             projections[index] = projection
 
 
+# A mixture's expert weights, as the readers name them: Mixtral's per-expert w1/w2/w3,
+# and a GGUF's stacked `*_exps` tensors (checkpoint/experts.py).
+_EXPERT_WEIGHT = re.compile(r"\.experts\.(\d+\.w[123]\.weight|(gate|up|down)_stack)$")
+
+
+def _is_projection(name: str) -> bool:
+    """Whether blocks take this weight's place (to_qblock): never a norm, the
+    embedding or a router."""
+    return (
+        name.endswith("_proj.weight")
+        or name == "lm_head.weight"
+        or _EXPERT_WEIGHT.search(name) is not None
+    )
+
+
 class _SkeletonState(Mapping[str, torch.Tensor]):
     """The checkpoint as the own model's constructor reads it, for a model whose
     projections to_qblock replaces. With `projections_as_shapes`, every projection weight
@@ -139,7 +155,7 @@ class _SkeletonState(Mapping[str, torch.Tensor]):
         self._kept: dict[str, torch.Tensor] = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        if name.endswith("_proj.weight") or name == "lm_head.weight":
+        if _is_projection(name):
             if self._as_shapes:
                 return torch.empty(self._checkpoint.shape(name), device="meta")
             return self._checkpoint[name]

@@ -108,7 +108,14 @@ def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) 
     out = GgufBlocks(num_layers=num_layers)
     for layer in layers if layers is not None else range(num_layers):
         fused = {}
+        sparse = "experts_gate" in gguf_names and (
+            gguf_names["experts_gate"].format(i=layer) in tensors
+        )
+        if sparse:
+            fused.update(_expert_blocks(index, architecture, layer))
         for name, parts in _PARTS.items():
+            if sparse and name in ("gate_up", "down"):
+                continue
             pieces = []
             for part in parts:
                 info = tensors[gguf_names[part].format(i=layer)]
@@ -118,6 +125,7 @@ def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) 
                 pieces.append((blocks, fmt, k))
             names = [hf_names[part].format(i=layer) for part in parts]
             fused[name] = _fuse(pieces, names, out.parts)
+        out.parts.update(fused.pop("parts", {}))
         out.layers[layer] = fused
     out.embedding = _tensor_blocks(index, tensors[gguf_names["embed"]])
     head = tensors.get(gguf_names["lm_head"])
@@ -126,6 +134,34 @@ def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) 
     if head is not None:
         out.parts[hf_names["lm_head"]] = out.lm_head
     return out
+
+
+def _expert_blocks(index: GgufIndex, architecture: Architecture, layer: int) -> dict:
+    """A mixture layer's stacked `*_exps` tensors, one weight per expert: rows
+    e * out .. (e + 1) * out of the 3-D tensor are expert e's. Each expert's parts are
+    recorded under its per-expert name in a float checkpoint (for blocks_match_state)."""
+    gguf_names, hf_names = architecture.gguf_names, architecture.hf_names
+    stacked = {}
+    for part in ("gate", "up", "down"):
+        info = index.tensors[gguf_names[f"experts_{part}"].format(i=layer)]
+        blocks, fmt, k = _tensor_blocks(index, info)
+        experts = int(info.shape[2])
+        out = blocks.shape[0] // experts
+        stacked[part] = [(blocks[e * out : (e + 1) * out], fmt, k) for e in range(experts)]
+    gate_up, down, parts = [], [], {}
+    for e in range(len(stacked["gate"])):
+        names = [
+            _expert_name(hf_names[f"expert_{part}"], layer, e)
+            for part in ("gate", "up")
+        ]
+        gate_up.append(_fuse([stacked["gate"][e], stacked["up"][e]], names, parts))
+        down.append([stacked["down"][e]])
+        parts[_expert_name(hf_names["expert_down"], layer, e)] = stacked["down"][e]
+    return {"experts_gate_up": gate_up, "experts_down": down, "parts": parts}
+
+
+def _expert_name(template: str, layer: int, expert: int) -> str:
+    return template.replace("{i}", str(layer)).replace("{e}", str(expert))
 
 
 def _fuse(pieces: list[Blocks], names: list[str], parts: dict[str, Blocks]) -> list[Blocks]:
