@@ -49,6 +49,14 @@ class WorkerMetrics:
             registry=registry,
         ).labels(model_name)
 
+    def watch_experts(self, model_name: str, model) -> None:
+        """Router statistics of a mixture-of-experts model (worker_svc/router_stats.py),
+        read at each scrape; nothing for a dense model."""
+        from worker_svc.router_stats import RouterStatsCollector, expert_layers
+
+        if expert_layers(model):
+            self.registry.register(RouterStatsCollector(model_name, model))
+
     def observe_step(self, result: worker_pb2.StepResult) -> None:
         self.forward_seconds.observe(result.forward_seconds)
         self.batch_tokens.observe(result.num_tokens)

@@ -66,9 +66,9 @@ class ExpertMlp(nn.Module):
         self.down_projs = nn.ModuleList(
             make_projection(w, path, b) for w, b in zip(weights.down, down_bias, strict=True)
         )
-        # Router statistics (worker_svc/metrics): tokens routed to each expert since
-        # the last read; None until someone asks for them.
-        self.expert_counts: torch.Tensor | None = None
+        # Tokens routed to each expert since load (worker_svc/router_stats.py): Python
+        # integers, which the routing below has at hand anyway.
+        self.tokens_per_expert = [0] * moe.num_experts
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.moe.activation == "swiglu_clamped":
@@ -80,13 +80,13 @@ class ExpertMlp(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, chosen = route(self.router(hidden), self.moe)
-        if self.expert_counts is not None:
-            self.expert_counts += torch.bincount(chosen.flatten(), minlength=self.moe.num_experts)
+        counted = self.tokens_per_expert
         out = torch.zeros_like(hidden)
         if hidden.shape[0] == 1:
             # One row: its k experts, in ascending order.
             order = torch.argsort(chosen[0])
             for slot, expert in zip(order.tolist(), chosen[0, order].tolist(), strict=True):
+                counted[expert] += 1
                 y = self.expert(expert, hidden) * weights[:, slot, None]
                 out += y.to(out.dtype)
             return out
@@ -100,6 +100,7 @@ class ExpertMlp(nn.Module):
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
+            counted[expert] += count
             rows, slot = tokens[start : start + count], slots[start : start + count]
             start += count
             y = self.expert(expert, hidden[rows]) * weights[rows, slot, None]
