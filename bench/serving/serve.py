@@ -133,7 +133,27 @@ def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
             errors.append(f"{label} not measured: {type(error).__name__}: {error}")
     if "llamacpp" in args.baselines:
         columns += _llamacpp_columns(args, requests, settings, errors)
+    if "vllm" in args.baselines:
+        from bench.peers import vllm_peer
+
+        threads = options.worker_threads(args)
+        columns += vllm_peer.columns(args, requests, settings, threads, errors)
     return columns, errors
+
+
+def _missing_peer(args) -> str | None:
+    """Why a peer asked for cannot run here (not built, or not for this model), or None."""
+    if "llamacpp" in args.baselines:
+        from bench.peers import llamacpp
+
+        problem = llamacpp.missing(args.model)
+        if problem:
+            return problem
+    if "vllm" in args.baselines:
+        from bench.peers import vllm_peer
+
+        return vllm_peer.missing(args.model)
+    return None
 
 
 def _llamacpp_columns(args, requests, settings, errors: list[str]) -> list[Column]:
@@ -175,13 +195,10 @@ def run(args: argparse.Namespace, command: str) -> int:
     if problem:
         print(f"cbserve bench: {problem}", file=sys.stderr)
         return 2
-    if "llamacpp" in args.baselines:
-        from bench.peers import llamacpp
-
-        problem = llamacpp.missing(args.model)
-        if problem:  # at once, before minutes of other systems are measured
-            print(f"cbserve bench: {problem}", file=sys.stderr)
-            return 2
+    problem = _missing_peer(args)
+    if problem:  # at once, before minutes of other systems are measured
+        print(f"cbserve bench: {problem}", file=sys.stderr)
+        return 2
     args.model_dir = args.model or converted_model_dir()
     settings = ClientSettings(
         burstiness=args.burstiness,
@@ -228,7 +245,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         roofline = roofline_module.measure(args.model_dir, args.dtype, options.worker_threads(args))
     columns, errors = _measure(args, requests, settings)
     for column in columns:
-        if column.system in ("cbserve", "openai", "static", "llamacpp") and args.ignore_eos:
+        if column.system in ("cbserve", "openai", "static", "llamacpp", "vllm") and args.ignore_eos:
             short = short_outputs(requests, column.timings)
             if short:
                 print(

@@ -30,7 +30,7 @@ def test_flag_checks():
     assert parse("--goodput", "foo:1")[1]
     assert parse("--burstiness", "0")[1]
     with pytest.raises(SystemExit):
-        parse("--baselines", "static,vllm")
+        parse("--baselines", "static,sglang")
 
 
 def test_stack_args_pass_batching_and_extras():
