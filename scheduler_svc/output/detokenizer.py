@@ -14,9 +14,9 @@ token's leading space decodes as it would in the middle of the text.
 """
 
 # Why not tokenizers.decoders.DecodeStream (tokenizers 0.23.3), which runs this
-# same window in Rust: `python -m bench.detokenize_cost` measured it at 0.9 us a
+# same window in Rust: `cbserve bench detokenize-cost` measured it at 0.9 us a
 # token against 2.3-2.6 here: about 0.1 ms saved on a 64-sequence decode step,
-# which takes 326 ms on the development CPU (bench/measure_dtype.py). And it
+# which takes 326 ms on the development CPU (bench/micro/measure_dtype.py). And it
 # does not keep two behaviours:
 # - A prompt that ends inside a character (token-id prompts may): its window
 #   text ends in U+FFFD, so DecodeStream keeps no prefix and its first output
