@@ -99,9 +99,10 @@ async def serve(
             worker = loading.result()
         except Exception as exc:
             raise StartupError(str(exc)) from exc
-        loaded = getattr(worker.runner, "loaded", None)  # a null worker has no model
-        if loaded is not None:
-            servicer.metrics.watch_experts(Path(config.model).name, loaded.model)
+        # A null worker's runner has no torch model to watch.
+        model = getattr(getattr(worker.runner, "loaded", None), "model", None)
+        if model is not None:
+            servicer.metrics.watch_experts(Path(config.model).name, model)
         servicer.set_ready(worker)
         await set_serving(health, [SERVICE_NAME], serving=True)
         announce_ready(
