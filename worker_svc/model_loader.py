@@ -128,6 +128,12 @@ def load_model(
     )
 
 
+def has_attention_sinks(model: nn.Module) -> bool:
+    """Whether a loaded model's attention has sinks (gpt-oss: the own forward's layers,
+    or transformers' modules), which the attention backend must then compute."""
+    return any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules())
+
+
 def release_freed_memory() -> None:
     """Hands the heap's free pages back to the system. Loading frees hundreds of MB of
     tensors of a few MB each (read, fused, replaced by blocks); glibc keeps freed heap

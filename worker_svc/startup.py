@@ -20,7 +20,12 @@ from worker_svc.compute.weight_source import read_weight_source
 from worker_svc.config import WorkerConfig
 from worker_svc.heap_policy import applied_heap_policy
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
-from worker_svc.model_loader import load_model, own_forward_serves, resolve_device
+from worker_svc.model_loader import (
+    has_attention_sinks,
+    load_model,
+    own_forward_serves,
+    resolve_device,
+)
 from worker_svc.model_runner import ModelRunner
 from worker_svc.speculation.row_cost import measure_draft_row_cost
 from worker_svc.wait_policy import applied_policy
@@ -66,6 +71,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         config.block_size,
         loaded.head_dim,
         kv_dtype=kv_dtype,
+        sinks=has_attention_sinks(loaded.model),
     )
     spec = KVPoolSpec(
         num_layers=loaded.num_layers,

@@ -28,6 +28,8 @@ LAYER_ROLES = (
     "k",
     "v",
     "o",
+    "o_bias",  # gpt-oss
+    "sinks",  # one learned logit per query head, in every softmax (gpt-oss)
     "q_bias",
     "k_bias",
     "v_bias",
@@ -131,6 +133,10 @@ class DecoderSpec:
     attention_scale: float | None = None  # None: head_dim ** -0.5
     final_logit_softcap: float | None = None
     attn_logit_softcap: float | None = None
+    o_bias: bool = False
+    # A learned logit per query head that joins each softmax's sum (gpt-oss): attention
+    # may put weight on no key. The backend must compute them (supports_sinks).
+    attention_sinks: bool = False
     # The mixture of experts of the layers it names; None: every layer is dense.
     moe: MoeSpec | None = None
 
@@ -192,6 +198,8 @@ class DecoderSpec:
             "two rope bases": len({layer.rope for layer in self.layers}) > 1,
             "logit soft-capping": self.final_logit_softcap is not None,
             "attention soft-capping": self.attn_logit_softcap is not None,
+            "an o_proj bias": self.o_bias,
+            "attention sinks": self.attention_sinks,
             **(self.moe.features() if self.moe is not None else {}),
         }
 

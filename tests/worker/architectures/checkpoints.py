@@ -58,6 +58,23 @@ def configs() -> dict:
             norm_topk_prob=True,
         ),
         "mixtral": hf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),
+        # Sinks, a window on every other layer, YaRN, biases everywhere, clamped SwiGLU.
+        "gpt_oss": hf.GptOssConfig(
+            **COMMON,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 128,
+                "rope_theta": 150000.0,
+            },
+        ),
     }
 
 
@@ -70,9 +87,10 @@ ARCHITECTURES = (
     "gemma3",
     "qwen3_moe",
     "mixtral",
+    "gpt_oss",
 )
 # The mixtures, whose decode steps the native step does not compute yet.
-MIXTURES = ("qwen3_moe", "mixtral")
+MIXTURES = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
 def write_checkpoint(name: str, directory: Path, tokenizer_dir: Path | None = None) -> Path:

@@ -21,6 +21,7 @@ _BY_CLASS = {
     "Gemma3ForCausalLM": "gemma3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # A config.json's `model_type`, or a GGUF's `general.architecture` -> the module.
 _BY_TYPE = {
@@ -35,6 +36,7 @@ _BY_TYPE = {
     "qwen3moe": "qwen3_moe",  # a GGUF's general.architecture
     "mixtral": "mixtral",
     "llama+experts": "mixtral",  # a GGUF "llama" with an expert_count
+    "gpt_oss": "gpt_oss",
 }
 
 

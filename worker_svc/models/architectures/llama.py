@@ -44,7 +44,7 @@ def dense_spec(config, name: str, qkv_bias: bool = False, types: list[str] | Non
     for a setting the own forward does not compute."""
     if getattr(config, "mlp_bias", False):
         raise NotImplementedError("biased MLP projections")
-    rope = rope_spec(rope_parameters(config), 10000.0)
+    rope = rope_spec(rope_parameters(config), 10000.0, config.max_position_embeddings)
     window = getattr(config, "sliding_window", None)
     types = types if types is not None else layer_types(config)
     if len(types) != config.num_hidden_layers:

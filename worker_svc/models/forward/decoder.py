@@ -61,7 +61,8 @@ class DecoderLayer(nn.Module):
         self.qkv_proj = make_projection(
             torch.cat([weights["q"], weights["k"], weights["v"]]), path, qkv_bias
         )
-        self.o_proj = make_projection(weights["o"], path)
+        self.o_proj = make_projection(weights["o"], path, weights.get("o_bias"))
+        self.sinks = weights["sinks"].float() if spec.attention_sinks else None
         # A mixture layer (spec.moe) has its experts in place of the dense MLP.
         self.experts = ExpertMlp(spec.moe, experts, path) if experts is not None else None
         if experts is None:
@@ -91,7 +92,7 @@ class DecoderLayer(nn.Module):
         value = qkv[:, heads + kv_heads :]
         attended = attention.backend.forward(
             layer_idx, query, key, value, attention.pool, attention.metadata, self.scale,
-            window=self.window,
+            window=self.window, **({"sinks": self.sinks} if self.sinks is not None else {}),
         )  # fmt: skip
         attended = attended.reshape(t, self.q_size)
         if keep_rows is not None:
