@@ -150,10 +150,7 @@ def _expert_blocks(index: GgufIndex, architecture: Architecture, layer: int) -> 
         stacked[part] = [(blocks[e * out : (e + 1) * out], fmt, k) for e in range(experts)]
     gate_up, down, parts = [], [], {}
     for e in range(len(stacked["gate"])):
-        names = [
-            _expert_name(hf_names[f"expert_{part}"], layer, e)
-            for part in ("gate", "up")
-        ]
+        names = [_expert_name(hf_names[f"expert_{part}"], layer, e) for part in ("gate", "up")]
         gate_up.append(_fuse([stacked["gate"][e], stacked["up"][e]], names, parts))
         down.append([stacked["down"][e]])
         parts[_expert_name(hf_names["expert_down"], layer, e)] = stacked["down"][e]
