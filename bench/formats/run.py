@@ -70,7 +70,11 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def speed_argvs(gguf: Path, args, out: Path) -> dict[str, list[str]]:
-    """The two `python -m bench` command lines of one file's speed: at once, one stream."""
+    """The two `python -m bench` command lines of one file's speed: at once, one stream.
+    No vLLM column here: every row is a GGUF file, and vLLM 0.32 (the CPU build
+    `--baselines vllm` measures) reads no GGUF at all (no `gguf` quantization method, no
+    GGUF loader), so it does not apply; it is measured on HF directories by `cbserve bench
+    --baselines vllm` (docs/benchmarks.md, "vLLM CPU as a peer")."""
     common = [sys.executable, "-m", "bench", "--model", str(gguf), "--baselines", "llamacpp"]
     common += ["--threads", str(args.threads), "--no-plots", "--no-progress"]
     return {
