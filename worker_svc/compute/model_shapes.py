@@ -82,7 +82,11 @@ def _from_config(config: dict[str, Any]) -> ProjectionShapes:
     kv_heads = config.get("num_key_value_heads") or heads
     return ProjectionShapes(
         hidden=hidden,
-        intermediate=config["intermediate_size"],
+        intermediate=_active_intermediate(
+            config["intermediate_size"],
+            config.get("moe_intermediate_size"),
+            config.get("num_experts_per_tok"),
+        ),
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
         vocab=config["vocab_size"],
@@ -100,12 +104,25 @@ def _from_gguf(path: Path) -> ProjectionShapes:
     vocab = fields.get(f"{arch}.vocab_size", fields.get("tokenizer.ggml.tokens"))
     return ProjectionShapes(
         hidden=hidden,
-        intermediate=fields[f"{arch}.feed_forward_length"],
+        intermediate=_active_intermediate(
+            fields[f"{arch}.feed_forward_length"],
+            fields.get(f"{arch}.expert_feed_forward_length"),
+            fields.get(f"{arch}.expert_used_count") if fields.get(f"{arch}.expert_count") else None,
+        ),
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
         vocab=vocab,
         layers=fields[f"{arch}.block_count"],
     )
+
+
+def _active_intermediate(dense: int, per_expert: int | None, experts_per_token: int | None) -> int:
+    """A mixture's MLP width as one token reads it: its k experts side by side (a
+    family without its own expert width, Mixtral, sizes experts by intermediate_size).
+    What `auto` times at one row is then the bytes a decode step reads."""
+    if not experts_per_token:
+        return dense
+    return (per_expert or dense) * experts_per_token
 
 
 # GGUF's metadata value types: the struct format of each fixed-size one.
