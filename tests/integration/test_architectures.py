@@ -34,7 +34,10 @@ STACK_ARGS = {
 }
 
 
-@pytest.fixture(scope="module", params=["gemma3", "qwen3", "ministral", "llama3"])
+@pytest.fixture(
+    scope="module",
+    params=["gemma3", "qwen3", "ministral", "llama3", "qwen3_moe", "mixtral", "gpt_oss"],
+)
 def checkpoint(request, tmp_path_factory):
     from common.defaults import converted_model_dir
 
