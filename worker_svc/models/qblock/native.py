@@ -28,6 +28,7 @@ from worker_svc.attention import PagedAttentionContext, cpu_kernel
 from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
 from worker_svc.compute.qblock_stack import block_runs
+from worker_svc.models.qblock.native_experts import ExpertTables, expert_projections
 from worker_svc.models.qblock.native_structs import (
     KV_DTYPES,
     STEP_PROJECTIONS,
@@ -66,7 +67,8 @@ def load_decode_kernel() -> ctypes.CDLL:
 
 
 # What the step computes of what an architecture may declare (DecoderSpec.features):
-# everything Llama 3, Mistral, Qwen2, Qwen3 and Gemma 3 declare. Soft-capping (Gemma 2)
+# everything Llama 3, Mistral, Qwen2, Qwen3, Gemma 3, Qwen3-MoE and Mixtral declare, and
+# gpt-oss's router and experts (kernels/decode_experts.h). Soft-capping (Gemma 2)
 # is not written: such a model's decode steps would take the Python forward.
 NATIVE_FEATURES = frozenset(
     {
@@ -79,6 +81,10 @@ NATIVE_FEATURES = frozenset(
         "sliding-window layers",
         "rope scaling",
         "two rope bases",
+        "mixture-of-experts layers",
+        "a biased router",
+        "biased experts",
+        "clamped SwiGLU experts",
     }
 )
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_panels.h's ACTIVATION_*
@@ -117,11 +123,15 @@ class NativeDecode:
         self.variant, self.schedule = qblock.VARIANTS[variant], SCHEDULES[schedule]
         self.barrier_spin = barrier_spin
         layers = model.layers
-        projections = [[getattr(layer, name) for name in STEP_PROJECTIONS] for layer in layers]
+        # A mixture layer has no dense gate/up and down: an empty weight in their place.
+        projections = [
+            [getattr(layer, name, None) for name in STEP_PROJECTIONS] for layer in layers
+        ]
+        experts = [p for layer in layers for p in expert_projections(layer)]
         # From as many rows as QBlockLinear (this CPU's measured threshold), and only
         # where it does (CBSERVE_QBLOCK_VNNI, and formats the VNNI kernel reads: the step
         # keeps the others on the float kernel, decode_panels.h's project).
-        every = [p for row in [*projections, [model.lm_head]] for p in row]
+        every = [p for row in [*projections, [model.lm_head], experts] for p in row if p]
         vnni = [run for p in every for run in block_runs(p) if run.vnni]
         self.vnni_from_m = vnni[0].vnni_from_m if vnni else 0
         self._norms = torch.tensor(
@@ -132,13 +142,18 @@ class NativeDecode:
             dtype=torch.int64,
         )
         flat = [p for row in projections for p in row]
-        self._weights = (BlockWeight * len(flat))(*(BlockWeight.of(p) for p in flat))
+        self._weights = (BlockWeight * len(flat))(
+            *(BlockWeight() if p is None else BlockWeight.of(p) for p in flat)
+        )
+        self._experts = ExpertTables(model)
+        dense = [i for i in range(spec.num_layers) if not spec.is_sparse(i)]
         self._lm_head = BlockWeight.of(model.lm_head)
         self._per_layer_tables(model)
         self._model = model  # owns every tensor whose address the structure holds
         self._struct = DecodeModel(
             hidden=spec.hidden_size,
-            intermediate=spec.intermediate_size,
+            # The dense MLP's; a model whose layers are all mixtures has none.
+            intermediate=spec.intermediate_size if dense else spec.moe.intermediate_size,
             num_layers=spec.num_layers,
             num_heads=spec.num_heads,
             num_kv_heads=spec.num_kv_heads,
@@ -158,6 +173,7 @@ class NativeDecode:
             post_norms=self._post_norms.data_ptr(),
             activation=ACTIVATIONS[spec.activation],
             embed_scale=spec.embed_scale or 0.0,
+            **self._experts.fields(spec),
         )
 
     def _per_layer_tables(self, model) -> None:

@@ -47,6 +47,17 @@ class BlockWeight(ctypes.Structure):
         return weight
 
 
+class MoeLayer(ctypes.Structure):
+    """struct moe_layer: a mixture layer's router and experts (sparse 0: a dense layer)."""
+
+    _fields_ = [
+        ("sparse", _I64),
+        *((name, _PTR) for name in ("router", "router_bias")),
+        *((name, ctypes.POINTER(BlockWeight)) for name in ("gate_up", "down")),
+        *((name, _PTR) for name in ("gate_up_bias", "down_bias")),
+    ]
+
+
 class DecodeModel(ctypes.Structure):
     """struct decode_model."""
 
@@ -63,6 +74,10 @@ class DecodeModel(ctypes.Structure):
         ("post_norms", _PTR),
         ("activation", _I64),
         ("embed_scale", _F64),
+        ("moe_layers", ctypes.POINTER(MoeLayer)),
+        *((name, _I64) for name in ("num_experts", "experts_per_token", "expert_intermediate")),
+        *((name, _I64) for name in ("router", "normalize_topk", "expert_activation")),
+        *((name, _F64) for name in ("swiglu_alpha", "swiglu_limit")),
     ]
 
 

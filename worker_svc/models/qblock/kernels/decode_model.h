@@ -8,8 +8,9 @@
 
 enum { NORM_INPUT = 0, NORM_POST = 1, NORMS = 2 };
 enum { PROJ_QKV = 0, PROJ_O = 1, PROJ_GATE_UP = 2, PROJ_DOWN = 3, PROJS = 4 };
-/* Shared-out loops a layer: five, and two more for each post-norm (Gemma's). */
-enum { LOOPS_PER_LAYER = 9 };
+/* Shared-out loops a layer: five, and two more for each post-norm (Gemma's); a mixture
+ * layer has one more than a dense one (its router's, decode_experts.h). */
+enum { LOOPS_PER_LAYER = 10 };
 enum { KV_FLOAT32 = 0, KV_FLOAT16 = 1 }; /* the pool's element type */
 
 /* A projection's weight as runs of output rows, each run in its own block format: one
@@ -22,6 +23,19 @@ struct block_weight {
     int64_t format[WEIGHT_RUNS];        /* QBLOCK_FORMAT_* */
     const uint8_t *blocks[WEIGHT_RUNS]; /* run i's rows of blocks */
 };
+
+/* A mixture layer's router and experts (models/forward/experts.py's ExpertMlp): each
+ * expert's fused gate/up [2 I, hidden] (gate's rows, then up's) and down [hidden, I]. */
+struct moe_layer {
+    int64_t sparse;                       /* 0: the layer's MLP is the dense one */
+    const float *router;                  /* [experts, hidden] float32 */
+    const float *router_bias;             /* [experts], NULL: none */
+    const struct block_weight *gate_up;   /* [experts] */
+    const struct block_weight *down;      /* [experts] */
+    const int64_t *gate_up_bias;          /* [experts] addresses of float [2 I], 0: none */
+    const int64_t *down_bias;             /* [experts] addresses of float [hidden], 0: none */
+};
+enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
 
 /* The model, prepared once at load. Addresses are int64 so that Python can keep them in
  * one tensor; every array is contiguous. */
@@ -41,6 +55,13 @@ struct decode_model {
     const int64_t *post_norms;  /* [layers][2] after attention, after the MLP; 0: none */
     int64_t activation;         /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
     double embed_scale;         /* the embedding's multiplier (Gemma); 0: none */
+    /* The mixture (models/mixture.py's MoeSpec); num_experts 0: every layer is dense. */
+    const struct moe_layer *moe_layers; /* [layers] */
+    int64_t num_experts, experts_per_token, expert_intermediate;
+    int64_t router;            /* ROUTER_* */
+    int64_t normalize_topk;    /* softmax_topk: the k weights divided by their sum */
+    int64_t expert_activation; /* ACTIVATION_SILU or ACTIVATION_SWIGLU_CLAMPED */
+    double swiglu_alpha, swiglu_limit;
 };
 
 /* One step. */

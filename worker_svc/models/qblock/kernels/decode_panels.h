@@ -16,7 +16,7 @@
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 void gelu_tanh_mul(const float *gate, const float *up, float *out, int64_t n);
 
-enum { ACTIVATION_SILU = 0, ACTIVATION_GELU_TANH = 1 };
+enum { ACTIVATION_SILU = 0, ACTIVATION_GELU_TANH = 1, ACTIVATION_SWIGLU_CLAMPED = 2 };
 
 static int64_t panels_of(int64_t n)
 {
@@ -33,6 +33,9 @@ static int64_t panel_rows(int64_t n, int64_t panel)
 struct scratch {
     float *hidden, *qkv, *attended, *act;
     float *projected; /* [T, hidden]: o_proj's or down's output before a post-norm */
+    int32_t *chosen;      /* [T, k]: a mixture layer's experts of each row */
+    float *route_weights; /* [T, k]: and their weights */
+    float *expert_act;    /* [T * k, expert I]: the chosen experts' act(gate) * up */
     float *thread_mem;
     int64_t per_thread;
 };
@@ -48,6 +51,7 @@ struct thread_scratch {
     float *scores;        /* group * longest context */
     int vnni;             /* this step's projections take the VNNI kernel */
     int small_vnni;       /* below vnni_from_m: Q5_0 and Q4_K take their small VNNI tiles */
+    int64_t vnni_from_m;  /* rows from which a projection takes the VNNI kernel; 0: never */
 };
 
 /* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */

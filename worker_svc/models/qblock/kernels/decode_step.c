@@ -20,7 +20,9 @@
  * activation (vectorised expf/tanhf, llama_activation.c). Built with -ffp-contract=off,
  * as the block kernel is: rotary is x1 * cos - x2 * sin with two roundings, as in torch.
  * What an architecture declares (biases, q/k norms, post-norms, windows, rope tables per
- * layer, GELU-tanh, a scaled embedding) comes in decode_model.h's per-layer tables.
+ * layer, GELU-tanh, a scaled embedding) comes in decode_model.h's per-layer tables; a
+ * mixture layer's router and experts are decode_experts.h's (one loop more than a dense
+ * MLP's, and each chosen expert's blocks read once a step).
  *
  * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
  * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
@@ -41,6 +43,7 @@
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_vnni.h"
 #include "decode_attention.h"
+#include "decode_experts.h"
 #include "decode_model.h"
 #include "decode_panels.h"
 #include "decode_rows.h"
@@ -125,6 +128,10 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
                    me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
+    if (m->num_experts > 0 && m->moe_layers[layer].sparse) {
+        run_experts(m, &m->moe_layers[layer], variant, T, post_mlp, s, ts, me);
+        return;
+    }
     prepare_input(ts, &weights[PROJ_GATE_UP], ts->normed, T, H);
     FOR_SHARED(p, panels_of(I), me, me->dynamic)
     swiglu_panel(variant, &weights[PROJ_GATE_UP], p, I, ts->normed, T, H, s->act,
@@ -146,7 +153,8 @@ static int64_t longest_context(const struct decode_batch *b)
 static void run_step(const struct decode_model *m, const struct decode_batch *b,
                      int variant, const struct scratch *s,
                      const struct attention_split *split, int layers_vnni, int head_vnni,
-                     int small_vnni, int64_t rows, int64_t max_k, struct step_team *team)
+                     int small_vnni, int64_t vnni_from_m, int64_t rows, int64_t max_k,
+                     struct step_team *team)
 {
     const int64_t H = m->hidden, S = b->num_samples;
     struct member me = {.team = team,
@@ -154,6 +162,7 @@ static void run_step(const struct decode_model *m, const struct decode_batch *b,
                         .dynamic = b->schedule == SCHEDULE_DYNAMIC,
                         .loop = 0};
     struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni, small_vnni);
+    ts.vnni_from_m = vnni_from_m; /* experts decide by their own rows (decode_experts.h) */
     for (int64_t layer = 0; layer < m->num_layers; layer++)
         run_layer(m, b, variant, layer, s, split, &ts, &me);
     /* The head, for the sampled rows only; the region's end is its barrier. */
@@ -180,10 +189,13 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
         return -2;
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t q_width = m->num_heads * m->head_dim;
-    if (q_width % 32)
+    const int64_t E = m->num_experts, k = m->experts_per_token, expert_I = m->expert_intermediate;
+    if (q_width % 32 ||
+        (E > 0 && (k < 1 || k > E || k > TOPK_MAX_K || expert_I % 32 || m->moe_layers == NULL)))
         return -2;
     const int threads = b->threads > 0 ? (int)b->threads : 1;
-    const int64_t max_k = I > q_width ? (I > H ? I : H) : (q_width > H ? q_width : H);
+    int64_t max_k = I > q_width ? (I > H ? I : H) : (q_width > H ? q_width : H);
+    max_k = expert_I > max_k ? expert_I : max_k;
     const int64_t group = m->num_heads / m->num_kv_heads;
     const int64_t rows = T > S ? T : S;
 
@@ -197,8 +209,11 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     const int small_vnni = vnni_ok && variant == QBLOCK_VARIANT_AVX512;
 
     struct scratch s;
-    s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b));
-    const int64_t shared = 2 * T * H + T * qkv_width + T * q_width + T * I;
+    s.per_thread = thread_floats(rows, H, max_k, group * longest_context(b)) +
+                   expert_thread_floats(m, T);
+    const int64_t choices = E > 0 ? T * k : 0;
+    const int64_t shared = 2 * T * H + T * qkv_width + T * q_width + T * I +
+                           round16(choices) * 2 + choices * expert_I;
     float *mem = aligned_alloc(64, sizeof(float) * (shared + s.per_thread * threads));
     struct step_team team = {.threads = threads, .spin = (int)b->spin};
     atomic_init(&team.arrived, 0);
@@ -233,6 +248,9 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     s.attended = s.qkv + T * qkv_width;
     s.act = s.attended + T * q_width;
     s.projected = s.act + T * I;
+    s.chosen = (int32_t *)(s.projected + T * H);
+    s.route_weights = s.projected + T * H + round16(choices);
+    s.expert_act = s.route_weights + round16(choices);
     for (int64_t t = 0; t < T; t++)
         memcpy(s.hidden + t * H, m->embed + b->token_ids[t] * H, sizeof(float) * H);
     if (m->embed_scale != 0.0) {
@@ -252,12 +270,25 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
         }
 #pragma omp barrier
         if (!short_team)
-            run_step(m, b, variant, &s, &split, layers_vnni, head_vnni, small_vnni, rows, max_k,
-                     &team);
+            run_step(m, b, variant, &s, &split, layers_vnni, head_vnni, small_vnni,
+                     vnni_ok ? b->vnni_from_m : 0, rows, max_k, &team);
     }
     free(team.counters);
     free(split_mem);
     free((void *)split.remaining);
     free(mem);
     return short_team ? -4 : 0;
+}
+
+/* torch.topk's k indices of values[0 .. n) (decode_topk.h), for tests; -1: no memory. */
+int decode_topk(const float *values, int64_t n, int64_t k, int64_t *indices)
+{
+    struct scored *queue = malloc(sizeof(struct scored) * n);
+    if (queue == NULL)
+        return -1;
+    torch_topk(values, n, k, queue);
+    for (int64_t j = 0; j < k; j++)
+        indices[j] = queue[j].index;
+    free(queue);
+    return 0;
 }
