@@ -1,5 +1,9 @@
 """Decode speed of every declared architecture beside the Llama layout of the same
-dimensions, on one compute path: the issue's target is at least 0.8x Llama's.
+dimensions, on one compute path: the issue's target is at least 0.8x Llama's. The
+mixtures (Qwen3-MoE 16 experts top-4, Mixtral 8 top-2, gpt-oss 16 top-4) have the dense
+checkpoint's *active* width (k experts side by side = 1536), the comparison issue 42
+sets (at least 0.85x at one stream, 0.5x at 16). Every weight is random
+(bench/peers/random_weights.py), routers included, so tokens spread over the experts.
 
 Each architecture gets a random checkpoint of SmolLM2-135M's dimensions (30 layers,
 hidden 576, 9/3 heads of 64, vocabulary 49152), written by transformers, loaded by the
@@ -48,6 +52,27 @@ def configs() -> dict:
         "qwen2": hf.Qwen2Config(**DIMS, tie_word_embeddings=True),
         "qwen3": hf.Qwen3Config(**DIMS, tie_word_embeddings=True),
         "gemma3": hf.Gemma3TextConfig(**DIMS, sliding_window=64, query_pre_attn_scalar=64),
+        "qwen3_moe (16, top-4)": hf.Qwen3MoeConfig(
+            **DIMS,
+            num_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=DIMS["intermediate_size"] // 4,
+            norm_topk_prob=True,
+            tie_word_embeddings=True,
+        ),
+        "mixtral (8, top-2)": hf.MixtralConfig(
+            **{**DIMS, "intermediate_size": DIMS["intermediate_size"] // 2},
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            tie_word_embeddings=True,
+        ),
+        "gpt_oss (16, top-4)": hf.GptOssConfig(
+            **{**DIMS, "intermediate_size": DIMS["intermediate_size"] // 4},
+            num_local_experts=16,
+            num_experts_per_tok=4,
+            sliding_window=64,
+            tie_word_embeddings=True,
+        ),
     }
 
 
@@ -99,15 +124,28 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.archi
     parser.add_argument("--batch", default="1,16")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--context", type=int, default=128)
+    parser.add_argument(
+        "--only", default="", help="comma-separated name prefixes to time beside llama"
+    )
     args = parser.parse_args(argv)
     import transformers as hf
+
+    from bench.peers.random_weights import randomize
+
+    chosen = configs()
+    if args.only:
+        prefixes = tuple(args.only.split(","))
+        chosen = {n: c for n, c in chosen.items() if n == "llama" or n.startswith(prefixes)}
 
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}; path {args.dtype}")
     with tempfile.TemporaryDirectory() as root:
         loaded = {}
-        for name, config in configs().items():
+        for seed, (name, config) in enumerate(chosen.items()):
             directory = Path(root) / name.split()[0]
-            hf.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+            model = hf.AutoModelForCausalLM.from_config(config)
+            randomize(model, seed)
+            model.save_pretrained(directory)
+            del model
             loaded[name] = load_model(directory, args.dtype, torch.device("cpu"))
             status = getattr(loaded[name].model, "native_decode_status", "")
             print(f"{name}: {loaded[name].model_impl} {status}")
