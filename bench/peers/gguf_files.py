@@ -8,7 +8,8 @@ benchmarks (`cbserve bench formats`, `cbserve bench accuracy --model FILE.gguf`)
   float32 with the default model's tokenizer (so that text can be scored and chat
   replies compared), converted by llama.cpp's `convert_hf_to_gguf.py` to F16 and then
   quantized to Q4_K_M. The checkpoint stays beside them: it is the file's float32
-  reference.
+  reference. A random Qwen3-MoE of the same attention and active width is made the same
+  way (its experts stacked by the converter into `*_exps` tensors).
 
 Everything goes into the peers' cache beside the llama.cpp binaries that made it
 (bench/peers/llama_server.py cache_dir, `<cache>/gguf-files/`), never into the repo.
@@ -47,6 +48,20 @@ QWEN3_SHAPE = {
     "tie_word_embeddings": True,
 }
 QWEN3_SEED = 48
+# The mixture beside it (issue 42): Qwen3's attention and shape, every MLP 32 experts of
+# which a token takes 6 of 256 rows each: the dense checkpoint's active width (1536), so
+# one token reads about what the dense one reads. Rows multiples of 256 (K-quants).
+QWEN3_MOE_NAME = "qwen3moe-100m-random"
+QWEN3_MOE_SHAPE = {
+    **{k: v for k, v in QWEN3_SHAPE.items() if k != "intermediate_size"},
+    "intermediate_size": 1536,  # read by nothing: every layer is sparse
+    "num_experts": 32,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 256,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,  # llama.cpp's converter writes Qwen3-MoE's head
+}
+QWEN3_MOE_SEED = 49
 
 
 @dataclass(frozen=True)
@@ -74,8 +89,14 @@ REQUANTIZED = {
 }
 QWEN3_F16 = FormatFile("Qwen3 F16 (48M, random)", f"{QWEN3_NAME}.F16.gguf", QWEN3_NAME)
 QWEN3_Q4_K_M = FormatFile("Qwen3 Q4_K_M (48M, random)", f"{QWEN3_NAME}.Q4_K_M.gguf", QWEN3_NAME)
+QWEN3_MOE_F16 = FormatFile(
+    "Qwen3-MoE F16 (100M, random)", f"{QWEN3_MOE_NAME}.F16.gguf", QWEN3_MOE_NAME
+)
+QWEN3_MOE_Q4_K_M = FormatFile(
+    "Qwen3-MoE Q4_K_M (32 experts, top-6, random)", f"{QWEN3_MOE_NAME}.Q4_K_M.gguf", QWEN3_MOE_NAME
+)
 # The rows of the issue's table, in its order.
-TABLE_FILES = ("shipped", "q4_k_m", "q8_0", "qwen3-q4_k_m")
+TABLE_FILES = ("shipped", "q4_k_m", "q8_0", "qwen3-q4_k_m", "qwen3moe-q4_k_m")
 MISSING_QUANTIZE = (
     "llama-quantize is not built: run `make bench-peers` (builds it with llama-server once)"
 )
@@ -100,6 +121,7 @@ def table_file(key: str) -> tuple[FormatFile, Path, Path | None]:
         "q4_k_m": REQUANTIZED["Q4_K_M"],
         "q8_0": REQUANTIZED["Q8_0"],
         "qwen3-q4_k_m": QWEN3_Q4_K_M,
+        "qwen3moe-q4_k_m": QWEN3_MOE_Q4_K_M,
     }[key]
     gguf = packaged_gguf_path() if chosen is SHIPPED else chosen.path()
     if gguf is None:
@@ -123,18 +145,19 @@ def quantize(source: Path, out: Path, kind: str, threads: int, requantize: bool 
     return out
 
 
-def write_qwen3_checkpoint(directory: Path) -> Path:
-    """A random Qwen3 of QWEN3_SHAPE, float32 safetensors and the default model's
-    tokenizer files. Weights as the architecture tests' checkpoints
-    (tests/worker/architectures/checkpoints.py): matrices N(0, 0.08^2) so that greedy
-    tokens are decided by clear margins, norm weights 1 + N(0, 0.2^2)."""
+def write_qwen3_checkpoint(directory: Path, moe: bool = False) -> Path:
+    """A random Qwen3 of QWEN3_SHAPE (or Qwen3-MoE of QWEN3_MOE_SHAPE), float32
+    safetensors and the default model's tokenizer files. Weights as the architecture
+    tests' checkpoints (tests/worker/architectures/checkpoints.py): matrices N(0, 0.08^2)
+    so that greedy tokens are decided by clear margins, norm weights 1 + N(0, 0.2^2)."""
     import transformers as hf
 
     from bench.peers.random_weights import randomize
     from common.defaults import converted_model_dir
 
-    model = hf.AutoModelForCausalLM.from_config(hf.Qwen3Config(**QWEN3_SHAPE))
-    randomize(model, QWEN3_SEED)
+    config = hf.Qwen3MoeConfig(**QWEN3_MOE_SHAPE) if moe else hf.Qwen3Config(**QWEN3_SHAPE)
+    model = hf.AutoModelForCausalLM.from_config(config)
+    randomize(model, QWEN3_MOE_SEED if moe else QWEN3_SEED)
     staging = directory.with_name(directory.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
@@ -164,20 +187,24 @@ def make(threads: int) -> list[Path]:
             print(f"llama-quantize --allow-requantize {shipped.name} -> {kind}", flush=True)
             quantize(shipped, row.path(), kind, threads, requantize=True)
         done.append(row.path())
-    checkpoint = folder / QWEN3_NAME
-    if not (checkpoint / "config.json").is_file():
-        print(f"writing the random Qwen3 checkpoint {checkpoint}", flush=True)
-        write_qwen3_checkpoint(checkpoint)
-    done.append(checkpoint)
-    if not QWEN3_F16.path().is_file():
-        print("convert_hf_to_gguf.py --outtype f16", flush=True)
-        partial = QWEN3_F16.path().with_name(QWEN3_F16.file_name + ".partial")
-        convert(checkpoint, partial, "f16").replace(QWEN3_F16.path())
-    done.append(QWEN3_F16.path())
-    if not QWEN3_Q4_K_M.path().is_file():
-        print("llama-quantize F16 -> Q4_K_M", flush=True)
-        quantize(QWEN3_F16.path(), QWEN3_Q4_K_M.path(), "Q4_K_M", threads)
-    done.append(QWEN3_Q4_K_M.path())
+    for name, f16, q4_k_m, moe in (
+        (QWEN3_NAME, QWEN3_F16, QWEN3_Q4_K_M, False),
+        (QWEN3_MOE_NAME, QWEN3_MOE_F16, QWEN3_MOE_Q4_K_M, True),
+    ):
+        checkpoint = folder / name
+        if not (checkpoint / "config.json").is_file():
+            print(f"writing the random checkpoint {checkpoint}", flush=True)
+            write_qwen3_checkpoint(checkpoint, moe=moe)
+        done.append(checkpoint)
+        if not f16.path().is_file():
+            print(f"convert_hf_to_gguf.py {name} --outtype f16", flush=True)
+            partial = f16.path().with_name(f16.file_name + ".partial")
+            convert(checkpoint, partial, "f16").replace(f16.path())
+        done.append(f16.path())
+        if not q4_k_m.path().is_file():
+            print(f"llama-quantize {f16.file_name} -> Q4_K_M", flush=True)
+            quantize(f16.path(), q4_k_m.path(), "Q4_K_M", threads)
+        done.append(q4_k_m.path())
     return done
 
 

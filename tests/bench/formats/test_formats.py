@@ -21,7 +21,7 @@ from bench.formats.table import (
 
 def test_the_flags_default_to_the_issues_table_and_refuse_unknown_files():
     args = parser("cbserve bench formats").parse_args([])
-    assert args.files == ["shipped", "q4_k_m", "q8_0", "qwen3-q4_k_m"]
+    assert args.files == ["shipped", "q4_k_m", "q8_0", "qwen3-q4_k_m", "qwen3moe-q4_k_m"]
     assert (args.threads, args.num_prompts, args.stream_tokens) == (2, 64, 128)
     narrowed = parser("p").parse_args(["--files", "q8_0", "--skip", "speed"])
     assert narrowed.files == ["q8_0"] and narrowed.skip == ["speed"]
