@@ -102,6 +102,9 @@ SUBCOMMANDS = {
     "measure-dtype": Subcommand(
         "bench.micro.measure_dtype", "float32 against bfloat16 for a decode and a prefill step"
     ),
+    "roofline": Subcommand(
+        "bench.roofline.run", "each instruction's measured peak beside the kernels' rates"
+    ),
 }
 
 

@@ -1,0 +1,2 @@
+"""cbserve bench roofline: the measured peak of each instruction the kernels use, and
+what the kernels achieve beside it."""
