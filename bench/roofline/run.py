@@ -1,6 +1,6 @@
 """`cbserve bench roofline`: how far each kernel is from what this CPU can do.
 
-    cbserve bench roofline [--threads N] [--rows 1,16,64] [--repeats 10] [--peak-repeats 5]
+    cbserve bench roofline [--threads N] [--rows 1,16,64] [--repeats 10] [--peak-repeats 20]
         [--gguf FILE] [--model DIR] [--attention-sequences 64] [--attention-context 256]
         [--head-dim 64] [--out out/bench/roofline.json]
 
@@ -52,7 +52,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--rows", type=parse_rows, default=[1, 16, 64], help="M values")
     parser.add_argument("--repeats", type=positive, default=10, help="timed calls per shape")
-    parser.add_argument("--peak-repeats", type=positive, default=5, help="runs per peak loop")
+    parser.add_argument(
+        "--peak-repeats", type=positive, default=20, help="runs of each peak loop (4 ms each)"
+    )
     parser.add_argument("--gguf", default=None, help="blocks (default: the shipped GGUF)")
     parser.add_argument(
         "--model", default=None, help="where the shapes are read (default: the --gguf file)"
