@@ -26,6 +26,10 @@ CONVERTED = (
     pytest.param("llama3", marks=pytest.mark.slow),
     "qwen3",
     "gemma3",
+    # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors
+    # (Mixtral's file says "llama" and holds an expert_count).
+    "qwen3_moe",
+    "mixtral",
 )
 
 
