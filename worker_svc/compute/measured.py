@@ -18,13 +18,18 @@ class QBlockStrategy:
     """From how many rows of x a q4_1 projection leaves the float block kernel
     (compute/qblock_linear.py), measured per CPU with `python -m bench.qblock_bench`:
     for the VNNI kernel (16-bit activation blocks), and for dequantized chunks into
-    torch's float32 GEMM; None: never. The defaults are Zen 4's figures."""
+    torch's float32 GEMM; and from how many rows a BF16 projection (bfloat16-weights)
+    multiplies its own rows by torch's bfloat16 GEMM (activations rounded to bfloat16),
+    taken only where the CPU has bf16 dot products (has_bf16_dot_products). None:
+    never. The defaults are Zen 4's figures, but for the bf16 GEMM: off where the
+    crossover was not measured."""
 
     vnni_from_m: int | None = 16
     dense_from_m: int | None = 48
+    bf16_gemm_from_m: int | None = None
 
     def __post_init__(self):
-        for name in ("vnni_from_m", "dense_from_m"):
+        for name in ("vnni_from_m", "dense_from_m", "bf16_gemm_from_m"):
             value = getattr(self, name)
             if value is not None and value < 2:
                 raise ValueError(f"{name} must be at least 2 or None, got {value}")
@@ -42,6 +47,15 @@ class MeasuredCpu:
     def score(self, path: str) -> float:
         m1, m64 = self.gflops[path]
         return m64 if m1 is None else math.sqrt(m1 * m64)
+
+
+# The flags under which torch's bfloat16 GEMM (oneDNN) runs on bf16 dot products
+# (vdpbf16ps, AMX tiles) instead of widening to float32 in software.
+BF16_DOT_PRODUCT_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def has_bf16_dot_products(flags: frozenset[str]) -> bool:
+    return not BF16_DOT_PRODUCT_FLAGS.isdisjoint(flags)
 
 
 _AVX512_VNNI = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"})

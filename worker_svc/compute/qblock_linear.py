@@ -14,8 +14,9 @@ import torch
 
 from worker_svc.compute.cpu_features import cpu_flags
 from worker_svc.compute.linear import Projection
-from worker_svc.compute.measured import QBlockStrategy, closest_measured
+from worker_svc.compute.measured import QBlockStrategy, closest_measured, has_bf16_dot_products
 from worker_svc.compute.qblock import (
+    BF16,
     BlockFormat,
     dense_matmul,
     dequantize,
@@ -38,6 +39,10 @@ from worker_svc.compute.qblock import (
 # turns the VNNI kernel off. It reads Q4_1, Q8_0, the K-quants and Q5_0 (BlockFormat.vnni;
 # K-quants: kernels/qblock_kquants_vnni.c, ~1.8x their float kernel at M = 64 on Zen 4);
 # a format without it takes the float block kernel or the dense chunks from any M.
+# - from `bf16_gemm_from_m`, BF16 rows only (bfloat16-weights), on a CPU with bf16 dot
+#   products: torch's bfloat16 GEMM on the rows themselves (bf16_matmul), ~2x the float
+#   block kernel from M = 8 on Zen 4 (bench/micro/bf16_crossover.py).
+#   CBSERVE_QBLOCK_BF16_GEMM_FROM_M (a row count, or "off") overrides the measured one.
 DEFAULT_STRATEGY = QBlockStrategy()
 DENSE_FROM_M = DEFAULT_STRATEGY.dense_from_m
 VNNI_FROM_M = DEFAULT_STRATEGY.vnni_from_m
@@ -51,6 +56,36 @@ def strategy_here() -> QBlockStrategy:
 
 
 _HERE = object()  # the thresholds' default: this CPU's measured one
+BF16_GEMM_ENV = "CBSERVE_QBLOCK_BF16_GEMM_FROM_M"
+
+
+def bf16_gemm_threshold(
+    fmt: BlockFormat, from_m: int | None = _HERE, flags: frozenset[str] | None = None
+) -> int | None:
+    """From how many rows a projection of `fmt` takes bf16_matmul, or None: never. Only
+    BF16 rows, and only on a CPU with bf16 dot products (`flags`, default this CPU's):
+    elsewhere torch widens bfloat16 in software, several times slower than float32."""
+    if from_m is _HERE:
+        configured = os.environ.get(BF16_GEMM_ENV, "").strip().lower()
+        if configured in ("off", "none", "0"):
+            from_m = None
+        else:
+            from_m = int(configured) if configured else strategy_here().bf16_gemm_from_m
+    if fmt is not BF16 or from_m is None:
+        return None
+    if not has_bf16_dot_products(cpu_flags() if flags is None else flags):
+        return None
+    return max(1, from_m)
+
+
+def bf16_matmul(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x `[M, K]` float32 @ W.T for W's BF16 rows `[N, 2K]` uint8, viewed (no copy) as
+    the bfloat16 `[N, K]` they are: x rounded to bfloat16 (nearest even, as the torch
+    bfloat16 path's activations are), torch's bfloat16 GEMM (oneDNN: bf16 dot products,
+    float32 sums), whose bfloat16 output is widened to float32: torch's CPU GEMM writes
+    its inputs' dtype (aten::mm.dtype has no CPU kernel in torch 2.13)."""
+    weight = blocks.view(torch.bfloat16)
+    return torch.nn.functional.linear(x.to(torch.bfloat16), weight).float()
 
 
 class QBlockLinear(Projection):
@@ -64,6 +99,8 @@ class QBlockLinear(Projection):
         dense_from_m: int | None = _HERE,
         vnni_from_m: int | None = _HERE,
         bias: torch.Tensor | None = None,
+        bf16_gemm_from_m: int | None = _HERE,
+        flags: frozenset[str] | None = None,
     ):
         super().__init__()
         here = strategy_here()
@@ -84,6 +121,8 @@ class QBlockLinear(Projection):
             raise ValueError(f"{tuple(blocks.shape)} {blocks.dtype} are not {fmt.name} rows")
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.format = fmt
+        # `flags`: the CPU's (default: this one's), for bf16 dot products.
+        self.bf16_gemm_from_m = bf16_gemm_threshold(fmt, bf16_gemm_from_m, flags)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         # float32, added to the product (Qwen2's q/k/v; GGUF keeps biases in F32 too).
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
@@ -97,7 +136,9 @@ class QBlockLinear(Projection):
         return dequantize(self.blocks, self.format)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.vnni and x.shape[0] >= self.vnni_from_m:
+        if self.bf16_gemm_from_m is not None and x.shape[0] >= self.bf16_gemm_from_m:
+            out = bf16_matmul(x, self.blocks)
+        elif self.vnni and x.shape[0] >= self.vnni_from_m:
             out = vnni_matmul(x, self.blocks, self.format, self.in_features)
         elif self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
             out = dense_matmul(x, self.blocks, self.format, self.in_features)
