@@ -24,8 +24,8 @@ from worker_svc.models.qblock.native import NATIVE_FEATURES, NativeDecode
 pytestmark = pytest.mark.model
 
 # What the step lacks of an architecture's declaration: its decode steps take the Python
-# forward, and the status names why.
-LACKING = {"gpt_oss": "attention sinks"}
+# forward, and the status names why. Every declared architecture decodes natively now.
+LACKING: dict[str, str] = {}
 NATIVE = [name for name in ARCHITECTURES if name not in LACKING]
 # The block kernel sums each row's dot product in its own order (blocks of 32, several
 # accumulators), torch's GEMM in another: float32 rounding, through 6 layers, on logits
@@ -113,10 +113,11 @@ def test_a_feature_the_step_lacks_is_refused_by_name(checkpoints):
     assert reason is not None and "GELU-tanh" in reason and "gemma3" in reason
 
 
-# Every kernel variant on Gemma 3 (every dense feature the step computes), Qwen2 (biases)
-# and Qwen3-MoE (the experts); the others' features take the same code whatever the
-# variant, so they run on "auto" (this CPU's best), the time `make test` has.
-EVERY_VARIANT = ("gemma3", "qwen2", "qwen3_moe")
+# Every kernel variant on Gemma 3 (every dense feature the step computes), Qwen2 (biases),
+# Qwen3-MoE (the experts) and gpt-oss (sinks, o_proj's bias, biased experts); the others'
+# features take the same code whatever the variant, so they run on "auto" (this CPU's
+# best), the time `make test` has.
+EVERY_VARIANT = ("gemma3", "qwen2", "qwen3_moe", "gpt_oss")
 CASES = [(name, variant) for name in EVERY_VARIANT for variant in supported_variants()] + [
     (name, "auto") for name in NATIVE if name not in EVERY_VARIANT
 ]

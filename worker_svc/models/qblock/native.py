@@ -29,6 +29,7 @@ from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
 from worker_svc.compute.qblock_stack import block_runs
 from worker_svc.models.qblock.native_experts import ExpertTables, expert_projections
+from worker_svc.models.qblock.native_layers import LayerTables
 from worker_svc.models.qblock.native_structs import (
     KV_DTYPES,
     STEP_PROJECTIONS,
@@ -67,8 +68,8 @@ def load_decode_kernel() -> ctypes.CDLL:
 
 
 # What the step computes of what an architecture may declare (DecoderSpec.features):
-# everything Llama 3, Mistral, Qwen2, Qwen3, Gemma 3, Qwen3-MoE and Mixtral declare, and
-# gpt-oss's router and experts (kernels/decode_experts.h). Soft-capping (Gemma 2)
+# everything Llama 3, Mistral, Qwen2, Qwen3, Gemma 3, Qwen3-MoE, Mixtral and gpt-oss
+# declare (experts: kernels/decode_experts.h; sinks: decode_attention.h). Soft-capping (Gemma 2)
 # is not written: such a model's decode steps would take the Python forward.
 NATIVE_FEATURES = frozenset(
     {
@@ -85,6 +86,8 @@ NATIVE_FEATURES = frozenset(
         "a biased router",
         "biased experts",
         "clamped SwiGLU experts",
+        "attention sinks",
+        "an o_proj bias",
     }
 )
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_panels.h's ACTIVATION_*
@@ -134,13 +137,6 @@ class NativeDecode:
         every = [p for row in [*projections, [model.lm_head], experts] for p in row if p]
         vnni = [run for p in every for run in block_runs(p) if run.vnni]
         self.vnni_from_m = vnni[0].vnni_from_m if vnni else 0
-        self._norms = torch.tensor(
-            [
-                [layer.attn_norm.weight.data_ptr(), layer.mlp_norm.weight.data_ptr()]
-                for layer in layers
-            ],
-            dtype=torch.int64,
-        )
         flat = [p for row in projections for p in row]
         self._weights = (BlockWeight * len(flat))(
             *(BlockWeight() if p is None else BlockWeight.of(p) for p in flat)
@@ -148,7 +144,7 @@ class NativeDecode:
         self._experts = ExpertTables(model)
         dense = [i for i in range(spec.num_layers) if not spec.is_sparse(i)]
         self._lm_head = BlockWeight.of(model.lm_head)
-        self._per_layer_tables(model)
+        self._layers = LayerTables(model)
         self._model = model  # owns every tensor whose address the structure holds
         self._struct = DecodeModel(
             hidden=spec.hidden_size,
@@ -164,44 +160,11 @@ class NativeDecode:
             embed=model.embed_tokens.data_ptr(),
             final_norm=model.norm.weight.data_ptr(),
             lm_head=ctypes.pointer(self._lm_head),
-            norms=self._norms.data_ptr(),
             weights=ctypes.cast(self._weights, ctypes.POINTER(BlockWeight)),
-            rope_tables=self._rope_tables.data_ptr(),
-            windows=self._windows.data_ptr(),
-            qkv_biases=self._qkv_biases.data_ptr(),
-            qk_norms=self._qk_norms.data_ptr(),
-            post_norms=self._post_norms.data_ptr(),
+            **self._layers.fields(),
             activation=ACTIVATIONS[spec.activation],
             embed_scale=spec.embed_scale or 0.0,
             **self._experts.fields(spec),
-        )
-
-    def _per_layer_tables(self, model) -> None:
-        """What the declaration varies by layer, as the step's address tables (0: none)."""
-        layers = model.layers
-
-        def address(tensor) -> int:
-            return 0 if tensor is None else tensor.data_ptr()
-
-        rotaries = [model.rotaries[model.layer_rope[i]] for i in range(len(layers))]
-        self._rope_tables = torch.tensor(
-            [[rotary.cos.data_ptr(), rotary.sin.data_ptr()] for rotary in rotaries],
-            dtype=torch.int64,
-        )
-        self._windows = torch.tensor([layer.window or 0 for layer in layers], dtype=torch.int64)
-        self._qkv_biases = torch.tensor(
-            [address(layer.qkv_proj.bias) for layer in layers], dtype=torch.int64
-        )
-        self._qk_norms = torch.tensor(
-            [[address(_weight(layer.q_norm)), address(_weight(layer.k_norm))] for layer in layers],
-            dtype=torch.int64,
-        )
-        self._post_norms = torch.tensor(
-            [
-                [address(_weight(layer.attn_post_norm)), address(_weight(layer.mlp_post_norm))]
-                for layer in layers
-            ],
-            dtype=torch.int64,
         )
 
     def __call__(
@@ -260,10 +223,6 @@ def _shares_sequences(tables: torch.Tensor, rows: int) -> bool:
     are taken as one sequence: two sequences that share a cached prefix are too, which
     only costs them the barrier the ordering needs."""
     return rows > 1 and int(torch.unique(tables[:, 0]).numel()) < rows
-
-
-def _weight(norm) -> torch.Tensor | None:
-    return None if norm is None else norm.weight
 
 
 def attends_with(backend, pool) -> bool:

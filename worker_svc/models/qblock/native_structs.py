@@ -71,7 +71,7 @@ class DecodeModel(ctypes.Structure):
         ("norms", _PTR),
         ("weights", ctypes.POINTER(BlockWeight)),
         *((name, _PTR) for name in ("rope_tables", "windows", "qkv_biases", "qk_norms")),
-        ("post_norms", _PTR),
+        *((name, _PTR) for name in ("post_norms", "sinks", "o_biases")),
         ("activation", _I64),
         ("embed_scale", _F64),
         ("moe_layers", ctypes.POINTER(MoeLayer)),

@@ -91,11 +91,20 @@ static void prepare_item(const struct decode_model *m, const struct decode_batch
     }
 }
 
+/* The layer's sink logits of kv head `kv_head`'s query heads (gpt-oss), or NULL. */
+static const float *item_sinks(const struct decode_model *m, int64_t layer, int64_t kv_head)
+{
+    const float *sinks = (const float *)m->sinks[layer];
+    return sinks ? sinks + kv_head * (m->num_heads / m->num_kv_heads) : NULL;
+}
+
 /* Keys first .. len - 1 of item (t, kv_head)'s query heads into out[group, head_dim]; with
- * stats, their maxima and sums too (paged_decode.h). */
+ * stats, their maxima and sums too; with sinks, each head's sink joins its softmax
+ * (paged_decode.h). */
 static void attend_range(const struct decode_model *m, const struct decode_batch *b,
                          int64_t layer, int64_t t, int64_t kv_head, const float *qkv_row,
-                         int64_t first, int64_t len, float *out, float *scores, float *stats)
+                         int64_t first, int64_t len, float *out, float *scores, float *stats,
+                         const float *sinks)
 {
     const int64_t d = m->head_dim, group = m->num_heads / m->num_kv_heads;
     const int64_t token_stride = m->num_kv_heads * d, block_stride = b->block_size * token_stride;
@@ -106,14 +115,14 @@ static void attend_range(const struct decode_model *m, const struct decode_batch
     const float scale = (float)m->scale;
     if (b->kv_dtype == KV_FLOAT16) {
         const uint16_t *k_cache = (const uint16_t *)b->kv_cache + layer_at;
-        paged_decode_item_f16(q, k_cache, k_cache + layer_elements, table, first, len, out,
-                              scores, group, d, b->block_size, token_stride, block_stride,
-                              kv_head * d, scale, stats);
+        paged_decode_item_f16_sinks(q, k_cache, k_cache + layer_elements, table, first, len,
+                                    out, scores, group, d, b->block_size, token_stride,
+                                    block_stride, kv_head * d, scale, stats, sinks);
     } else {
         const float *k_cache = (const float *)b->kv_cache + layer_at;
-        paged_decode_item(q, k_cache, k_cache + layer_elements, table, first, len, out, scores,
-                          group, d, b->block_size, token_stride, block_stride, kv_head * d,
-                          scale, stats);
+        paged_decode_item_sinks(q, k_cache, k_cache + layer_elements, table, first, len, out,
+                                scores, group, d, b->block_size, token_stride, block_stride,
+                                kv_head * d, scale, stats, sinks);
     }
 }
 
@@ -132,11 +141,14 @@ static void attend_prepared(const struct decode_model *m, const struct decode_ba
 {
     const int64_t group = m->num_heads / m->num_kv_heads;
     attend_range(m, b, layer, t, kv_head, qkv_row, first_key(m, b, layer, t), b->context_lens[t],
-                 attended_row + kv_head * group * m->head_dim, scores, NULL);
+                 attended_row + kv_head * group * m->head_dim, scores, NULL,
+                 item_sinks(m, layer, kv_head));
 }
 
 /* Part `part` of item (t, kv_head): its run of whole blocks of the item's keys, into the
- * split's scratch (an empty run leaves a sum of 0, which the merge skips). */
+ * split's scratch (an empty run leaves a sum of 0, which the merge skips). Part 0, never
+ * empty (every item attends its own token), takes the sinks: each part's sum is merged,
+ * so the sink must be in exactly one of them. */
 static void attend_part(const struct decode_model *m, const struct decode_batch *b,
                         int64_t layer, int64_t t, int64_t kv_head, const float *qkv_row,
                         const struct attention_split *split, int64_t unit, int64_t part,
@@ -154,7 +166,7 @@ static void attend_part(const struct decode_model *m, const struct decode_batch 
         return;
     }
     attend_range(m, b, layer, t, kv_head, qkv_row, lo, hi, split->partials + unit * group * d,
-                 scores, stats);
+                 scores, stats, part == 0 ? item_sinks(m, layer, kv_head) : NULL);
 }
 
 /* The item's parts (units first_unit ..) merged into out[group, head_dim]. */

@@ -53,6 +53,8 @@ struct decode_model {
     const int64_t *qkv_biases;  /* [layers] address of float [qkv width], 0: none */
     const int64_t *qk_norms;    /* [layers][2] addresses of float [head_dim], 0: none */
     const int64_t *post_norms;  /* [layers][2] after attention, after the MLP; 0: none */
+    const int64_t *sinks;       /* [layers] address of float [num_heads] sink logits, 0: none */
+    const int64_t *o_biases;    /* [layers] address of float [hidden], 0: none */
     int64_t activation;         /* ACTIVATION_SILU or ACTIVATION_GELU_TANH */
     double embed_scale;         /* the embedding's multiplier (Gemma); 0: none */
     /* The mixture (models/mixture.py's MoeSpec); num_experts 0: every layer is dense. */

@@ -12,6 +12,7 @@
 #include "../../../compute/kernels/qblock_kquants.h"
 #include "../../../compute/kernels/qblock_vnni.h"
 #include "decode_model.h"
+#include "decode_rows.h"
 
 void llama_silu_mul(const float *gate, const float *up, float *out, int64_t n);
 void gelu_tanh_mul(const float *gate, const float *up, float *out, int64_t n);
@@ -152,17 +153,21 @@ static void project_rows(int variant, const struct block_weight *w, int64_t lo, 
     }
 }
 
-/* hidden[:, panel rows] += (x @ W^T)[:, panel rows]: a thread's share of a projection
- * whose output is added to the residual stream. */
+/* hidden[:, panel rows] += (x @ W^T + bias)[:, panel rows]: a thread's share of a
+ * projection whose output is added to the residual stream. The bias (float [n], NULL:
+ * none; gpt-oss's o_proj) is added to the product first, as QBlockLinear adds it. */
 static void residual_panel(int variant, const struct block_weight *w, int64_t panel, int64_t n,
-                           const float *x, int64_t tokens, int64_t k, float *hidden,
-                           const struct thread_scratch *ts)
+                           const float *x, int64_t tokens, int64_t k, const float *bias,
+                           float *hidden, const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
     project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
-    for (int64_t i = 0; i < tokens; i++)
-        for (int64_t r = 0; r < rows; r++)
-            hidden[i * n + first + r] += ts->out_a[i * QBLOCK_PANEL_ROWS + r];
+    for (int64_t i = 0; i < tokens; i++) {
+        float *out = ts->out_a + i * QBLOCK_PANEL_ROWS;
+        if (bias)
+            add_row(out, bias + first, rows);
+        add_row(hidden + i * n + first, out, rows);
+    }
 }
 
 /* act[:, panel rows] = act(gate) * up for the panel's rows of both halves of gate_up. */

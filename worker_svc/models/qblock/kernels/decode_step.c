@@ -20,9 +20,10 @@
  * activation (vectorised expf/tanhf, llama_activation.c). Built with -ffp-contract=off,
  * as the block kernel is: rotary is x1 * cos - x2 * sin with two roundings, as in torch.
  * What an architecture declares (biases, q/k norms, post-norms, windows, rope tables per
- * layer, GELU-tanh, a scaled embedding) comes in decode_model.h's per-layer tables; a
- * mixture layer's router and experts are decode_experts.h's (one loop more than a dense
- * MLP's, and each chosen expert's blocks read once a step).
+ * layer, attention sinks, an o_proj bias, GELU-tanh, a scaled embedding) comes in
+ * decode_model.h's per-layer tables; a mixture layer's router and experts are
+ * decode_experts.h's (one loop more than a dense MLP's, and each chosen expert's blocks
+ * read once a step).
  *
  * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
  * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
@@ -49,17 +50,19 @@
 #include "decode_rows.h"
 #include "step_team.h"
 
-/* hidden += post_norm(x @ W^T) (Gemma's sandwich), or hidden += x @ W^T where the layer
- * has no post-norm: then each panel adds its own columns, with no second loop. */
+/* hidden += post_norm(x @ W^T + bias) (Gemma's sandwich), or hidden += x @ W^T + bias
+ * where the layer has no post-norm: then each panel adds its own columns, with no second
+ * loop. The bias (float [hidden], NULL: none) is gpt-oss's o_proj's, added before the
+ * post-norm as the Python forward's projection adds it. */
 static void add_projection(const struct decode_model *m, int variant,
                            const struct block_weight *w, const float *x, int64_t T, int64_t k,
-                           const float *post_norm, const struct scratch *s,
+                           const float *bias, const float *post_norm, const struct scratch *s,
                            const struct thread_scratch *ts, struct member *me)
 {
     const int64_t H = m->hidden;
     if (post_norm == NULL) {
         FOR_SHARED(p, panels_of(H), me, me->dynamic)
-        residual_panel(variant, w, p, H, x, T, k, s->hidden, ts);
+        residual_panel(variant, w, p, H, x, T, k, bias, s->hidden, ts);
         share_end(me);
         return;
     }
@@ -69,6 +72,8 @@ static void add_projection(const struct decode_model *m, int variant,
     share_end(me);
     FOR_SHARED(t, T, me, 1)
     {
+        if (bias)
+            add_row(s->projected + t * H, bias, H);
         rms_norm(s->projected + t * H, post_norm, H, (float)m->eps, ts->normed);
         add_row(s->hidden + t * H, ts->normed, H);
     }
@@ -124,8 +129,8 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
     const float *post_attention = (const float *)m->post_norms[layer * 2];
     const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
     prepare_input(ts, &weights[PROJ_O], s->attended, T, q_width);
-    add_projection(m, variant, &weights[PROJ_O], s->attended, T, q_width, post_attention, s, ts,
-                   me);
+    add_projection(m, variant, &weights[PROJ_O], s->attended, T, q_width,
+                   (const float *)m->o_biases[layer], post_attention, s, ts, me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
     if (m->num_experts > 0 && m->moe_layers[layer].sparse) {
@@ -138,7 +143,7 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
                  (int)m->activation, ts);
     share_end(me);
     prepare_input(ts, &weights[PROJ_DOWN], s->act, T, I);
-    add_projection(m, variant, &weights[PROJ_DOWN], s->act, T, I, post_mlp, s, ts, me);
+    add_projection(m, variant, &weights[PROJ_DOWN], s->act, T, I, NULL, post_mlp, s, ts, me);
 }
 
 static int64_t longest_context(const struct decode_batch *b)
