@@ -138,6 +138,11 @@ class NativeDecode:
         vnni = [run for p in every for run in block_runs(p) if run.vnni]
         self.vnni_from_m = vnni[0].vnni_from_m if vnni else 0
         flat = [p for row in projections for p in row]
+        # Steps of bf16_gemm_from_m rows or more are left to the Python forward, whose
+        # BF16 projections then take torch's bfloat16 GEMM (compute/qblock_linear.py):
+        # only where every layer projection does (BF16 rows, bf16 dot products).
+        bf16 = [run.bf16_gemm_from_m for p in flat if p for run in block_runs(p)]
+        self.bf16_gemm_from_m = max(bf16) if bf16 and None not in bf16 else 0
         self._weights = (BlockWeight * len(flat))(
             *(BlockWeight() if p is None else BlockWeight.of(p) for p in flat)
         )
@@ -176,6 +181,8 @@ class NativeDecode:
     ) -> torch.Tensor | None:
         """The step's logits `[len(sample_rows), vocab]`, or None when this step is not
         one the native path runs (the caller then runs the Python forward)."""
+        if self.bf16_gemm_from_m and input_ids.shape[0] >= self.bf16_gemm_from_m:
+            return None  # the Python forward's bfloat16 GEMM leads (see __init__)
         decodes = _plain_decodes(attention, input_ids.shape[0])
         if decodes is None:
             return None
