@@ -37,6 +37,7 @@ _BY_TYPE = {
     "mixtral": "mixtral",
     "llama+experts": "mixtral",  # a GGUF "llama" with an expert_count
     "gpt_oss": "gpt_oss",
+    "gpt-oss": "gpt_oss",  # a GGUF's general.architecture
 }
 
 

@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from worker_svc.models.architectures.llama import LLAMA_DEFAULTS, dense_spec
-from worker_svc.models.architectures.names import HF_NAMES, PLAIN_ROLES, names
+from worker_svc.models.architectures.names import (
+    GGUF_EXPERT_NAMES,
+    GGUF_NAMES,
+    HF_NAMES,
+    PLAIN_ROLES,
+    names,
+)
 from worker_svc.models.declaration import Architecture, DecoderSpec
 from worker_svc.models.mixture import MoeSpec
 
@@ -40,6 +46,7 @@ GPT_OSS_DEFAULTS = {
 _IGNORED = frozenset({"output_router_logits", "router_aux_loss_coef"})
 _LAYER = "model.layers.{i}."
 _DENSE_MLP = ("gate", "up", "down")
+_PLAIN = tuple(r for r in PLAIN_ROLES if r not in _DENSE_MLP)
 GPT_OSS_HF_NAMES = {
     "q_bias": _LAYER + "self_attn.q_proj.bias",
     "k_bias": _LAYER + "self_attn.k_proj.bias",
@@ -52,7 +59,47 @@ GPT_OSS_HF_NAMES = {
     "experts_gate_up_interleaved_bias": _LAYER + "mlp.experts.gate_up_proj_bias",
     "experts_down_transposed": _LAYER + "mlp.experts.down_proj",
     "experts_down_bias": _LAYER + "mlp.experts.down_proj_bias",
+    # Only a GGUF holds these: llama.cpp's converter de-interleaves gate and up into
+    # stacked `*_exps` tensors; its down bias is transformers' layout already.
+    "experts_gate": _LAYER + "mlp.experts.gate_stack",
+    "experts_up": _LAYER + "mlp.experts.up_stack",
+    "experts_down": _LAYER + "mlp.experts.down_stack",
+    "experts_gate_bias": _LAYER + "mlp.experts.gate_stack_bias",
+    "experts_up_bias": _LAYER + "mlp.experts.up_stack_bias",
 }
+GPT_OSS_GGUF_NAMES = {
+    **names(GGUF_NAMES, _PLAIN + ("q_bias", "k_bias", "v_bias")),
+    **GGUF_EXPERT_NAMES,
+    "o_bias": "blk.{i}.attn_output.bias",
+    "sinks": "blk.{i}.attn_sinks.weight",
+    # gpt-oss's norm before the MLP is llama.cpp's post_attention_norm, not ffn_norm.
+    "mlp_norm": "blk.{i}.post_attention_norm.weight",
+}
+
+
+def _gguf_config(values: dict, get) -> None:
+    """What llama.cpp stores under its own names or fixes for gpt-oss: the experts,
+    every other layer sliding (from the first), YaRN's parameters (transformers' gpt-oss
+    does not truncate its ramp). alpha and limit are not stored: the defaults hold."""
+    values.update(
+        num_local_experts=int(get("expert_count")),
+        num_experts_per_tok=int(get("expert_used_count")),
+        intermediate_size=int(get("expert_feed_forward_length")),
+        layer_types=[
+            "sliding_attention" if i % 2 == 0 else "full_attention"
+            for i in range(values["num_hidden_layers"])
+        ],
+    )
+    if get("rope.scaling.type") == "yarn":
+        values["rope_parameters"] = {
+            "rope_type": "yarn",
+            "rope_theta": float(get("rope.freq_base")),
+            "factor": float(get("rope.scaling.factor")),
+            "original_max_position_embeddings": int(get("rope.scaling.original_context_length")),
+            "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+            "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)),
+            "truncate": False,
+        }
 
 
 def _spec(config) -> DecoderSpec:
@@ -81,11 +128,8 @@ ARCHITECTURE = Architecture(
     model_types=("gpt_oss",),
     config_defaults=GPT_OSS_DEFAULTS,
     spec=_spec,
-    hf_names={
-        **names(HF_NAMES, tuple(r for r in PLAIN_ROLES if r not in _DENSE_MLP)),
-        **GPT_OSS_HF_NAMES,
-    },
-    # llama.cpp's gpt-oss files (MXFP4 experts) are not read by the own forward yet.
-    gguf_names={},
+    hf_names={**names(HF_NAMES, _PLAIN), **GPT_OSS_HF_NAMES},
+    gguf_names=GPT_OSS_GGUF_NAMES,
+    gguf_config=_gguf_config,
     ignored_config_keys=_IGNORED,
 )

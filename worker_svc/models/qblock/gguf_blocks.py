@@ -30,6 +30,8 @@ from worker_svc.compute.qblock import FORMATS, Q8_0, BlockFormat, dequantize, qu
 from worker_svc.models.checkpoint.gguf_index import GgufIndex, TensorInfo, read_index
 from worker_svc.models.checkpoint.weights import undo_rope_permute
 from worker_svc.models.declaration import Architecture
+from worker_svc.models.qblock.mxfp4 import BLOCK as MXFP4_BLOCK
+from worker_svc.models.qblock.mxfp4 import MXFP4_BYTES, MXFP4_TYPE, mxfp4_as_q8_0
 
 # One weight as the kernel takes it: (blocks [N, bytes], format, K).
 Blocks = tuple[torch.Tensor, BlockFormat, int]
@@ -76,6 +78,9 @@ def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
         # Copied out of the memory map, so that the file's pages are not kept resident.
         raw = np.array(index.raw(info, n * fmt.row_bytes(k)))
         return torch.from_numpy(raw.reshape(n, -1)), fmt, k
+    if info.ggml_type == MXFP4_TYPE and k % MXFP4_BLOCK == 0:
+        raw = np.array(index.raw(info, n * k // MXFP4_BLOCK * MXFP4_BYTES))
+        return torch.from_numpy(mxfp4_as_q8_0(raw, n, k)), Q8_0, k
     import gguf
 
     kind = gguf.GGMLQuantizationType(info.ggml_type)
@@ -150,14 +155,17 @@ def _expert_blocks(index: GgufIndex, architecture: Architecture, layer: int) -> 
         stacked[part] = [(blocks[e * out : (e + 1) * out], fmt, k) for e in range(experts)]
     gate_up, down, parts = [], [], {}
     for e in range(len(stacked["gate"])):
-        names = [_expert_name(hf_names[f"expert_{part}"], layer, e) for part in ("gate", "up")]
+        names = [_expert_name(hf_names, part, layer, e) for part in ("gate", "up")]
         gate_up.append(_fuse([stacked["gate"][e], stacked["up"][e]], names, parts))
         down.append([stacked["down"][e]])
-        parts[_expert_name(hf_names["expert_down"], layer, e)] = stacked["down"][e]
+        parts[_expert_name(hf_names, "down", layer, e)] = stacked["down"][e]
     return {"experts_gate_up": gate_up, "experts_down": down, "parts": parts}
 
 
-def _expert_name(template: str, layer: int, expert: int) -> str:
+def _expert_name(hf_names: dict, part: str, layer: int, expert: int) -> str:
+    """Expert `expert`'s `part` as a float checkpoint names it; a family that stores
+    its experts fused (gpt-oss) gets a name of the stacked tensor's."""
+    template = hf_names.get(f"expert_{part}") or hf_names[f"experts_{part}"] + ".{e}"
     return template.replace("{i}", str(layer)).replace("{e}", str(expert))
 
 
