@@ -30,6 +30,7 @@ CONVERTED = (
     # (Mixtral's file says "llama" and holds an expert_count).
     "qwen3_moe",
     "mixtral",
+    "gpt_oss",  # gate and up de-interleaved, sinks, llama.cpp's window pattern, YaRN
 )
 
 
