@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.step_
     parser.add_argument("--prefill", type=int, default=0, help="tokens of one prefill chunk")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--dtype", default="float32", choices=("float32", "bfloat16", "float16", "int8", "q4_1")
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16", "int8", "q4_1", "bfloat16-weights"),
     )
     parser.add_argument(
         "--attention-backend",
