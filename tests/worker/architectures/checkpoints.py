@@ -89,8 +89,6 @@ ARCHITECTURES = (
     "mixtral",
     "gpt_oss",
 )
-# The mixtures, whose decode steps the native step does not compute yet.
-MIXTURES = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
 def write_checkpoint(name: str, directory: Path, tokenizer_dir: Path | None = None) -> Path:
