@@ -18,10 +18,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from bench.peers.health_wait import wait_healthy
 
 # The llama.cpp that is measured: llama-cpp-python 0.3.36 (2026-10) vendors it.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -98,24 +99,16 @@ class LlamaServer:
         finally:
             if self._log_path:
                 log.close()
-        deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            code = self._process.poll()
-            if code is not None:
-                raise RuntimeError(f"llama-server exited with {code} at start{self._log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"llama-server not healthy after {timeout_s:.0f} s")
-            time.sleep(0.2)
+        wait_healthy(
+            "llama-server",
+            self._process,
+            self.url,
+            timeout_s,
+            self._log_tail,
+            self.stop,
+            poll_s=0.2,
+        )
         return self
-
-    def _healthy(self) -> bool:
-        # /health answers 503 while the model loads, 200 once it serves.
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2.0) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's token ids for `text` as llama-perplexity gets them (its

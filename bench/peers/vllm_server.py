@@ -21,11 +21,10 @@ import math
 import os
 import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.peers.health_wait import wait_healthy
 
 START_TIMEOUT_S = 600.0  # loading, and on first start compiling its CPU kernels' plans
 VLLM_DTYPES = ("bfloat16", "float16", "float32")
@@ -151,23 +150,10 @@ class VllmServer:
             self._process = subprocess.Popen(
                 self.argv, env=self.env, stdout=log, stderr=log, start_new_session=True
             )
-        deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            code = self._process.poll()
-            if code is not None:
-                raise RuntimeError(f"vLLM exited with {code} at start{self._log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"vLLM not healthy after {timeout_s:.0f} s{self._log_tail()}")
-            time.sleep(0.5)
+        wait_healthy(
+            "vLLM", self._process, self.url, timeout_s, self._log_tail, self.stop, poll_s=0.5
+        )
         return self
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2.0) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
 
     def _log_tail(self) -> str:
         if not self.log_path.exists():
