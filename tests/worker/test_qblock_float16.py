@@ -102,7 +102,8 @@ def test_one_hot_rows_read_the_exact_weights(variant, fmt, m):
 def test_qblock_linear_takes_them_without_vnni(fmt):
     k = 512
     blocks = random_blocks(fmt, 40, k, seed=3)
-    layer = QBlockLinear(blocks, fmt, k, dense_from_m=64, vnni_from_m=16)
+    # The float kernels here; BF16's bf16 GEMM: tests/worker/test_qblock_bf16_gemm.py.
+    layer = QBlockLinear(blocks, fmt, k, dense_from_m=64, vnni_from_m=16, bf16_gemm_from_m=None)
     assert not layer.vnni  # the VNNI kernel reads Q4_1 / Q8_0 only
     weight = layer.dequantized().double()
     for m in (1, 20, 64):  # block kernel in registers, through the buffer, dense chunks
