@@ -14,8 +14,15 @@ from bench.micro.step_profile import set_up, step_plan
 from common.defaults import converted_model_dir
 from tests.worker.architectures.checkpoints import write_checkpoint
 from tests.worker.architectures.test_bfloat16_weights import bfloat16_copy
+from tests.worker.architectures.test_float_forward import CPU, prompt
+from tests.worker.architectures.test_gguf_files import logits
 from tests.worker.test_qblock_bf16_gemm import ICE_LAKE, ZEN4
-from worker_svc.compute.qblock_linear import QBlockLinear, bf16_gemm_threshold
+from worker_svc.compute.qblock_linear import (
+    BF16_GEMM_ENV,
+    QBlockLinear,
+    bf16_gemm_threshold,
+)
+from worker_svc.model_loader import load_model
 from worker_svc.models.qblock.build import attach_native_decode
 
 pytestmark = pytest.mark.model
@@ -72,3 +79,22 @@ def test_a_cpu_without_bf16_dot_products_runs_every_step_natively(qwen3_dirs):
 def test_a_model_of_other_blocks_runs_every_step_natively(qwen3_dirs):
     float32, _ = qwen3_dirs  # q4_1 quantizes it to Q8_0 at load
     assert native_ran(float32, "q4_1", ZEN4, [THRESHOLD, 6]) == [True, True]
+
+
+def test_the_python_forward_on_the_gemm_stays_near_float32(qwen3_dirs, monkeypatch):
+    """Every projection on the GEMM (activations rounded to bfloat16 at each one), the
+    prompt's rows and each decode, against the float32 forward of the same weights: off
+    by bfloat16 rounding, while the float kernels agree to 1e-3 (test_bfloat16_weights)."""
+    _, bfloat16 = qwen3_dirs
+    monkeypatch.setenv(BF16_GEMM_ENV, "off")  # the float kernels first
+    loaded = load_model(bfloat16, "bfloat16-weights", CPU)
+    loaded.model.native_decode = None
+    projections = [m for m in loaded.model.modules() if isinstance(m, QBlockLinear)]
+    ids = prompt(3)
+    exact = [logits(loaded, ids)]
+    for module in projections:
+        module.bf16_gemm_from_m = bf16_gemm_threshold(module.format, 1, ZEN4)
+    got, want = logits(loaded, ids), logits(load_model(bfloat16, "float32", CPU), ids)
+    torch.testing.assert_close(exact[0], want, rtol=1e-3, atol=1e-3)
+    assert not torch.equal(got, exact[0])  # the GEMM ran
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.1)  # measured: 0.024 at most

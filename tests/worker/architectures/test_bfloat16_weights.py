@@ -16,6 +16,7 @@ from tests.worker.architectures.test_block_path import CLOSE, native_and_python
 from tests.worker.architectures.test_float_forward import CPU, prompt
 from tests.worker.architectures.test_gguf_files import logits
 from worker_svc.compute.qblock import BF16, supported_variants
+from worker_svc.compute.qblock_linear import BF16_GEMM_ENV
 from worker_svc.compute.weight_source import read_weight_source
 from worker_svc.model_loader import load_model
 
@@ -41,7 +42,11 @@ def bf16_dir(request, checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(bf16_dir):
-    return load_model(bf16_dir, "bfloat16-weights", CPU)
+    # The float kernels at every M, compared with float32 below; BF16 rows on torch's
+    # bf16 GEMM (activations in bfloat16): test_bf16_gemm_step.py.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BF16_GEMM_ENV, "off")
+        return load_model(bf16_dir, "bfloat16-weights", CPU)
 
 
 def test_the_projections_are_the_checkpoints_bf16_values(bf16_dir, loaded):

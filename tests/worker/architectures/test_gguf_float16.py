@@ -16,6 +16,7 @@ from tests.worker.architectures.test_block_path import native_and_python
 from tests.worker.architectures.test_float_forward import CPU, prompt
 from tests.worker.architectures.test_gguf_files import logits
 from worker_svc.compute.qblock import BF16, F16
+from worker_svc.compute.qblock_linear import BF16_GEMM_ENV
 from worker_svc.model_loader import load_model
 
 pytestmark = [pytest.mark.model, pytest.mark.process]  # the converter is a subprocess
@@ -35,7 +36,9 @@ def converted(request, checkpoints, tmp_path_factory):
     name, outtype = request.param
     out = tmp_path_factory.mktemp(f"gguf-{name}-{outtype}") / f"{outtype}.gguf"
     path = convert(checkpoints[name], out, outtype)
-    return path, FORMAT[outtype], load_model(path, "q4_1", CPU)
+    with pytest.MonkeyPatch.context() as patch:  # the float kernels (as test_bfloat16_weights)
+        patch.setenv(BF16_GEMM_ENV, "off")
+        return path, FORMAT[outtype], load_model(path, "q4_1", CPU)
 
 
 def test_every_projection_keeps_the_files_rows(converted):
