@@ -39,10 +39,13 @@ from worker_svc.compute.qblock import (
 # turns the VNNI kernel off. It reads Q4_1, Q8_0, the K-quants and Q5_0 (BlockFormat.vnni;
 # K-quants: kernels/qblock_kquants_vnni.c, ~1.8x their float kernel at M = 64 on Zen 4);
 # a format without it takes the float block kernel or the dense chunks from any M.
-# - from `bf16_gemm_from_m`, BF16 rows only (bfloat16-weights), on a CPU with bf16 dot
-#   products: torch's bfloat16 GEMM on the rows themselves (bf16_matmul), ~2x the float
-#   block kernel from M = 8 on Zen 4 (bench/micro/bf16_crossover.py).
-#   CBSERVE_QBLOCK_BF16_GEMM_FROM_M (a row count, or "off") overrides the measured one.
+# - from `bf16_gemm_from_m`, BF16 rows (a bfloat16 checkpoint on bfloat16-weights, a
+#   bf16 GGUF), on a CPU with bf16 dot products: torch's bfloat16 GEMM on the rows
+#   themselves (bf16_matmul), the activations rounded to bfloat16 as llama.cpp rounds
+#   them for BF16 weights (its vec_dot_type); ~2x the float block kernel at M = 64 on
+#   Zen 4, leading from M = 12 (bench/micro/bf16_crossover.py; the native step declines
+#   such steps, models/qblock/native.py). CBSERVE_QBLOCK_BF16_GEMM_FROM_M (a row
+#   count, or "off") overrides the measured one.
 DEFAULT_STRATEGY = QBlockStrategy()
 DENSE_FROM_M = DEFAULT_STRATEGY.dense_from_m
 VNNI_FROM_M = DEFAULT_STRATEGY.vnni_from_m
