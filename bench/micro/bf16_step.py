@@ -15,7 +15,10 @@ bfloat16_copy makes one of any float directory). For each batch, `batch` sequenc
   GEMM), for reference.
 Each figure is the median ms of --steps steps; alternating steps puts both ways under
 the same load of a shared machine. Set bf16_gemm_from_m (compute/measured.py) at the
-batch from which "gemm" leads.
+batch from which "gemm" leads. Run it under the worker's OpenMP wait policy
+(`GOMP_SPINCOUNT=10000`, worker_svc/wait_policy.py) on more than one thread: with
+libgomp's default spin, the Python forward's hundreds of parallel regions a step made it
+10-40x slower beside other busy processes, the single-region native step 2-3x.
 """
 
 from __future__ import annotations
