@@ -92,7 +92,7 @@ def test_this_cpus_measured_thresholds_are_the_default():
     here = qblock_linear.strategy_here()
     assert (layer.vnni_from_m, layer.dense_from_m) == (here.vnni_from_m, here.dense_from_m)
     assert closest_measured(ICE_LAKE).qblock == QBlockStrategy(vnni_from_m=256, dense_from_m=None)
-    zen4 = QBlockStrategy(bf16_gemm_from_m=16)  # BF16 rows: torch's bf16 GEMM from 16
+    zen4 = QBlockStrategy(bf16_gemm_from_m=32)  # BF16 rows: torch's bf16 GEMM from 32
     assert closest_measured(ICE_LAKE | {"avx512_bf16"}).qblock == zen4
 
 

@@ -103,13 +103,19 @@ MEASURED: tuple[MeasuredCpu, ...] = (
             "int8": (43.5, 184.5),
             "q4_1": (26.9, 91.2),
         },
-        # BF16 rows on torch's bfloat16 GEMM from 16 rows: `python -m
-        # bench.micro.bf16_crossover --threads 1 --rounds 5 --repeats 5` led the float
-        # block kernel from M = 12 on SmolLM2's and Qwen3's (hidden 512 and 1024) layers
-        # in 3 of 3 runs (~2x at M = 64), and `python -m bench.micro.bf16_step --threads
-        # 1` the whole step of a bfloat16 Qwen3 (hidden 512) from 16 rows (0.86x the
-        # native step's time at 16, 0.63x at 64; 1.08x at 12). Busy machine, load 4-5.
-        qblock=QBlockStrategy(bf16_gemm_from_m=16),
+        # BF16 rows on torch's bfloat16 GEMM from 32 rows. Per projection (`python -m
+        # bench.micro.bf16_crossover --rounds 5 --repeats 5`, SmolLM2's and Qwen3's layers,
+        # hidden 512 and 1024) it leads the float block kernel from M = 12-16 on 1 and 2
+        # threads, ~2x at 64. The whole step (`GOMP_SPINCOUNT=10000 python -m
+        # bench.micro.bf16_step`, a bfloat16 Qwen3 of hidden 512), which the native step
+        # leaves to the Python forward from here: 1 thread 0.79-0.87x the native step's
+        # time at 16 rows, 0.60-0.64x at 64; 2 threads, machine near idle (libgomp's own
+        # spin), 0.97x at 16,
+        # 0.85x at 32, 0.70x at 64; 2 threads beside busy processes (load 4-5 on 2 vCPUs)
+        # 1.4-1.6x at 16-32 and 0.74-1.13x at 64 (the Python forward's hundreds of
+        # parallel regions suffer most from a busy machine). 32: where it leads on the
+        # worker's 2 threads with a margin.
+        qblock=QBlockStrategy(bf16_gemm_from_m=32),
         source="python -m bench.kernel_bench --threads 1 --paths float32,bfloat16,int8,q4_1 "
         "--repeats 15, 2 vCPUs (Zen 4, family 25 model 17), busy, torch 2.13.0, 2026-11-24",
     ),
