@@ -110,11 +110,10 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         # bench.micro.bf16_step`, a bfloat16 Qwen3 of hidden 512), which the native step
         # leaves to the Python forward from here: 1 thread 0.79-0.87x the native step's
         # time at 16 rows, 0.60-0.64x at 64; 2 threads, machine near idle (libgomp's own
-        # spin), 0.97x at 16,
-        # 0.85x at 32, 0.70x at 64; 2 threads beside busy processes (load 4-5 on 2 vCPUs)
-        # 1.4-1.6x at 16-32 and 0.74-1.13x at 64 (the Python forward's hundreds of
-        # parallel regions suffer most from a busy machine). 32: where it leads on the
-        # worker's 2 threads with a margin.
+        # spin), 0.97x at 16, 0.85x at 32, 0.70x at 64; 2 threads beside busy processes
+        # (load 4-5 on 2 vCPUs) 1.4-1.6x at 16-32 and 0.74-1.13x at 64 (the Python
+        # forward's hundreds of parallel regions suffer most from a busy machine).
+        # 32: where it leads on the worker's 2 threads with a margin.
         qblock=QBlockStrategy(bf16_gemm_from_m=32),
         source="python -m bench.kernel_bench --threads 1 --paths float32,bfloat16,int8,q4_1 "
         "--repeats 15, 2 vCPUs (Zen 4, family 25 model 17), busy, torch 2.13.0, 2026-11-24",
