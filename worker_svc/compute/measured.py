@@ -107,13 +107,13 @@ MEASURED: tuple[MeasuredCpu, ...] = (
         # bench.micro.bf16_crossover --rounds 5 --repeats 5`, SmolLM2's and Qwen3's layers,
         # hidden 512 and 1024) it leads the float block kernel from M = 12-16 on 1 and 2
         # threads, ~2x at 64. The whole step (`GOMP_SPINCOUNT=10000 python -m
-        # bench.micro.bf16_step`, a bfloat16 Qwen3 of hidden 512), which the native step
-        # leaves to the Python forward from here: 1 thread 0.79-0.87x the native step's
-        # time at 16 rows, 0.60-0.64x at 64; 2 threads, machine near idle (libgomp's own
-        # spin), 0.97x at 16, 0.85x at 32, 0.70x at 64; 2 threads beside busy processes
-        # (load 4-5 on 2 vCPUs) 1.4-1.6x at 16-32 and 0.74-1.13x at 64 (the Python
-        # forward's hundreds of parallel regions suffer most from a busy machine).
-        # 32: where it leads on the worker's 2 threads with a margin.
+        # bench.micro.bf16_step`, bfloat16 copies of SmolLM2 and a Qwen3 of hidden 512),
+        # which the native step leaves to the Python forward from here, in the native
+        # step's time: 1 thread 0.79-0.87x at 16 rows, 0.60-0.68x at 64; 2 threads near
+        # idle 1.01-1.27x at 16, 0.88-0.96x at 32, 0.70-0.83x at 64; 2 threads beside busy
+        # processes (load 4-5 on 2 vCPUs) 1.4-1.6x at 16-32, 0.74-1.13x at 64 (the Python
+        # forward's hundreds of parallel regions suffer most from a busy machine). 32:
+        # where it leads on the worker's 2 threads.
         qblock=QBlockStrategy(bf16_gemm_from_m=32),
         source="python -m bench.kernel_bench --threads 1 --paths float32,bfloat16,int8,q4_1 "
         "--repeats 15, 2 vCPUs (Zen 4, family 25 model 17), busy, torch 2.13.0, 2026-11-24",
