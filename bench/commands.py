@@ -80,6 +80,12 @@ SUBCOMMANDS = {
     "kernels": Subcommand(
         "bench.micro.kernels", "a step's projections per compute path (auto's measured rows)"
     ),
+    "bf16-crossover": Subcommand(
+        "bench.micro.bf16_crossover", "BF16 rows per M: block kernel, dense chunks, bf16 GEMM"
+    ),
+    "bf16-step": Subcommand(
+        "bench.micro.bf16_step", "a bfloat16 checkpoint's whole step: native vs the bf16 GEMM"
+    ),
     "qblock": Subcommand("bench.micro.qblock", "the block kernels per M on the shipped GGUF"),
     "qblock-formats": Subcommand(
         "bench.micro.qblock_formats", "every block format's kernels per M, random blocks"
