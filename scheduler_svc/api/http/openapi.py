@@ -27,6 +27,25 @@ METRICS_MEDIA_TYPES = (
     "application/openmetrics-text; version=1.0.0; charset=utf-8",
 )
 _FASTAPI_VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
+# One server-sent event of a stream, as a client parses it: its `data` is a chunk (or,
+# when a stream fails past its first byte, an OpenAI error object) as JSON, or the
+# closing `[DONE]`.
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "type": "string",
+            "anyOf": [
+                {"const": "[DONE]"},
+                {"contentMediaType": "application/json", "contentSchema": {"type": "object"}},
+            ],
+        },
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
 BEARER_SCHEME = "bearer"
 
 
@@ -60,9 +79,7 @@ def correct(document: dict[str, Any], keys_required: bool, open_routes: frozense
             responses.pop("422", None)
             for response in responses.values():
                 if response.pop("x-cbserve-streams", False):
-                    response["content"][SSE] = {
-                        "schema": {"type": "string", "description": "server-sent events"}
-                    }
+                    response["content"][SSE] = {"schema": SSE_EVENT_SCHEMA}
             if path == "/metrics":
                 responses["200"]["content"] = {
                     media_type: {"schema": {"type": "string"}} for media_type in METRICS_MEDIA_TYPES
