@@ -46,6 +46,9 @@ def qblock_kernel_at(projection, rows: int, flags: frozenset[str]) -> tuple[str,
     QBlockLinear.forward makes, read from its own thresholds (its first run's, for a
     stack: the runs share M)."""
     run = block_runs(projection)[0]
+    bf16_from = getattr(run, "bf16_gemm_from_m", None)
+    if bf16_from is not None and rows >= bf16_from:
+        return "BF16 rows, torch bf16 GEMM", "vdpbf16ps"
     if run.vnni and rows >= run.vnni_from_m:
         return "VNNI kernel", "vpdpwssd"
     if run.dense_from_m is not None and rows >= run.dense_from_m:

@@ -36,3 +36,14 @@ def test_a_block_projection_takes_the_kernel_its_thresholds_give_at_each_m():
         assert qblock_kernel_at(layer, 64, ZEN3) == ("dequant + torch f32 GEMM", "fma-ymm")
     plain = QBlockLinear.from_float(weight, Q4_1, vnni_from_m=None, dense_from_m=None)
     assert qblock_kernel_at(plain, 256, ZEN4) == ("float block kernel", "fma-zmm")
+
+
+def test_bf16_rows_past_their_gemm_threshold_are_held_to_vdpbf16ps():
+    from worker_svc.compute.qblock import BF16
+
+    weight = torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    rows = QBlockLinear.from_float(weight, BF16, bf16_gemm_from_m=32, flags=ZEN4)
+    assert qblock_kernel_at(rows, 64, ZEN4) == ("BF16 rows, torch bf16 GEMM", "vdpbf16ps")
+    assert qblock_kernel_at(rows, 16, ZEN4)[0] != "BF16 rows, torch bf16 GEMM"
+    never = QBlockLinear.from_float(weight, BF16, bf16_gemm_from_m=32, flags=ZEN3)
+    assert qblock_kernel_at(never, 64, ZEN3)[0] != "BF16 rows, torch bf16 GEMM"
