@@ -26,10 +26,10 @@ CONVERTED = (
     pytest.param("llama3", marks=pytest.mark.slow),
     "qwen3",
     "gemma3",
-    # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors
-    # (Mixtral's file says "llama" and holds an expert_count).
+    # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors.
+    # Mixtral's file ("llama" with an expert_count) runs in `make test-slow`, as Llama 3.
     "qwen3_moe",
-    "mixtral",
+    pytest.param("mixtral", marks=pytest.mark.slow),
     "gpt_oss",  # gate and up de-interleaved, sinks, llama.cpp's window pattern, YaRN
 )
 
