@@ -181,3 +181,15 @@ def assert_close_logits(native, python, vnni=False, rtol=None):
     error = (native - python).abs().max() / python.abs().max()
     assert error < (rtol or TOLERANCES[vnni][0]), f"relative error {error:.2e}"
     assert torch.equal(native.argmax(-1), python.argmax(-1))
+
+
+@contextlib.contextmanager
+def team_of(threads: int):
+    """torch's (and so the native step's) thread count for a block: the attention split
+    into parts depends on it."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)

@@ -7,8 +7,6 @@ float32 and a float16 pool, with and without drafts' rows of the same sequence."
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -18,6 +16,7 @@ from tests.worker.native_step import (
     assert_close_logits,
     prefill,
     python_and_native,
+    team_of,
     uses_vnni,
 )
 
@@ -28,16 +27,6 @@ pytestmark = [
 
 # 330 keys: with 4 threads, parts = min(ceil(8 / 3), 330 // 64) = 3, of 7 blocks each.
 LONG_CONTEXT = 330
-
-
-@contextlib.contextmanager
-def team_of(threads: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module", params=[None, torch.float16], ids=["kv32", "kv16"])

@@ -8,7 +8,6 @@ and the tables are what the step reads)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 
 from tests.worker.architectures.test_block_path import CLOSE
 from tests.worker.architectures.test_float_forward import CPU, prompt
+from tests.worker.native_step import team_of
 from worker_svc.attention import BatchLayout, CpuAttentionBackend, PagedAttentionContext
 from worker_svc.kv_pool import KVPool, KVPoolSpec
 from worker_svc.model_loader import load_model
@@ -28,16 +28,6 @@ BLOCK = 16
 # 4 runs of 80 keys on the full layers; on the sliding layers (8 keys) parts 1-3 are empty.
 CONTEXT = 300
 DECODES = 3
-
-
-@contextlib.contextmanager
-def team_of(threads: int):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.fixture(scope="module")
