@@ -92,7 +92,7 @@ class DecoderLayer(nn.Module):
         value = qkv[:, heads + kv_heads :]
         attended = attention.backend.forward(
             layer_idx, query, key, value, attention.pool, attention.metadata, self.scale,
-            window=self.window, **({"sinks": self.sinks} if self.sinks is not None else {}),
+            window=self.window, sinks=self.sinks,
         )  # fmt: skip
         attended = attended.reshape(t, self.q_size)
         if keep_rows is not None:

@@ -70,6 +70,11 @@ class ExpertMlp(nn.Module):
         # integers, which the routing below has at hand anyway.
         self.tokens_per_expert = [0] * moe.num_experts
 
+    def projections(self) -> list:
+        """Every expert's gate/up projection, then every down one: the order the block
+        path lays their weights out in and the native step reads them."""
+        return [*self.gate_up_projs, *self.down_projs]
+
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.moe.activation == "swiglu_clamped":
             return clamped_swiglu(gate_up, self.moe.swiglu_alpha, self.moe.swiglu_limit)

@@ -197,7 +197,7 @@ def build_qblock(
         projection
         for layer in model.layers
         for projection in [getattr(layer, name) for name in layer_projections(layer)]
-        + _expert_projections(layer)
+        + (layer.experts.projections() if layer.experts is not None else [])
     ]
     _, model.block_weights_on_huge_pages = gather_block_weights([*in_step_order, model.lm_head])
     model.qblock_source = (
@@ -205,12 +205,6 @@ def build_qblock(
     )
     attach_native_decode(model)
     return model
-
-
-def _expert_projections(layer) -> list:
-    if layer.experts is None:
-        return []
-    return [*layer.experts.gate_up_projs, *layer.experts.down_projs]
 
 
 def _at_load(float_format: str, checkpoint: CheckpointTensors, source: str) -> str:

@@ -28,7 +28,7 @@ from worker_svc.attention import PagedAttentionContext, cpu_kernel
 from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
 from worker_svc.compute.qblock_stack import block_runs
-from worker_svc.models.qblock.native_experts import ExpertTables, expert_projections
+from worker_svc.models.qblock.native_experts import ExpertTables
 from worker_svc.models.qblock.native_layers import LayerTables
 from worker_svc.models.qblock.native_structs import (
     KV_DTYPES,
@@ -130,7 +130,9 @@ class NativeDecode:
         projections = [
             [getattr(layer, name, None) for name in STEP_PROJECTIONS] for layer in layers
         ]
-        experts = [p for layer in layers for p in expert_projections(layer)]
+        experts = [
+            p for layer in layers if layer.experts is not None for p in layer.experts.projections()
+        ]
         # From as many rows as QBlockLinear (this CPU's measured threshold), and only
         # where it does (CBSERVE_QBLOCK_VNNI, and formats the VNNI kernel reads: the step
         # keeps the others on the float kernel, decode_panels.h's project).

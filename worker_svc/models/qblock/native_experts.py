@@ -15,13 +15,6 @@ ROUTERS = {"softmax_topk": 0, "topk_softmax": 1}  # decode_model.h's ROUTER_*
 EXPERT_ACTIVATIONS = {"silu": 0, "swiglu_clamped": 2}  # decode_panels.h's ACTIVATION_*
 
 
-def expert_projections(layer) -> list:
-    """A mixture layer's block projections (empty for a dense layer)."""
-    if layer.experts is None:
-        return []
-    return [*layer.experts.gate_up_projs, *layer.experts.down_projs]
-
-
 class ExpertTables:
     """struct moe_layer for every layer (sparse 0 where the MLP is dense), and what their
     addresses point at: kept alive as long as the step may run."""
