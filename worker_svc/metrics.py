@@ -25,6 +25,7 @@ from common.metrics import LATENCY_BUCKETS, MODEL_NAME_LABEL, TOKEN_BUCKETS, new
 
 class WorkerMetrics:
     def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
         self.registry = registry = new_registry()
         labels = (MODEL_NAME_LABEL,)
         # Bound to the model now, so that each series shows 0 before the first step.
@@ -49,13 +50,14 @@ class WorkerMetrics:
             registry=registry,
         ).labels(model_name)
 
-    def watch_experts(self, model_name: str, model) -> None:
+    def watch_experts(self, model) -> None:
         """Router statistics of a mixture-of-experts model (worker_svc/router_stats.py),
         read at each scrape; nothing for a dense model."""
         from worker_svc.router_stats import RouterStatsCollector, expert_layers
 
-        if expert_layers(model):
-            self.registry.register(RouterStatsCollector(model_name, model))
+        layers = expert_layers(model)
+        if layers:
+            self.registry.register(RouterStatsCollector(self.model_name, layers))
 
     def observe_step(self, result: worker_pb2.StepResult) -> None:
         self.forward_seconds.observe(result.forward_seconds)

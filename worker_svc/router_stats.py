@@ -37,9 +37,10 @@ def expert_layers(model) -> list[tuple[int, object]]:
 
 
 class RouterStatsCollector(Collector):
-    def __init__(self, model_name: str, model) -> None:
+    def __init__(self, model_name: str, layers: list[tuple[int, object]]) -> None:
+        """layers: expert_layers(model), each mixture layer's index and ExpertMlp."""
         self._model_name = model_name
-        self._layers = expert_layers(model)
+        self._layers = layers
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(

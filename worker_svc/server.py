@@ -102,7 +102,7 @@ async def serve(
         # A null worker's runner has no torch model to watch.
         model = getattr(getattr(worker.runner, "loaded", None), "model", None)
         if model is not None:
-            servicer.metrics.watch_experts(Path(config.model).name, model)
+            servicer.metrics.watch_experts(model)
         servicer.set_ready(worker)
         await set_serving(health, [SERVICE_NAME], serving=True)
         announce_ready(

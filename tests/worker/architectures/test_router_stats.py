@@ -33,7 +33,7 @@ def test_a_scrape_counts_every_token_k_times_per_layer(checkpoints):
     own = load_model(checkpoints["qwen3_moe"], "float32", CPU)
     moe = own.model.spec.moe
     metrics = WorkerMetrics(model_name="moe")
-    metrics.watch_experts("moe", own.model)
+    metrics.watch_experts(own.model)
     assert scraped(metrics) and not any(scraped(metrics).values())
     ids = prompt(21, 24)
     with torch.inference_mode():
@@ -52,5 +52,5 @@ def test_a_scrape_counts_every_token_k_times_per_layer(checkpoints):
 def test_a_dense_model_adds_no_series(checkpoints):
     own = load_model(checkpoints["qwen3"], "float32", CPU)
     metrics = WorkerMetrics(model_name="dense")
-    metrics.watch_experts("dense", own.model)
+    metrics.watch_experts(own.model)
     assert not scraped(metrics)
