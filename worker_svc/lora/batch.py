@@ -1,0 +1,71 @@
+"""One step's adapters, row by row of the flat batch (step/flat_batch.py).
+
+`row_slots` is the slot (lora/slots.py) of each row, 0 for the base: what a per-row
+kernel reads (the native decode step). `groups` is the same rows gathered by slot, one
+entry per distinct adapter of the step: what the segmented matmul of the float and
+block paths reads, one `x[rows] @ a.T @ b.T` per adapter (Punica's / S-LoRA's shape of
+the work). Base rows are in no group, so a step of base rows only computes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LoraBatch:
+    row_slots: torch.Tensor  # int32 [T], contiguous; 0: the base
+    # (slot, int64 row indices into the flat batch) for each distinct non-zero slot, in
+    # increasing slot order.
+    groups: tuple[tuple[int, torch.Tensor], ...]
+
+    @classmethod
+    def from_row_slots(cls, row_slots: torch.Tensor) -> LoraBatch:
+        row_slots = row_slots.to(torch.int32).contiguous()
+        groups = tuple(
+            (slot, torch.nonzero(row_slots == slot).flatten())
+            for slot in sorted(set(row_slots.tolist()) - {0})
+        )
+        return cls(row_slots, groups)
+
+    @classmethod
+    def from_sequences(cls, slots_and_rows: Iterable[tuple[int, int]]) -> LoraBatch:
+        """From (slot, number of rows) of each row group of the flat batch, in the
+        batch's row order."""
+        slots: list[int] = []
+        for slot, num_rows in slots_and_rows:
+            if slot < 0 or num_rows < 0:
+                raise ValueError(f"a slot and a row count are not negative: {slot}, {num_rows}")
+            slots.extend([slot] * num_rows)
+        if not any(slots):
+            return cls.base(len(slots))
+        return cls.from_row_slots(torch.tensor(slots, dtype=torch.int32))
+
+    @classmethod
+    def base(cls, num_rows: int) -> LoraBatch:
+        """A step of base rows only."""
+        return cls(torch.zeros(num_rows, dtype=torch.int32), ())
+
+    @property
+    def is_empty(self) -> bool:
+        """Every row is the base: nothing to add, nothing to compute."""
+        return not self.groups
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_slots.shape[0]
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The distinct adapters of the step (base excluded)."""
+        return tuple(slot for slot, _ in self.groups)
+
+    def kept(self, keep_rows: torch.Tensor) -> LoraBatch:
+        """The batch restricted to `keep_rows` (the last layer's o_proj and MLP run only
+        on the sampled rows), rows renumbered in `keep_rows`' order."""
+        if self.is_empty:
+            return LoraBatch.base(keep_rows.shape[0])
+        return LoraBatch.from_row_slots(self.row_slots[keep_rows])

@@ -1,0 +1,158 @@
+"""The preallocated store of loaded LoRA adapters (the slot layout of issue 43's design).
+
+Every fused projection of every decoder layer has two float32 tensors, allocated once at
+start for `max_cpu_loras + 1` slots (slot 0 is the base: zeros, never written):
+
+    a: [slots, parts * max_lora_rank, in_features]
+    b: [slots, out_features, parts * max_lora_rank]
+
+so that the delta of a row under slot s is `(x @ a[s].T) @ b[s].T`, one pair of
+matmuls per fused projection whatever the adapter targets. Part p of a fused projection
+(q, k, v of "qkv"; gate, up of "gate_up") owns rows `p*max_rank .. p*max_rank + r` of
+`a` and, in `b`, those columns under its own output rows only (block-diagonal), so
+parts never leak into each other. A part the adapter does not target, and the ranks
+past the adapter's own, stay zero. The scaling (alpha/r, or alpha/sqrt(r) with rsLoRA)
+is folded into `b` at load, so the step multiplies nothing else. Loading copies into a
+slot in place: nothing is allocated per step or per load, and the native decode step
+reads the same tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from worker_svc.models.declaration import DecoderSpec
+
+# The fused projections of a decoder layer, in the order a layer runs them.
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+# A PEFT target module -> (its fused projection, its part index in that projection).
+MODULE_PARTS: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv", 0),
+    "k_proj": ("qkv", 1),
+    "v_proj": ("qkv", 2),
+    "o_proj": ("o", 0),
+    "gate_proj": ("gate_up", 0),
+    "up_proj": ("gate_up", 1),
+    "down_proj": ("down", 0),
+}
+
+
+@dataclass(frozen=True)
+class LoraLimits:
+    """The worker's --max-cpu-loras, --max-loras and --max-lora-rank."""
+
+    max_cpu_loras: int  # adapters held loaded: slots 1..max_cpu_loras
+    max_loras: int  # distinct adapters in one step
+    max_lora_rank: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_cpu_loras", "max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer of at least 1, got {value!r}")
+        if self.max_loras > self.max_cpu_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least "
+                f"max_loras ({self.max_loras}): a step's adapters must all be loaded"
+            )
+
+
+@dataclass(frozen=True)
+class ProjectionShape:
+    """A fused projection's input width and the output rows of each of its parts."""
+
+    in_features: int
+    part_sizes: tuple[int, ...]  # q, k, v / gate, up / the one part
+
+    @property
+    def out_features(self) -> int:
+        return sum(self.part_sizes)
+
+    def part_offset(self, part: int) -> int:
+        return sum(self.part_sizes[:part])
+
+
+def projection_shapes(spec: DecoderSpec, layer: int) -> dict[str, ProjectionShape]:
+    """The LoRA-able projections of layer `layer`: a mixture layer has no dense MLP."""
+    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    shapes = {
+        "qkv": ProjectionShape(spec.hidden_size, (q_size, kv_size, kv_size)),
+        "o": ProjectionShape(q_size, (spec.hidden_size,)),
+    }
+    if not spec.is_sparse(layer):
+        inter = spec.intermediate_size
+        shapes["gate_up"] = ProjectionShape(spec.hidden_size, (inter, inter))
+        shapes["down"] = ProjectionShape(inter, (spec.hidden_size,))
+    return shapes
+
+
+class LoraSlots:
+    """The slot store of one worker. `write` and `clear` must run between steps (the
+    servicer takes the step lock): a step never reads a half-written slot."""
+
+    def __init__(self, spec: DecoderSpec, limits: LoraLimits):
+        self.limits = limits
+        self.max_rank = limits.max_lora_rank
+        self.num_slots = limits.max_cpu_loras + 1
+        self.num_layers = len(spec.layers)
+        # (layer, name) -> shape; a projection a layer lacks has no entry.
+        self.shapes: dict[tuple[int, str], ProjectionShape] = {}
+        self._tensors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        for layer in range(self.num_layers):
+            for name, shape in projection_shapes(spec, layer).items():
+                width = len(shape.part_sizes) * self.max_rank
+                a = torch.zeros(self.num_slots, width, shape.in_features)
+                b = torch.zeros(self.num_slots, shape.out_features, width)
+                self.shapes[(layer, name)] = shape
+                self._tensors[(layer, name)] = (a, b)
+        # slot -> the PEFT modules it changes; an empty slot has no entry.
+        self.loaded: dict[int, tuple[str, ...]] = {}
+
+    def has(self, layer: int, name: str) -> bool:
+        return (layer, name) in self._tensors
+
+    def tensors(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a `[slots, parts*R, in]`, b `[slots, out, parts*R]`) of one fused projection."""
+        return self._tensors[(layer, name)]
+
+    def is_loaded(self, slot: int) -> bool:
+        return slot in self.loaded
+
+    def check_slot(self, slot: int) -> None:
+        if not 1 <= slot < self.num_slots:
+            raise ValueError(
+                f"slot {slot} is out of range: this worker's slots are 1..{self.num_slots - 1}"
+            )
+
+    def write(
+        self,
+        slot: int,
+        weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
+        scaling: float,
+    ) -> None:
+        """Write an adapter into `slot`, replacing what it held. `weights`: (layer, PEFT
+        module) -> (lora_A `[r, in]`, lora_B `[out_part, r]`), already checked against
+        `shapes` and the rank (lora/peft_reader.py)."""
+        self.check_slot(slot)
+        self.clear(slot)
+        for (layer, module), (lora_a, lora_b) in weights.items():
+            name, part = MODULE_PARTS[module]
+            shape = self.shapes[(layer, name)]
+            a, b = self._tensors[(layer, name)]
+            rank, first = lora_a.shape[0], part * self.max_rank
+            rows = slice(shape.part_offset(part), shape.part_offset(part) + shape.part_sizes[part])
+            a[slot, first : first + rank].copy_(lora_a)
+            b[slot, rows, first : first + rank].copy_(lora_b.float() * scaling)
+        self.loaded[slot] = tuple(sorted({module for _, module in weights}))
+
+    def clear(self, slot: int) -> None:
+        """Zero `slot`: a row planned on it would compute the base."""
+        self.check_slot(slot)
+        for a, b in self._tensors.values():
+            a[slot].zero_()
+            b[slot].zero_()
+        self.loaded.pop(slot, None)
