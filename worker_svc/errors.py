@@ -10,3 +10,12 @@ class PlanError(ValueError):
 
 class ModelLoadError(RuntimeError):
     """The model could not be loaded; the message names the model path and the reason."""
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter this worker cannot load (the reason says what to change); the
+    server answers INVALID_ARGUMENT."""
+
+
+class AdapterNotFoundError(AdapterError):
+    """No adapter directory at the path given; the server answers NOT_FOUND."""
