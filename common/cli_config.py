@@ -167,7 +167,8 @@ def _converter(each: Flag) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         source = f" (from {text.variable})" if isinstance(text, _EnvText) else ""
         # A list flag takes comma-separated values too: how a variable holds several.
-        pieces = [piece.strip() for piece in text.split(",")] if each.is_list else [text]
+        split = each.spec.split or (lambda whole: whole.split(","))
+        pieces = [piece.strip() for piece in split(text)] if each.is_list else [text]
         values = []
         for piece in filter(None, pieces) if each.is_list else pieces:
             try:

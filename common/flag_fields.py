@@ -42,6 +42,9 @@ class FlagSpec:
     switch: bool = False
     # list: one occurrence takes several values (`--request-rate 1 2 4`).
     several: bool = False
+    # list: how one text (an argument or the variable) becomes its values; None: at
+    # commas. A value that may hold commas itself (JSON) needs its own.
+    split: Callable[[str], list[str]] | None = None
     group: str | None = None
     # Fields this one cannot be given with: both on the command line is an error, and
     # this one on the command line clears theirs from a variable (the command line wins).

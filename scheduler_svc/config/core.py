@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from common.flag_fields import BENCH, SERVE, flag
 from scheduler_svc.config.kv_events import KVEventsConfig, parse_kv_events_config
+from scheduler_svc.config.lora import LoraConfig, lora_config, split_lora_modules
 from scheduler_svc.config.process import ENV_PREFIX
 from scheduler_svc.config.speculative import SpeculativeConfig, parse_speculative_config
 
@@ -108,9 +109,34 @@ class SchedulerConfig:
         "evicted, AllBlocksCleared at start (off when empty)",
     )
 
+    # LoRA adapters, vLLM's flags (config/lora.py, scheduler_svc/lora/).
+    enable_lora: bool = flag(
+        False,
+        switch=True,
+        help="serve LoRA adapters: a request names one (gRPC lora_name, HTTP model); "
+        "only workers started with --enable-lora are used",
+    )
+    lora_modules: list[str] = flag(
+        default_factory=list,
+        several=True,
+        split=split_lora_modules,
+        metavar="NAME=PATH",
+        help="adapters to load at start, each name=path (a PEFT directory) or vLLM's JSON "
+        '\'{"name": ..., "path": ..., "base_model_name": ...}\'',
+    )
+    max_loras: int = flag(1, help="most distinct adapters in one step (the base not counted)")
+    max_lora_rank: int = flag(16, help="largest adapter rank accepted")
+    max_cpu_loras: int | None = flag(
+        None,
+        default_help="--max-loras",
+        help="adapters a worker keeps loaded (its slots, evicted least recently used); "
+        "at least --max-loras",
+    )
+
     def __post_init__(self) -> None:
         self.speculative  # noqa: B018 - parsed now, so that a bad flag fails at start
         self.kv_events  # noqa: B018 - the same for --kv-events-config
+        self.lora  # noqa: B018 - the same for the LoRA flags
         positive = ("max_num_seqs", "max_num_batched_tokens", "max_waiting_requests")
         for name in (*positive, "num_scheduler_steps"):
             value = getattr(self, name)
@@ -139,6 +165,17 @@ class SchedulerConfig:
     def kv_events(self) -> KVEventsConfig | None:
         """--kv-events-config parsed; None: no events published."""
         return parse_kv_events_config(self.kv_events_config)
+
+    @cached_property
+    def lora(self) -> LoraConfig | None:
+        """The LoRA flags checked and parsed; None: LoRA off."""
+        return lora_config(
+            enable_lora=self.enable_lora,
+            lora_modules=list(self.lora_modules),
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras,
+        )
 
     @property
     def max_steps_in_flight(self) -> int:
