@@ -34,6 +34,8 @@ import torch
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import AttentionBackend, PagedAttentionContext
 from worker_svc.kv_pool import KVPool
+from worker_svc.lora.batch import LoraBatch
+from worker_svc.lora.slots import LoraSlots
 from worker_svc.model_loader import LoadedModel
 from worker_svc.models.qblock.native import attends_with
 from worker_svc.prompt_logprobs import score
@@ -59,13 +61,16 @@ class ModelRunner:
         pool: KVPool,
         backend: AttentionBackend,
         sampler: Sampler | None = None,
+        lora_slots: LoraSlots | None = None,
     ):
         self.loaded = loaded
         self.pool = pool
         self.backend = backend
         self.sampler = sampler or Sampler(loaded.device)
         self.sequences: dict[int, SequenceState] = {}
-        self.reader = PlanReader(loaded.vocab_size, loaded.max_model_len, pool)
+        # LoRA adapters' slots (--enable-lora), written between steps (lora/loading.py).
+        self.lora_slots = lora_slots
+        self.reader = PlanReader(loaded.vocab_size, loaded.max_model_len, pool, lora_slots)
         # Deferred masks as the Step stream reads them (the servicer posts them).
         self.mailbox = MaskMailbox()
         # Prompt chunks as decode rows (step/flat_batch.py), where a native step runs
@@ -133,6 +138,7 @@ class ModelRunner:
                 sampling=new.sampling,
                 vocab_size=self.loaded.vocab_size,
                 prompt_logprobs=new.prompt_logprobs,
+                adapter_slot=new.adapter_slot,
             )
             sequences[seq.seq_id] = seq
             scheduled.append((seq, new.num_scheduled_tokens))
@@ -164,8 +170,11 @@ class ModelRunner:
         keep, samplers, scoring = batch.keep, batch.sampler_rows, batch.scoring
         layout = batch.layout
         device = self.loaded.device
+        lora = None
+        if self.lora_slots is not None:
+            lora = LoraBatch.from_sequences(batch.adapter_rows).to(device)
         context = PagedAttentionContext(
-            self.backend, self.pool, self.backend.build_metadata(layout, device)
+            self.backend, self.pool, self.backend.build_metadata(layout, device), lora
         )
         with torch.inference_mode():
             logits = self.loaded.model(

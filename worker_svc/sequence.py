@@ -29,6 +29,8 @@ class SequenceState:
     prompt_logprobs: int | None = None
     # Its n-grams, built at its first drafting step (common/ngram.py).
     ngram: NgramIndex | None = field(default=None, repr=False)
+    # The LoRA slot all its tokens are computed with (NewSequence.adapter_slot); 0: base.
+    adapter_slot: int = 0
 
     @classmethod
     def create(
@@ -41,6 +43,7 @@ class SequenceState:
         sampling: SamplingParams,
         vocab_size: int,
         prompt_logprobs: int | None = None,
+        adapter_slot: int = 0,
     ) -> SequenceState:
         penalties = None
         if sampling.uses_penalties:
@@ -54,6 +57,7 @@ class SequenceState:
             sampling=sampling,
             penalties=penalties,
             prompt_logprobs=prompt_logprobs,
+            adapter_slot=adapter_slot,
         )
 
     @property

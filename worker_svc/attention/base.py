@@ -106,3 +106,7 @@ class PagedAttentionContext:
     backend: AttentionBackend
     pool: KVPool
     metadata: Any
+    # The step's rows by LoRA adapter (worker_svc/lora/batch.LoraBatch); None: the
+    # base for every row (a worker without --enable-lora). The own forward's layers
+    # read it here, as they read the attention state: it is per step, like it.
+    lora: Any = None

@@ -63,6 +63,13 @@ class LoraBatch:
         """The distinct adapters of the step (base excluded)."""
         return tuple(slot for slot, _ in self.groups)
 
+    def to(self, device: torch.device | str) -> LoraBatch:
+        """The same batch with its tensors on `device` (itself where they are)."""
+        if self.row_slots.device == torch.device(device):
+            return self
+        groups = tuple((slot, rows.to(device)) for slot, rows in self.groups)
+        return LoraBatch(self.row_slots.to(device), groups)
+
     def kept(self, keep_rows: torch.Tensor) -> LoraBatch:
         """The batch restricted to `keep_rows` (the last layer's o_proj and MLP run only
         on the sampled rows), rows renumbered in `keep_rows`' order."""

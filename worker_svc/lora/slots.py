@@ -77,7 +77,7 @@ class LoraSlots:
     """The slot store of one worker. `write` and `clear` must run between steps (the
     servicer takes the step lock): a step never reads a half-written slot."""
 
-    def __init__(self, spec: DecoderSpec, limits: LoraLimits):
+    def __init__(self, spec: DecoderSpec, limits: LoraLimits, device: torch.device | str = "cpu"):
         self.limits = limits
         self.max_rank = limits.max_lora_rank
         self.num_slots = limits.max_cpu_loras + 1
@@ -88,8 +88,8 @@ class LoraSlots:
         for layer in range(self.num_layers):
             for name, shape in projection_shapes(spec, layer).items():
                 width = len(shape.part_sizes) * self.max_rank
-                a = torch.zeros(self.num_slots, width, shape.in_features)
-                b = torch.zeros(self.num_slots, shape.out_features, width)
+                a = torch.zeros(self.num_slots, width, shape.in_features, device=device)
+                b = torch.zeros(self.num_slots, shape.out_features, width, device=device)
                 self.shapes[(layer, name)] = shape
                 self._tensors[(layer, name)] = (a, b)
         # slot -> the PEFT modules it changes; an empty slot has no entry.

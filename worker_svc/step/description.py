@@ -49,6 +49,8 @@ class NewSequence:
     sampling: SamplingParams
     # Score the prompt positions it computes, with this many alternatives; None: no.
     prompt_logprobs: int | None = None
+    # The LoRA slot it is computed with for its whole life (worker_svc/lora); 0: base.
+    adapter_slot: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,8 @@ class FlatBatch:
                 self.sample_row[group.owner] = len(self.keep)
                 self.keep.append(len(self.input_ids) - 1)
                 self.sampler_rows.append(group.sampler_row)
+        # (LoRA slot, rows) of each row group in row order: the step's LoraBatch.
+        self.adapter_rows = [(g.seq.adapter_slot, g.query_len) for g in groups]
         self.layout = BatchLayout(
             query_lens=tuple(g.query_len for g in groups),
             context_lens=tuple(g.context_len for g in groups),

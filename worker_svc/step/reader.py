@@ -35,6 +35,8 @@ from worker_svc.token_bitmask import DraftRows, read_mask
 if TYPE_CHECKING:
     import numpy as np
 
+    from worker_svc.lora.slots import LoraSlots
+
 
 @dataclass(frozen=True)
 class PlanReader:
@@ -43,6 +45,8 @@ class PlanReader:
     vocab_size: int
     max_model_len: int
     pool: KVPool
+    # The LoRA slot store (worker_svc/lora/slots.py); None: a worker without --enable-lora.
+    lora_slots: LoraSlots | None = None
 
     def read(self, plan: wpb.StepPlan, held: Mapping[int, SequenceState]) -> Step:
         """The plan as a Step; raises PlanError. `held`: the sequences the worker holds."""
@@ -116,9 +120,23 @@ class PlanReader:
             sampling = sampling_from_worker(message.sampling)
         except ValueError as exc:
             raise PlanError(f"sequence {sid}: {exc}") from None
+        slot = message.adapter_slot
+        if slot:
+            self._check_adapter_slot(sid, slot)
         return NewSequence(
-            sid, prompt, output, computed, scheduled, block_ids, sampling, prompt_logprobs
+            sid, prompt, output, computed, scheduled, block_ids, sampling, prompt_logprobs, slot
         )
+
+    def _check_adapter_slot(self, sid: int, slot: int) -> None:
+        if self.lora_slots is None:
+            raise PlanError(
+                f"sequence {sid}: adapter slot {slot} on a worker started without --enable-lora"
+            )
+        if not self.lora_slots.is_loaded(slot):
+            raise PlanError(
+                f"sequence {sid}: adapter slot {slot} holds no adapter "
+                f"(slots 1..{self.lora_slots.num_slots - 1}; LoadAdapter first)"
+            )
 
     def _held(
         self, sid: int, held: Mapping[int, SequenceState], gone: Collection[int], listed: set[int]

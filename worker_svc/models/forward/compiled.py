@@ -98,6 +98,10 @@ class CompiledForward(torch.nn.Module):
         return self.model(input_ids, positions, _TRACED_CONTEXT, sample_rows)
 
     def forward(self, input_ids, positions, attention, sample_rows):
+        if attention.lora is not None and not attention.lora.is_empty:
+            # The graph is traced without LoRA rows: a step with adapter rows runs the
+            # eager forward, which adds their deltas (worker_svc/lora/delta.py).
+            return self.model(input_ids, positions, attention, sample_rows)
         if input_ids.shape[0] > 1:
             torch._dynamo.maybe_mark_dynamic(input_ids, 0)
             torch._dynamo.maybe_mark_dynamic(positions, 0)

@@ -20,6 +20,8 @@ from torch import nn
 
 from worker_svc.attention import PagedAttentionContext
 from worker_svc.compute.projections import make_projection
+from worker_svc.lora.batch import LoraBatch
+from worker_svc.lora.delta import LayerLora, add_lora_delta
 from worker_svc.models.checkpoint.experts import ExpertWeights, expert_weights
 from worker_svc.models.declaration import EXPERT_ROLES, Architecture, DecoderSpec, LayerAttention
 from worker_svc.models.forward.experts import ExpertMlp
@@ -69,6 +71,14 @@ class DecoderLayer(nn.Module):
             self.gate_up_proj = make_projection(torch.cat([weights["gate"], weights["up"]]), path)
             self.down_proj = make_projection(weights["down"], path)
         self.activation = ACTIVATIONS[spec.activation]
+        # Its projections' LoRA slot tensors, with --enable-lora (lora/delta.py).
+        self.lora: LayerLora | None = None
+
+    def _lora(self, name: str, out: torch.Tensor, x: torch.Tensor, rows: LoraBatch | None):
+        """out += the step's adapter deltas of projection `name` on its input x."""
+        if rows is None or self.lora is None:
+            return out
+        return add_lora_delta(out, x, self.lora[name], rows)
 
     def forward(
         self,
@@ -81,7 +91,12 @@ class DecoderLayer(nn.Module):
         """hidden `[T, hidden]` -> `[T, hidden]`, or `[len(keep_rows), hidden]` when given."""
         t = hidden.shape[0]
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(self.attn_norm(hidden)).view(t, heads + 2 * kv_heads, self.head_dim)
+        lora = (
+            attention.lora if attention.lora is not None and not attention.lora.is_empty else None
+        )
+        normed = self.attn_norm(hidden)
+        qkv = self._lora("qkv", self.qkv_proj(normed), normed, lora)
+        qkv = qkv.view(t, heads + 2 * kv_heads, self.head_dim)
         if self.q_norm is not None:
             query = apply_rotary(self.q_norm(qkv[:, :heads]), *rotary)
             key = apply_rotary(self.k_norm(qkv[:, heads : heads + kv_heads]), *rotary)
@@ -98,14 +113,18 @@ class DecoderLayer(nn.Module):
         if keep_rows is not None:
             # Past the last attention nothing mixes tokens: only sampled rows go on.
             attended, hidden = attended[keep_rows], hidden[keep_rows]
-        out = self.o_proj(attended)
+            lora = lora.kept(keep_rows) if lora is not None else None
+        out = self._lora("o", self.o_proj(attended), attended, lora)
         if self.attn_post_norm is not None:
             out = self.attn_post_norm(out)
         hidden = hidden + out
         if self.experts is not None:
             mlp = self.experts(self.mlp_norm(hidden))
         else:
-            mlp = self.down_proj(self.activation(self.gate_up_proj(self.mlp_norm(hidden))))
+            normed = self.mlp_norm(hidden)
+            gate_up = self._lora("gate_up", self.gate_up_proj(normed), normed, lora)
+            gated = self.activation(gate_up)
+            mlp = self._lora("down", self.down_proj(gated), gated, lora)
         if self.mlp_post_norm is not None:
             mlp = self.mlp_post_norm(mlp)
         return hidden + mlp
@@ -164,7 +183,10 @@ class DecoderForCausalLM(nn.Module):
         sample_rows: torch.Tensor,
     ) -> torch.Tensor:
         """input_ids, positions `[T]` -> logits `[len(sample_rows), vocab]` in float32."""
-        if self.native_decode is not None:
+        # The native step adds no LoRA delta yet: a step with adapter rows takes this
+        # Python forward (to be replaced where the native step applies the slots).
+        lora = attention.lora
+        if self.native_decode is not None and (lora is None or lora.is_empty):
             logits = self.native_decode(input_ids, positions, attention, sample_rows)
             if logits is not None:
                 return logits
