@@ -15,6 +15,7 @@ from typing import ClassVar
 from common.addresses import port_or_off
 from common.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_WORKER_PORT, default_model_path
 from common.flag_fields import BENCH, SERVE, flag
+from worker_svc.lora.limits import LoraLimits
 
 # Compute paths (worker_svc/compute/paths.py; kept torch-free here for the CLI).
 # "auto" takes the fastest one this machine has (compute/selection.py).
@@ -160,6 +161,15 @@ class WorkerConfig:
         default_help="torch's choice",
         help="torch intra-op threads",
     )
+    # LoRA adapters, vLLM's flags (worker_svc/lora); the scheduler takes the same ones.
+    enable_lora: bool = flag(
+        False, switch=True, help="hold LoRA adapters the scheduler loads (LoadAdapter)"
+    )
+    max_loras: int = flag(1, help="with --enable-lora: the most distinct adapters in one step")
+    max_lora_rank: int = flag(16, help="with --enable-lora: the largest adapter rank it loads")
+    max_cpu_loras: int | None = flag(
+        None, default_help="--max-loras", help="with --enable-lora: adapters it keeps loaded"
+    )
     host: str = flag("0.0.0.0", help="address to listen on")
     port: int = flag(DEFAULT_WORKER_PORT, help="the gRPC port the scheduler connects to")
     # Off by default, so that several workers on one host need no port each.
@@ -222,6 +232,11 @@ class WorkerConfig:
                 "use --dtype float32 with --compile, or int8 without it"
             )
         self._check_null_model()
+        if self.max_cpu_loras is None:
+            object.__setattr__(self, "max_cpu_loras", self.max_loras)
+        LoraLimits(self.max_cpu_loras, self.max_loras, self.max_lora_rank)  # a typo is refused
+        if self.enable_lora and self.model_impl == "transformers":
+            raise ValueError("enable_lora needs the own forward, not --model-impl transformers")
         if self.threads is not None and self.threads <= 0:
             raise ValueError(f"threads must be positive, got {self.threads}")
         if not 0 <= self.port <= 65535:
@@ -288,6 +303,12 @@ class WorkerConfig:
         from common.tls import server_credentials  # grpc: only where a port is served
 
         return server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
+
+    @property
+    def lora_limits(self) -> LoraLimits | None:
+        """--max-cpu-loras, --max-loras, --max-lora-rank; None without --enable-lora."""
+        limits = LoraLimits(self.max_cpu_loras, self.max_loras, self.max_lora_rank)
+        return limits if self.enable_lora else None
 
     @property
     def address(self) -> str:

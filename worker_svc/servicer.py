@@ -1,4 +1,4 @@
-"""The worker's gRPC service: Describe and the Step stream.
+"""The worker's gRPC service: Describe, the Step stream, and LoRA adapters (lora/loading.py).
 
 The forward pass runs in one dedicated thread, never on the event loop, so
 that stream reads and health checks are answered during a long prefill. That
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ import structlog
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.errors import PlanError
+from worker_svc.lora.loading import AdapterService
 from worker_svc.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
@@ -76,6 +78,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        # Held by every step, wherever it runs, and by a LoRA slot's write (lora/loading.py).
+        self.runner_lock = threading.Lock()
+        self.adapters = AdapterService(self.executor, self.runner_lock)
         self._worker: Worker | None = None
         # Event-loop side: the newest stream's number and its "superseded" signal.
         self._latest_stream = 0
@@ -116,6 +121,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def Describe(self, request, context):  # noqa: N802 (gRPC method name)
         return (await self._require_worker(context)).description
+
+    async def LoadAdapter(self, request, context):  # noqa: N802 (gRPC method name)
+        return await self.adapters.load(await self._require_worker(context), request, context)
+
+    async def UnloadAdapter(self, request, context):  # noqa: N802 (gRPC method name)
+        return await self.adapters.unload(await self._require_worker(context), request, context)
 
     async def Step(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[worker_pb2.StepPlan], context
@@ -263,7 +274,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.StepResult:
         if stream != self._runner_stream:
             raise _Superseded
-        return worker.runner.execute(plan)
+        with self.runner_lock:
+            return worker.runner.execute(plan)
 
 
 def _mark_retrieved(future: asyncio.Future) -> None:

@@ -20,6 +20,7 @@ from worker_svc.compute.weight_source import read_weight_source
 from worker_svc.config import WorkerConfig
 from worker_svc.heap_policy import applied_heap_policy
 from worker_svc.kv_pool import KVPool, KVPoolSpec, dtype_name, kv_cache_dtype
+from worker_svc.lora.loading import enable_lora, lora_description
 from worker_svc.model_loader import (
     has_attention_sinks,
     load_model,
@@ -103,6 +104,9 @@ def build_worker(config: WorkerConfig) -> Worker:
         malloc_policy=applied_heap_policy(),
     )
     runner = ModelRunner(loaded, pool, backend)
+    if config.lora_limits is not None:
+        slots = enable_lora(runner, config.lora_limits)
+        log.info("lora_slots", slots=slots.num_slots - 1, max_rank=slots.max_rank)
     # Timed where a decode step is a few milliseconds (the native step); elsewhere the
     # scheduler's fit starts from its default and learns from the steps it sees.
     draft_row_cost = 0.0
@@ -125,6 +129,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         accepts_draft_tokens=True,
         accepts_constrained_drafts=True,
         draft_row_cost=draft_row_cost,
+        **lora_description(config.lora_limits),
     )
     return Worker(runner, description, torch.get_num_threads())
 
