@@ -1,7 +1,8 @@
 """Decode speed of every declared architecture beside the Llama layout of the same
 dimensions, on one compute path: the issue's target is at least 0.8x Llama's. The
-mixtures (Qwen3-MoE 16 experts top-4, Mixtral 8 top-2, gpt-oss 16 top-4) have the dense
-checkpoint's *active* width (k experts side by side = 1536), the comparison issue 42
+mixtures (Qwen3-MoE 16 experts top-4, Qwen2-MoE 16 top-4 with a shared expert, Mixtral
+8 top-2, gpt-oss 16 top-4) have the dense checkpoint's *active* width (k experts side
+by side, and the shared expert, = 1536), the comparison issue 42
 sets (at least 0.85x at one stream, 0.5x at 16). Every weight is random
 (bench/peers/random_weights.py), routers included, so tokens spread over the experts.
 
@@ -71,6 +72,15 @@ def configs() -> dict:
             num_local_experts=16,
             num_experts_per_tok=4,
             sliding_window=64,
+            tie_word_embeddings=True,
+        ),
+        # Half its active width in the shared expert, as Qwen1.5-MoE's (4 x 1408 + 5632).
+        "qwen2_moe (16, top-4, shared)": hf.Qwen2MoeConfig(
+            **DIMS,
+            num_experts=16,
+            num_experts_per_tok=4,
+            moe_intermediate_size=DIMS["intermediate_size"] // 8,
+            shared_expert_intermediate_size=DIMS["intermediate_size"] // 2,
             tie_word_embeddings=True,
         ),
     }

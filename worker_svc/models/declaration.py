@@ -61,6 +61,13 @@ EXPERT_ROLES = (
     "experts_gate_up_interleaved",
     "experts_gate_up_interleaved_bias",
     "experts_down_transposed",  # its down, [experts, intermediate, hidden]
+    # The shared expert (MoeSpec.shared_intermediate_size), a dense SwiGLU MLP every token
+    # runs, named as llama.cpp names it (`ffn_*_shexp`), and the `[1, hidden]` weight
+    # whose sigmoid scales its output per token (Qwen2-MoE's `shared_expert_gate`).
+    "shared_gate",
+    "shared_up",
+    "shared_down",
+    "shared_gate_inp",
 )
 MODEL_ROLES = ("embed", "final_norm", "lm_head")
 

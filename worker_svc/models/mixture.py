@@ -10,6 +10,10 @@ The families differ only in these fields (transformers' modules, 5.x):
 - gpt-oss: a biased router whose top-k *logits* are softmaxed; experts with biases
   and a clamped SwiGLU (`gate * sigmoid(alpha * gate) * (up + 1)`, gate clamped from
   above and up on both sides at `limit`).
+- Qwen2-MoE: Qwen3-MoE's router, plus a shared expert: a dense SwiGLU MLP of
+  `shared_expert_intermediate_size` that every token runs, scaled per token by
+  `sigmoid(shared_expert_gate(x))` (a `[1, hidden]` weight) and added to the routed
+  experts' sum.
 """
 
 from __future__ import annotations
@@ -40,6 +44,12 @@ class MoeSpec:
     activation: str = "silu"
     swiglu_alpha: float = 1.702  # swiglu_clamped only
     swiglu_limit: float = 7.0
+    # A dense SwiGLU expert every token runs beside its k (Qwen2-MoE, DeepSeek): its
+    # intermediate width, None where the family has none.
+    shared_intermediate_size: int | None = None
+    # Whether the shared expert's output is scaled per token by sigmoid(w . x), w the
+    # `[1, hidden]` weight of the "shared_gate_inp" role (Qwen2-MoE), or added as is.
+    shared_expert_gated: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_experts", "experts_per_token", "intermediate_size"):
@@ -60,6 +70,13 @@ class MoeSpec:
             raise ValueError(f"sparse layers must be layer indices, got {self.sparse_layers}")
         if self.swiglu_limit <= 0:
             raise ValueError(f"swiglu_limit must be positive, got {self.swiglu_limit}")
+        shared = self.shared_intermediate_size
+        if shared is not None and (isinstance(shared, bool) or not isinstance(shared, int)):
+            raise ValueError(f"shared_intermediate_size must be an integer, got {shared!r}")
+        if shared is not None and shared <= 0:
+            raise ValueError(f"shared_intermediate_size must be positive, got {shared}")
+        if self.shared_expert_gated and shared is None:
+            raise ValueError("a gated shared expert needs shared_intermediate_size")
 
     def features(self) -> dict[str, bool]:
         """The mixture's features a compute path may lack (see DecoderSpec.features)."""
@@ -68,6 +85,7 @@ class MoeSpec:
             "a biased router": self.router_bias,
             "biased experts": self.expert_bias,
             "clamped SwiGLU experts": self.activation == "swiglu_clamped",
+            "a shared expert": self.shared_intermediate_size is not None,
         }
 
 

@@ -58,6 +58,19 @@ def configs() -> dict:
             norm_topk_prob=True,
         ),
         "mixtral": hf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2),
+        # A shared expert beside the routed ones; a dense layer (mlp_only_layers) and
+        # windows on layers 0 and 2 (its own rule: even layers below max_window_layers).
+        "qwen2_moe": hf.Qwen2MoeConfig(
+            **COMMON,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=96,
+            mlp_only_layers=[3],
+            use_sliding_window=True,
+            sliding_window=WINDOW,
+            max_window_layers=4,
+        ),
         # Sinks, a window on every other layer, YaRN, biases everywhere, clamped SwiGLU.
         "gpt_oss": hf.GptOssConfig(
             **COMMON,
@@ -88,6 +101,7 @@ ARCHITECTURES = (
     "qwen3_moe",
     "mixtral",
     "gpt_oss",
+    "qwen2_moe",
 )
 
 

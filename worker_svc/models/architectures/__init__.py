@@ -20,6 +20,7 @@ _BY_CLASS = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
     "GptOssForCausalLM": "gpt_oss",
 }
@@ -34,6 +35,8 @@ _BY_TYPE = {
     "gemma3": "gemma3",
     "qwen3_moe": "qwen3_moe",
     "qwen3moe": "qwen3_moe",  # a GGUF's general.architecture
+    "qwen2_moe": "qwen2_moe",
+    "qwen2moe": "qwen2_moe",  # a GGUF's general.architecture
     "mixtral": "mixtral",
     "llama+experts": "mixtral",  # a GGUF "llama" with an expert_count
     "gpt_oss": "gpt_oss",

@@ -10,7 +10,9 @@ Three layouts are found in the files people download:
 
 Every compute path takes the same thing: per expert, one `[2 * I, hidden]` weight with
 gate's rows then up's (as the dense MLP's fused gate/up), and one `[hidden, I]` down
-weight, with their biases where the family has them.
+weight, with their biases where the family has them. A shared expert (Qwen2-MoE) is
+stored as a dense MLP, one 2-D tensor per projection in every format, and is fused the
+same way, with the `[1, hidden]` weight of its sigmoid scale where the family has one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class ExpertWeights:
     down: tuple[torch.Tensor, ...]  # per expert, [hidden, I]
     gate_up_bias: tuple[torch.Tensor, ...] | None
     down_bias: tuple[torch.Tensor, ...] | None
+    # The shared expert (MoeSpec.shared_intermediate_size): [2 * S, hidden], [hidden, S]
+    # and its gate's [1, hidden]; None where the family has none.
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_gate_inp: torch.Tensor | None = None
 
 
 def _has(state: Mapping[str, torch.Tensor], name: str) -> bool:
@@ -81,7 +88,15 @@ def expert_weights(
         gate_up_bias = down_bias = None
         if moe.expert_bias:
             raise NotImplementedError("biased experts stored one tensor per expert")
-    return ExpertWeights(read("router"), router_bias, gate_up, downs, gate_up_bias, down_bias)
+    shared = {}
+    if moe.shared_intermediate_size is not None:
+        shared["shared_gate_up"] = torch.cat([read("shared_gate"), read("shared_up")])
+        shared["shared_down"] = read("shared_down")
+        if moe.shared_expert_gated:
+            shared["shared_gate_inp"] = read("shared_gate_inp")
+    return ExpertWeights(
+        read("router"), router_bias, gate_up, downs, gate_up_bias, down_bias, **shared
+    )
 
 
 def _deinterleave(rows: torch.Tensor) -> torch.Tensor:

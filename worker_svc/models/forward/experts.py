@@ -9,7 +9,9 @@ A step reads only the experts its tokens chose:
 - at one row (a lone stream decoding), that is its k experts, and nothing else of
   the layer's expert weights is touched.
 The outputs are summed per token in ascending expert order, the order transformers'
-modules add them in, so that float32 stays equal to the reference.
+modules add them in, so that float32 stays equal to the reference. A shared expert
+(Qwen2-MoE) runs on every row as a dense MLP, is scaled by its sigmoid gate and added
+to that sum last, as transformers adds it.
 """
 
 from __future__ import annotations
@@ -66,14 +68,24 @@ class ExpertMlp(nn.Module):
         self.down_projs = nn.ModuleList(
             make_projection(w, path, b) for w, b in zip(weights.down, down_bias, strict=True)
         )
+        # The shared expert's fused gate/up and down, and its gate (dense, as the router).
+        self.shared_projs = None
+        self.shared_gate_inp = None
+        if weights.shared_gate_up is not None:
+            self.shared_projs = nn.ModuleList(
+                make_projection(w, path) for w in (weights.shared_gate_up, weights.shared_down)
+            )
+        if weights.shared_gate_inp is not None:
+            self.shared_gate_inp = make_projection(weights.shared_gate_inp, router_path)
         # Tokens routed to each expert since load (worker_svc/router_stats.py): Python
         # integers, which the routing below has at hand anyway.
         self.tokens_per_expert = [0] * moe.num_experts
 
     def projections(self) -> list:
-        """Every expert's gate/up projection, then every down one: the order the block
-        path lays their weights out in and the native step reads them."""
-        return [*self.gate_up_projs, *self.down_projs]
+        """Every expert's gate/up projection, then every down one, then the shared
+        expert's: the order the block path lays their weights out in and the native
+        step reads them."""
+        return [*self.gate_up_projs, *self.down_projs, *(self.shared_projs or ())]
 
     def activation(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.moe.activation == "swiglu_clamped":
@@ -84,6 +96,17 @@ class ExpertMlp(nn.Module):
         return self.down_projs[index](self.activation(self.gate_up_projs[index](rows)))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.routed(hidden)
+        if self.shared_projs is None:
+            return out
+        gate_up, down = self.shared_projs
+        shared = down(silu_and_mul(gate_up(hidden)))
+        if self.shared_gate_inp is not None:
+            shared = torch.sigmoid(self.shared_gate_inp(hidden)) * shared
+        return out + shared
+
+    def routed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The k chosen experts' weighted sum per row."""
         weights, chosen = route(self.router(hidden), self.moe)
         counted = self.tokens_per_expert
         out = torch.zeros_like(hidden)

@@ -115,8 +115,8 @@ def layer_projections(layer) -> tuple[str, ...]:
 
 def experts_to_qblock(experts, layer_blocks: dict | None, fmt) -> None:
     """In place: each expert's gate/up and down as blocks: the GGUF's own (its stacked
-    `*_exps` tensors, one slice per expert) or `fmt` quantized at load. The router
-    stays float32."""
+    `*_exps` tensors, one slice per expert) or `fmt` quantized at load; a shared
+    expert's too. The router and the shared expert's gate stay float32."""
     for index in range(len(experts.gate_up_projs)):
         for projections, key in ((experts.gate_up_projs, "gate_up"), (experts.down_projs, "down")):
             bias = projections[index].bias
@@ -125,6 +125,13 @@ def experts_to_qblock(experts, layer_blocks: dict | None, fmt) -> None:
             else:
                 projection = QBlockLinear.from_float(projections[index].weight.data, fmt, bias=bias)
             projections[index] = projection
+    if experts.shared_projs is not None:  # the shared expert's gate/up and down
+        for index, key in enumerate(("shared_gate_up", "shared_down")):
+            if layer_blocks is not None:
+                projection = qblock_projection(layer_blocks[key], None)
+            else:
+                projection = QBlockLinear.from_float(experts.shared_projs[index].weight.data, fmt)
+            experts.shared_projs[index] = projection
 
 
 # A mixture's expert weights, as the readers name them: Mixtral's per-expert w1/w2/w3,

@@ -143,8 +143,9 @@ def read_gguf_blocks(path: str | Path, architecture: Architecture, layers=None) 
 
 def _expert_blocks(index: GgufIndex, architecture: Architecture, layer: int) -> dict:
     """A mixture layer's stacked `*_exps` tensors, one weight per expert: rows
-    e * out .. (e + 1) * out of the 3-D tensor are expert e's. Each expert's parts are
-    recorded under its per-expert name in a float checkpoint (for blocks_match_state)."""
+    e * out .. (e + 1) * out of the 3-D tensor are expert e's; and a shared expert's
+    2-D ones. Each expert's parts are recorded under its name in a float checkpoint
+    (for blocks_match_state)."""
     gguf_names, hf_names = architecture.gguf_names, architecture.hf_names
     stacked = {}
     for part in ("gate", "up", "down"):
@@ -159,7 +160,17 @@ def _expert_blocks(index: GgufIndex, architecture: Architecture, layer: int) -> 
         gate_up.append(_fuse([stacked["gate"][e], stacked["up"][e]], names, parts))
         down.append([stacked["down"][e]])
         parts[_expert_name(hf_names, "down", layer, e)] = stacked["down"][e]
-    return {"experts_gate_up": gate_up, "experts_down": down, "parts": parts}
+    blocks = {"experts_gate_up": gate_up, "experts_down": down, "parts": parts}
+    if "shared_gate" in gguf_names:  # a shared expert: 2-D `ffn_*_shexp` tensors
+        named = {
+            part: _tensor_blocks(index, index.tensors[gguf_names[part].format(i=layer)])
+            for part in ("shared_gate", "shared_up", "shared_down")
+        }
+        names = [hf_names[part].format(i=layer) for part in ("shared_gate", "shared_up")]
+        blocks["shared_gate_up"] = _fuse([named["shared_gate"], named["shared_up"]], names, parts)
+        blocks["shared_down"] = [named["shared_down"]]
+        parts[hf_names["shared_down"].format(i=layer)] = named["shared_down"]
+    return blocks
 
 
 def _expert_name(hf_names: dict, part: str, layer: int, expert: int) -> str:
