@@ -37,6 +37,9 @@ SUBCOMMANDS = {
     "replicas": Subcommand(
         "bench.replicas.run", "cbserve replicas behind SGLang's gateway: cached prompt tokens"
     ),
+    "make-adapters": Subcommand(
+        "bench.lora_adapters", "PEFT LoRA adapters with random A and B on the default model"
+    ),
     "front": Subcommand(
         "bench.serving.front_overhead", "the OpenAI HTTP front against gRPC, same workload"
     ),

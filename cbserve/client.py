@@ -55,6 +55,7 @@ def build_request(
     chat: Sequence[Message] | None = None,
     request_id: str = "",
     priority: int = 0,
+    lora_name: str = "",
     **sampling,
 ) -> pb.GenerateRequest:
     """The GenerateRequest that `generate` and `complete` send.
@@ -62,7 +63,8 @@ def build_request(
     Exactly one of prompt, token_ids or chat (else ValueError); chat turns are
     (role, content) pairs or {"role": ..., "content": ...} dicts. `request_id` is echoed
     on every response (the server assigns one when empty); lower `priority` values run
-    first. Other keyword arguments are SamplingParams fields (`stop` may be one string);
+    first. `lora_name` names a LoRA adapter the server serves ("": the base model).
+    Other keyword arguments are SamplingParams fields (`stop` may be one string);
     an unknown name raises ValueError.
     """
     given = [value is not None for value in (prompt, token_ids, chat)]
@@ -71,7 +73,10 @@ def build_request(
     if isinstance(sampling.get("stop"), str):
         sampling["stop"] = [sampling["stop"]]
     request = pb.GenerateRequest(
-        request_id=request_id, priority=priority, sampling=pb.SamplingParams(**sampling)
+        request_id=request_id,
+        priority=priority,
+        lora_name=lora_name,
+        sampling=pb.SamplingParams(**sampling),
     )
     if prompt is not None:
         request.prompt = prompt

@@ -64,12 +64,28 @@ class ServeConfig:
             object.__setattr__(self, name, port_or_off(name, getattr(self, name)))
 
 
+def shared_flags() -> tuple[str, ...]:
+    """The passed-on flags that the worker and the scheduler both declare (LoRA's
+    --enable-lora, --max-loras, ...): serve takes each once and gives it to both, since
+    a scheduler with adapters uses only workers started for them."""
+    worker = {name for cls in WORKER_CONFIGS for name in forwarded_flags(cls, SERVE)}
+    scheduler = {name for cls in SCHEDULER_CONFIGS for name in forwarded_flags(cls, SERVE)}
+    return tuple(sorted(worker & scheduler))
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(parser, ServeConfig)
+    shared = shared_flags()
     for cls in WORKER_CONFIGS:
-        add_flags(parser, cls, only=forwarded_flags(cls, SERVE), forward_to="worker")
+        only = forwarded_flags(cls, SERVE)
+        add_flags(parser, cls, only=[n for n in only if n not in shared], forward_to="worker")
+        both = [name for name in only if name in shared]
+        if both:
+            # One argument, read by to_argv for both processes (the same dest).
+            add_flags(parser, cls, only=both, forward_to="scheduler's and the worker")
     for cls in SCHEDULER_CONFIGS:
-        add_flags(parser, cls, only=forwarded_flags(cls, SERVE), forward_to="scheduler")
+        only = [name for name in forwarded_flags(cls, SERVE) if name not in shared]
+        add_flags(parser, cls, only=only, forward_to="scheduler")
 
 
 def _passed_on(args: argparse.Namespace, configs) -> list[str]:

@@ -182,3 +182,31 @@ def test_the_start_message_says_keys_are_on_without_printing_them(capsys):
     assert "Authorization: Bearer KEY" in printed
     assert "secret-key" not in printed
     assert "http://localhost:8000/v1" in printed
+
+
+def test_lora_flags_reach_the_scheduler_and_every_worker(monkeypatch):
+    # vLLM's flags, each taken once: a scheduler with adapters uses only workers
+    # started for them, with the same limits.
+    limits = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--max-cpu-loras", "3"]
+    modules = ["--lora-modules", "sql=/adapters/sql", '{"name": "chat", "path": "/adapters/chat"}']
+    stack = _stack([*limits, *modules, "--num-workers", "2"])
+    scheduler = _scheduler(stack, monkeypatch)
+    assert scheduler.enable_lora
+    assert (scheduler.max_loras, scheduler.max_lora_rank, scheduler.max_cpu_loras) == (2, 8, 3)
+    assert scheduler.lora_modules == [modules[1], modules[2]]
+    for index in range(2):
+        worker = worker_parser().parse_args(stack.worker_argv(index)[3:])
+        assert worker.enable_lora
+        assert (worker.max_loras, worker.max_lora_rank, worker.max_cpu_loras) == (2, 8, 3)
+        # The adapters' paths are the scheduler's: it sends them to a worker when needed.
+        assert "--lora-modules" not in stack.worker_argv(index)
+
+
+def test_lora_stays_off_unless_asked_and_bad_limits_fail_before_start(monkeypatch):
+    stack = _stack([])
+    assert not any("lora" in arg for arg in stack.scheduler_argv() + stack.worker_argv(0))
+    assert not _scheduler(stack, monkeypatch).enable_lora
+    with pytest.raises(FlagError, match="max-cpu-loras|max_cpu_loras"):
+        _stack(["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"])
+    with pytest.raises(FlagError, match="enable"):
+        _stack(["--lora-modules", "sql=/adapters/sql"])

@@ -86,6 +86,10 @@ def workload_line(workload: dict, rates: list[float]) -> str:
         parts.append(f"burstiness {w['burstiness']:g}")
     if w.get("max_concurrency"):
         parts.append(f"max concurrency {w['max_concurrency']}")
+    if w.get("lora_requests"):
+        # The adapters the requests named (bench/harness/lora_assignment.py).
+        spread = ", ".join(f"{name} {count}" for name, count in w["lora_requests"].items())
+        parts.append(f"LoRA adapters ({w['lora_assignment']}): {spread} requests")
     return "; ".join(parts)
 
 

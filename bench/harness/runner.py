@@ -77,6 +77,7 @@ async def stream_one(
             ignore_eos=settings.ignore_eos,
             temperature=settings.temperature,
             seed=request.seed,
+            **({"lora_name": request.lora_name} if request.lora_name else {}),
         ):
             if response.token_ids:
                 timing.chunks.append((time.perf_counter(), len(response.token_ids)))

@@ -31,6 +31,9 @@ class BenchRequest:
     max_tokens: int
     # Per-request sampling seed: a run at temperature > 0 is repeatable too.
     seed: int
+    # The LoRA adapter the request names (gRPC lora_name, HTTP model); "": the base.
+    # Set by --lora-modules (bench/harness/lora_assignment.py).
+    lora_name: str = ""
 
     @property
     def prompt_len(self) -> int:

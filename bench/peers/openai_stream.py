@@ -55,6 +55,8 @@ def openai_completion_body(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    # An adapter is named by the `model` field, as vLLM's bench sends --lora-modules.
+    model = request.lora_name or model
     if model:
         body["model"] = model
     if ignore_eos:

@@ -77,6 +77,22 @@ class BenchConfig:
         group=ARRIVALS,
         help="generate exactly max_tokens per request (vLLM's default is off)",
     )
+    lora_modules: list[str] = flag(
+        default_factory=list,
+        several=True,
+        metavar="NAME[=PATH]",
+        group=ARRIVALS,
+        help="LoRA adapters the requests name as their model, spread by --lora-assignment "
+        "(no request goes to the base); NAME=PATH also loads the PEFT directory on the local "
+        "stack started (--enable-lora)",
+    )
+    lora_assignment: str = flag(
+        "random",
+        choices=("random", "round-robin"),
+        group=ARRIVALS,
+        help="how requests are spread over --lora-modules: random (seeded by --seed) or "
+        "round-robin",
+    )
     goodput: list[str] = flag(
         default_factory=list,
         several=True,
@@ -180,6 +196,13 @@ class BenchConfig:
                 "the static baseline starts its own stack: leave out --server or the baseline"
             )
         _check_backend(self)
+        from bench.harness.lora_assignment import LoraModules
+
+        LoraModules.parse(self.lora_modules)  # a ValueError naming the bad entry
+        if self.lora_modules and self.baselines:
+            raise ValueError(
+                "--lora-modules: the baselines serve the base model only; run them without it"
+            )
         for flag_name, lengths in (
             ("--random-input-len", self.random_input_len),
             ("--random-output-len", self.random_output_len),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from bench.harness.lora_assignment import LoraModules
 from bench.serving.config import DTYPES, TARGET, BenchConfig
 from common.cli_config import FlagError, add_flags, build, to_argv
 from common.flag_fields import BENCH, forwarded_flags
@@ -90,4 +91,7 @@ def stack_args(args: argparse.Namespace, batching: str | None) -> tuple[list[str
     scheduler += to_argv(args, SchedulerConfig, STACK_SCHEDULER_FLAGS)
     if batching:
         scheduler += ["--batching", batching]
+    lora_worker, lora_scheduler = LoraModules.parse(args.lora_modules).stack_args()
+    worker += lora_worker
+    scheduler += lora_scheduler
     return worker + shlex.split(args.worker_args), scheduler + shlex.split(args.scheduler_args)

@@ -24,7 +24,7 @@ import urllib.request
 
 import grpc
 
-from bench.harness import results
+from bench.harness import lora_assignment, results
 from bench.harness.results import Column, column_label, rate_label
 from bench.serving import options
 
@@ -221,6 +221,8 @@ def run(args: argparse.Namespace, command: str) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as error:
         print(f"cbserve bench: {error}", file=sys.stderr)
         return 2
+    adapters = lora_assignment.LoraModules.parse(args.lora_modules).names
+    requests = lora_assignment.assign(requests, adapters, args.lora_assignment, args.seed)
     workload = describe(
         requests,
         args.dataset,
@@ -230,6 +232,7 @@ def run(args: argparse.Namespace, command: str) -> int:
         temperature=args.temperature,
         burstiness=args.burstiness,
         max_concurrency=args.max_concurrency,
+        **lora_assignment.describe(requests, args.lora_assignment),
     )
     print(
         f"workload: {workload['num_prompts']} {args.dataset} requests, "

@@ -113,6 +113,7 @@ class SchedulerConfig:
     enable_lora: bool = flag(
         False,
         switch=True,
+        forwarded_by=(SERVE,),
         help="serve LoRA adapters: a request names one (gRPC lora_name, HTTP model); "
         "only workers started with --enable-lora are used",
     )
@@ -121,14 +122,18 @@ class SchedulerConfig:
         several=True,
         split=split_lora_modules,
         metavar="NAME=PATH",
+        forwarded_by=(SERVE,),
         help="adapters to load at start, each name=path (a PEFT directory) or vLLM's JSON "
         '\'{"name": ..., "path": ..., "base_model_name": ...}\'',
     )
-    max_loras: int = flag(1, help="most distinct adapters in one step (the base not counted)")
-    max_lora_rank: int = flag(16, help="largest adapter rank accepted")
+    max_loras: int = flag(
+        1, forwarded_by=(SERVE,), help="most distinct adapters in one step (the base not counted)"
+    )
+    max_lora_rank: int = flag(16, forwarded_by=(SERVE,), help="largest adapter rank accepted")
     max_cpu_loras: int | None = flag(
         None,
         default_help="--max-loras",
+        forwarded_by=(SERVE,),
         help="adapters a worker keeps loaded (its slots, evicted least recently used); "
         "at least --max-loras",
     )
