@@ -36,7 +36,8 @@ STACK_ARGS = {
 
 @pytest.fixture(
     scope="module",
-    # Mixtral's serving is Qwen3-MoE's but for its declaration: `make test-slow` runs it.
+    # Mixtral's and Qwen2-MoE's serving is Qwen3-MoE's but for their declarations (and
+    # Qwen2-MoE's shared expert, in the same ExpertMlp): `make test-slow` runs them.
     params=[
         "gemma3",
         "qwen3",
@@ -45,6 +46,7 @@ STACK_ARGS = {
         "qwen3_moe",
         "gpt_oss",
         pytest.param("mixtral", marks=pytest.mark.slow),
+        pytest.param("qwen2_moe", marks=pytest.mark.slow),
     ],
 )
 def checkpoint(request, tmp_path_factory):

@@ -147,13 +147,17 @@ def test_projection_shapes_from_a_config_json(tmp_path):
 
 
 def test_a_mixture_is_timed_at_the_width_one_token_reads(tmp_path):
-    """Qwen3-MoE: k experts of moe_intermediate_size; Mixtral: k of intermediate_size."""
+    """Qwen3-MoE: k experts of moe_intermediate_size; Mixtral: k of intermediate_size;
+    Qwen2-MoE: its shared expert besides."""
     base = {"hidden_size": 512, "num_attention_heads": 8, "num_hidden_layers": 4}
     base |= {"vocab_size": 1000, "intermediate_size": 3072, "num_experts_per_tok": 8}
     (tmp_path / "config.json").write_text(json.dumps(base | {"moe_intermediate_size": 256}))
     assert read_projection_shapes(tmp_path).intermediate == 8 * 256
     (tmp_path / "config.json").write_text(json.dumps(base))
     assert read_projection_shapes(tmp_path).intermediate == 8 * 3072
+    shared = {"moe_intermediate_size": 256, "shared_expert_intermediate_size": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(base | shared))  # Qwen2-MoE
+    assert read_projection_shapes(tmp_path).intermediate == 8 * 256 + 1024
 
 
 @pytest.mark.model  # reads the GGUF's header (no tensor data)

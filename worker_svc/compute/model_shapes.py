@@ -86,6 +86,7 @@ def _from_config(config: dict[str, Any]) -> ProjectionShapes:
             config["intermediate_size"],
             config.get("moe_intermediate_size"),
             config.get("num_experts_per_tok"),
+            config.get("shared_expert_intermediate_size"),
         ),
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
@@ -108,6 +109,7 @@ def _from_gguf(path: Path) -> ProjectionShapes:
             fields[f"{arch}.feed_forward_length"],
             fields.get(f"{arch}.expert_feed_forward_length"),
             fields.get(f"{arch}.expert_used_count") if fields.get(f"{arch}.expert_count") else None,
+            fields.get(f"{arch}.expert_shared_feed_forward_length"),
         ),
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
@@ -116,13 +118,16 @@ def _from_gguf(path: Path) -> ProjectionShapes:
     )
 
 
-def _active_intermediate(dense: int, per_expert: int | None, experts_per_token: int | None) -> int:
+def _active_intermediate(
+    dense: int, per_expert: int | None, experts_per_token: int | None, shared: int | None = None
+) -> int:
     """A mixture's MLP width as one token reads it: its k experts side by side (a
-    family without its own expert width, Mixtral, sizes experts by intermediate_size).
-    What `auto` times at one row is then the bytes a decode step reads."""
+    family without its own expert width, Mixtral, sizes experts by intermediate_size),
+    and its shared expert where it has one (Qwen2-MoE). What `auto` times at one row is
+    then the bytes a decode step reads."""
     if not experts_per_token:
         return dense
-    return (per_expert or dense) * experts_per_token
+    return (per_expert or dense) * experts_per_token + (shared or 0)
 
 
 # GGUF's metadata value types: the struct format of each fixed-size one.
