@@ -16,6 +16,7 @@ from typing import Protocol
 
 from common.errors import ServiceError
 from scheduler_svc.core.request import Request
+from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.workers.handle import StreamItem
 
 
@@ -66,3 +67,33 @@ class PoolView(Protocol):
     def max_worker_capacity_tokens(self) -> int: ...
 
     def submit(self, request: Request) -> PlacedRequest: ...
+
+    # -- LoRA adapters (the registry is the core's; an API process keeps a copy) ----------
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the scheduler runs with --enable-lora."""
+        ...
+
+    def adapters(self) -> list[AdapterInfo]:
+        """The adapters a request may name, sorted by name ([] with LoRA off)."""
+        ...
+
+    def adapter(self, name: str) -> AdapterInfo | None:
+        """The adapter a request's lora_name names; None for "" (the base model).
+        ServiceError: NOT_FOUND for a name not loaded, INVALID_ARGUMENT with LoRA off."""
+        ...
+
+    async def load_adapter(
+        self, name: str, path: str, base_model_name: str | None = None
+    ) -> AdapterInfo:
+        """Loads a PEFT LoRA directory under `name` (checked by the registry, then by a
+        worker where one is connected). ServiceError: NOT_FOUND (no such directory),
+        INVALID_ARGUMENT (a name already loaded, a rank over --max-lora-rank, not LoRA,
+        a target module the model lacks, LoRA off)."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unloads it: new requests naming it are NOT_FOUND at once, and it leaves each
+        worker once no request there uses it. ServiceError NOT_FOUND if not loaded."""
+        ...

@@ -110,6 +110,8 @@ class GenerationService(pb_grpc.GenerationServicer):
         admission.require_a_worker(
             bool(self.pool.connected_engines()), self.pool.accepts_without_worker()
         )
+        # An unknown adapter is NOT_FOUND, one named with LoRA off INVALID_ARGUMENT.
+        adapter = self.pool.adapter(request.lora_name)
         validated = validate_request(request, self.tokenizer, self._limits())
         # A structured output's grammar compiles in the compiler's thread (cached by
         # constraint): this call waits, every other request's steps go on.
@@ -119,7 +121,7 @@ class GenerationService(pb_grpc.GenerationServicer):
         admission.require_unique_id(validated.request_id, self._in_flight)
         admission.require_queue_room(self.pool.num_waiting, self.max_waiting_requests)
         submitted = trace.clock()
-        handle = self.pool.submit(validated.to_request(deadline, grammar))
+        handle = self.pool.submit(validated.to_request(deadline, grammar, adapter))
         trace.placed(handle.address, len(validated.prompt_token_ids), submitted)
         return validated, handle
 
@@ -269,6 +271,15 @@ class GenerationService(pb_grpc.GenerationServicer):
             workers=sorted(engine.address for engine in engines),
             worker_info=[
                 _worker_info(engine) for engine in sorted(engines, key=lambda e: e.address)
+            ],
+            lora_adapters=[
+                pb.LoraAdapter(
+                    name=info.name,
+                    path=info.path,
+                    base_model_name=info.base_model_name,
+                    rank=info.rank,
+                )
+                for info in self.pool.adapters()
             ],
         )
 

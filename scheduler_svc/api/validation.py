@@ -24,6 +24,7 @@ from scheduler_svc.api.limits import ModelLimits, fit_max_tokens
 from scheduler_svc.api.prompt import prompt_token_ids
 from scheduler_svc.api.tokenizer import Tokenizer
 from scheduler_svc.core.request import Request
+from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.structured.compiler import CompiledGrammar
 from scheduler_svc.structured.constraint import Constraint, constraint_from_proto
 
@@ -41,9 +42,15 @@ class ValidatedRequest:
     # request is queued, so that a bad one is refused before anything is scheduled.
     constraint: Constraint | None = None
 
-    def to_request(self, deadline: float | None, grammar: CompiledGrammar | None = None) -> Request:
+    def to_request(
+        self,
+        deadline: float | None,
+        grammar: CompiledGrammar | None = None,
+        adapter: AdapterInfo | None = None,
+    ) -> Request:
         """The scheduler's Request for it, arriving now; deadline is a time.monotonic()
-        value (the call's gRPC deadline); grammar is the constraint's, compiled."""
+        value (the call's gRPC deadline); grammar is the constraint's, compiled;
+        adapter is the LoRA adapter its lora_name names (PoolView.adapter)."""
         if (grammar is None) != (self.constraint is None):
             raise ValueError("a constrained request needs its compiled grammar, and only it")
         return Request(
@@ -54,6 +61,7 @@ class ValidatedRequest:
             priority=self.priority,
             deadline=deadline,
             structured=grammar.new_matcher() if grammar is not None else None,
+            adapter=adapter,
         )
 
 

@@ -35,17 +35,20 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
 
 from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.core.block_manager import BlockManager
-from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.prefix_hash import adapter_root, extend_block_hashes
 from scheduler_svc.core.prompt_logprobs import wants_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestError, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
+
+# Whether a waiting request may join this step besides its blocks (LoRA adapters).
+Gate = Callable[[Request], bool]
 
 
 @dataclass
@@ -144,11 +147,12 @@ class AdmissionQueue:
         )
         step.failed.append(request)
 
-    def admit_by_priority(self, step: StepState) -> None:
+    def admit_by_priority(self, step: StepState, gate: Gate | None = None) -> None:
         """Admits waiting requests that outrank running ones, preempting those.
 
         Only when that makes room: the fewest victims (worst first) after whose
-        preemption the candidate fits, or none at all.
+        preemption the candidate fits, or none at all; and only a candidate the
+        gate (the step's LoRA adapters) lets in.
         """
         while True:
             candidate = next((r for r in self.waiting if r not in step.preempted), None)
@@ -156,6 +160,8 @@ class AdmissionQueue:
                 return
             if self.running[-1].priority <= candidate.priority:
                 return  # nothing running has a lower priority
+            if gate is not None and not gate(candidate):
+                return  # its adapter is not loaded, or the step has no room for it
             hits = self._cached_prefix(candidate)
             if self._fits(candidate, hits) and len(self.running) < self.config.max_running_seqs:
                 return  # admitted the ordinary way, in this step's last pass
@@ -202,8 +208,10 @@ class AdmissionQueue:
 
     # -- admission -----------------------------------------------------------------------
 
-    def admit_waiting(self, step: StepState) -> Iterator[Request]:
-        """Admits waiting requests best first, yielding each; stop iterating to stop."""
+    def admit_waiting(self, step: StepState, gate: Gate | None = None) -> Iterator[Request]:
+        """Admits waiting requests best first, yielding each; stop iterating to stop.
+        One the gate refuses (its LoRA adapter is loading, or the step has its
+        max_loras already) waits as one that does not fit: bypassed, so not starved."""
         if self.config.batching == "static" and step.had_running:
             return
         bypassed: list[Request] = []
@@ -217,8 +225,9 @@ class AdmissionQueue:
             if self.blocks.blocks_needed(request.num_tokens) > self.blocks.num_blocks:
                 self._fail(request, step, request.num_tokens)
                 continue
-            hits = self._cached_prefix(request)
-            if not self._fits(request, hits):
+            fits = gate is None or gate(request)
+            hits = self._cached_prefix(request) if fits else []
+            if not fits or not self._fits(request, hits):
                 if request.num_bypassed >= self.config.max_bypasses:
                     return  # its turn: nothing behind it may pass any more
                 bypassed.append(request)
@@ -237,9 +246,12 @@ class AdmissionQueue:
         if not self.blocks.enable_prefix_caching or wants_prompt_logprobs(request):
             return []
         token_ids = request.all_token_ids
-        extend_block_hashes(request.block_hashes, token_ids, self.blocks.block_size)
+        root = adapter_root(request.adapter)
+        extend_block_hashes(request.block_hashes, token_ids, self.blocks.block_size, root)
         # Never the last token: its logits are what the prefill is for.
-        return self.blocks.find_cached_prefix(token_ids, request.block_hashes, len(token_ids) - 1)
+        return self.blocks.find_cached_prefix(
+            token_ids, request.block_hashes, len(token_ids) - 1, root
+        )
 
     def _any_may_fit(self) -> bool:
         # Every admission needs a fresh block beyond the watermark, since a

@@ -26,26 +26,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from scheduler_svc.core.prefix_hash import extend_block_hashes
+from scheduler_svc.core.block_events import BlockEvents
+from scheduler_svc.core.prefix_hash import adapter_root, extend_block_hashes
 
 if TYPE_CHECKING:
     from scheduler_svc.core.request import Request
-
-
-class BlockEvents(Protocol):
-    """What hears the prefix cache change (kv_events.replica.ReplicaKVEvents)."""
-
-    def stored(
-        self,
-        block_hashes: Sequence[int],
-        parent_hash: int | None,
-        token_ids: Sequence[int],
-        block_size: int,
-    ) -> None: ...
-
-    def removed(self, block_hash: int) -> None: ...
+    from scheduler_svc.lora.registry import AdapterInfo
 
 
 @dataclass
@@ -141,7 +129,11 @@ class BlockManager:
     # -- prefix cache lookups ------------------------------------------------------------
 
     def find_cached_prefix(
-        self, token_ids: Sequence[int], block_hashes: Sequence[int], max_tokens: int
+        self,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[int],
+        max_tokens: int,
+        root: int | None = None,
     ) -> list[int]:
         """Ids of the cached blocks that hold the longest prefix of token_ids.
 
@@ -152,7 +144,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        parent: int | None = None
+        # The first block's parent is the adapter's root (prefix_hash.adapter_root).
+        parent: int | None = root
         for index in range(min(max_tokens // self.block_size, len(block_hashes))):
             block_id = self._cached.get(block_hashes[index])
             if block_id is None:
@@ -230,8 +223,10 @@ class BlockManager:
         token_ids: Sequence[int],
         block_hashes: Sequence[int],
         num_computed_tokens: int,
+        adapter: AdapterInfo | None = None,
     ) -> None:
-        """Registers the sequence's blocks that are now full and computed."""
+        """Registers the sequence's blocks that are now full and computed (under
+        `adapter`, whose root the first block's hash was chained from)."""
         if not self.enable_prefix_caching:
             return
         table = self._block_tables[seq_id]
@@ -245,16 +240,16 @@ class BlockManager:
             block = self._blocks[table[index]]
             start = index * self.block_size
             block.block_hash = block_hash
-            block.parent_hash = block_hashes[index - 1] if index else None
+            block.parent_hash = block_hashes[index - 1] if index else adapter_root(adapter)
             block.token_ids = tuple(token_ids[start : start + self.block_size])
             self._cached[block_hash] = block.block_id
             registered.append(index)
         self._num_hashed[seq_id] = max(self._num_hashed[seq_id], num_full)
         if self.events is not None and registered:
-            self._announce(registered, block_hashes, token_ids)
+            self._announce(registered, block_hashes, token_ids, adapter)
 
     def _announce(
-        self, indices: list[int], block_hashes: Sequence[int], token_ids: Sequence[int]
+        self, indices: list[int], block_hashes: Sequence[int], token_ids: Sequence[int], adapter
     ) -> None:
         """Tells events of the blocks just registered: one chain per run of consecutive
         indices (a block another copy already holds splits a run)."""
@@ -269,6 +264,7 @@ class BlockManager:
                 block_hashes[first - 1] if first else None,
                 token_ids[first * size : (last + 1) * size],
                 size,
+                adapter,
             )
             run_start = position
 
@@ -310,7 +306,12 @@ class BlockManager:
         if not self.enable_prefix_caching or num_full <= self.num_hashed_blocks(request.seq_id):
             return
         token_ids = request.all_token_ids
-        extend_block_hashes(request.block_hashes, token_ids, self.block_size)
+        root = adapter_root(request.adapter)
+        extend_block_hashes(request.block_hashes, token_ids, self.block_size, root)
         self.cache_full_blocks(
-            request.seq_id, token_ids, request.block_hashes, request.num_computed_tokens
+            request.seq_id,
+            token_ids,
+            request.block_hashes,
+            request.num_computed_tokens,
+            request.adapter,
         )

@@ -30,6 +30,8 @@ class NewSequence:
     sampling: SamplingParams
     # Score the prompt positions it computes, with this many alternatives; None: no.
     prompt_logprobs: int | None = None
+    # The worker's slot of its LoRA adapter (Worker.LoadAdapter); 0: the base model.
+    adapter_slot: int = 0
 
 
 @dataclass

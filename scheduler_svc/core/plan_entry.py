@@ -28,9 +28,11 @@ def add_to_plan(
     blocks: BlockManager,
     drafts: int = 0,
     ngram_lookup: tuple[int, int] | None = None,
+    adapter_slot: int = 0,
 ) -> bool:
     """Plans num_scheduled tokens (and `drafts` drafts) of the request; returns whether
-    it samples in this plan. Its blocks must have been secured (can_append_slots)."""
+    it samples in this plan. Its blocks must have been secured (can_append_slots);
+    adapter_slot: the worker's slot of its LoRA adapter (0: the base)."""
     end = request.num_computed_tokens + num_scheduled
     samples = end == request.num_planned_tokens
     end += drafts
@@ -62,6 +64,7 @@ def add_to_plan(
             block_ids=list(blocks.block_table(request.seq_id)),
             sampling=request.sampling,
             prompt_logprobs=prompt_logprobs_to_ask(request),
+            adapter_slot=adapter_slot,
         )
     )
     request.seen_by_worker = True

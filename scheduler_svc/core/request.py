@@ -12,6 +12,7 @@ from cbserve.v1 import generation_pb2 as pb
 from common.ngram import NgramIndex
 from common.sampling_params import SamplingParams
 from scheduler_svc.core.draft_record import DraftRecord
+from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.structured.matcher import RequestMatcher
 
 # Worker-facing sequence ids are unique in the process, so that ids from a
@@ -59,6 +60,8 @@ class Request:
     # Structured outputs: the request's grammar state, advanced with each token it
     # accepts; None for free text.
     structured: RequestMatcher | None = None
+    # The LoRA adapter it generates with; None: the base model.
+    adapter: AdapterInfo | None = None
     seq_id: int = field(default_factory=lambda: next(_next_seq_id), init=False)
     output_token_ids: list[int] = field(default_factory=list, init=False)
     # Leading tokens (prompt, then output) whose KV the worker has written, or writes in

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from scheduler_svc.core.adapter_residency import AdapterResidency
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockManager
 from scheduler_svc.core.deadlines import DeadlineHeap
@@ -32,8 +33,11 @@ class RequestTable:
         block_manager: BlockManager,
         eos_token_ids: Sequence[int],
         max_model_len: int,
+        adapters: AdapterResidency | None = None,
     ) -> None:
         self._queue = queue
+        # The worker's LoRA slots: told of each adapter a request entering needs.
+        self._adapters = adapters
         self._block_manager = block_manager
         self._eos_token_ids = tuple(eos_token_ids)
         self._max_model_len = max_model_len
@@ -79,6 +83,8 @@ class RequestTable:
         """Tracks a checked request and queues it; its sampling settings get the ids the
         worker must not sample before min_tokens, which only a scheduler can work out:
         they name this model's EOS (the one home of SamplingParams.min_tokens_banned_ids)."""
+        if request.adapter is not None and self._adapters is None:
+            raise ValueError(f"request {request.request_id!r}: this worker serves no adapters")
         sampling = request.sampling
         banned = sampling.banned_until_min_tokens(self._eos_token_ids)
         if banned != sampling.min_tokens_banned_ids:
@@ -88,6 +94,8 @@ class RequestTable:
             request.sampling, self._eos_token_ids, self._max_model_len
         )
         self._deadlines.push(request)
+        if request.adapter is not None:
+            self._adapters.want(request.adapter)
         self._queue.add_waiting(request)
 
     def finish(self, request: Request, reason: FinishReason) -> None:

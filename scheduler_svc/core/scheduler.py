@@ -33,20 +33,16 @@ request is not planned past them), and a decode ahead of its sample never
 preempts. Results for a request preempted, aborted or finished since its plan
 went out are dropped.
 
-num_scheduler_steps > 1: multi_step.py. How requests enter and leave (finish,
-fail, deadlines): request_table.py. `take_unfinished` and `adopt` move requests
-between schedulers when a worker is lost: handover.py.
+Elsewhere: num_scheduler_steps > 1 (multi_step.py); requests entering and leaving
+(request_table.py); moving them off a lost worker (handover.py); how a step's tokens
+are taken (token_intake.py); LoRA adapters, planned only once loaded and at most
+max_loras a step (adapter_residency.py).
 
-Structured outputs (scheduler_svc/structured): a constrained request's mask for
-its next token depends on the token before. With no sample pending its row goes in
-the plan; ahead of one it is planned all the same where the worker accepts deferred
-masks, its row sent after the plan (pending_masks.py), else it waits for its sample.
-Never in a multi-step plan. Its matcher takes each token the request accepts and
-nothing else, and is rebuilt from the output tokens if it ever disagrees (a recompute
-after a preemption or on another worker checks that).
-
-How a step's tokens are taken (stops, logprobs, a grammar's forced EOS, the output
-the edge streams): token_intake.py.
+Structured outputs (scheduler_svc/structured): a constrained request's mask depends
+on the token before. With no sample pending its row goes in the plan; ahead of one it
+is planned where the worker accepts deferred masks, its row sent after the plan
+(pending_masks.py), else it waits for its sample; never in a multi-step plan. Its
+matcher is rebuilt from the output tokens if it ever disagrees (a recompute checks).
 """
 
 from __future__ import annotations
@@ -56,6 +52,7 @@ from collections.abc import Callable, Sequence
 
 from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.core import handover
+from scheduler_svc.core.adapter_residency import AdapterResidency, StepAdapters
 from scheduler_svc.core.admission import AdmissionQueue
 from scheduler_svc.core.block_manager import BlockEvents, BlockManager
 from scheduler_svc.core.in_flight import Planned, PlansInFlight
@@ -92,8 +89,11 @@ class Scheduler:
         draft_row_cost: float = 0.0,
         constrained_drafts: bool = False,
         kv_events: BlockEvents | None = None,
+        adapters: AdapterResidency | None = None,
     ) -> None:
-        """kv_events: told of blocks entering and leaving the prefix cache (KV events)."""
+        """kv_events: told of blocks entering and leaving the prefix cache (KV events);
+        adapters: the worker's LoRA slots (None: LoRA off, no request has an adapter)."""
+        self.adapters = adapters
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
         # Plans sent and not answered yet, oldest first, with what each asked of whom.
@@ -108,7 +108,7 @@ class Scheduler:
         self._eos_token_ids = tuple(eos_token_ids)
         self.queue = AdmissionQueue(config, self.block_manager, self.stats)
         self.requests = RequestTable(
-            self.queue, self.block_manager, self._eos_token_ids, max_model_len
+            self.queue, self.block_manager, self._eos_token_ids, max_model_len, adapters
         )
         # Plan constrained rows ahead of their pending sample, their masks sent later
         # (the worker says whether it accepts that: WorkerDescription).
@@ -174,8 +174,11 @@ class Scheduler:
         planned: list[Planned] = []
         budget = self.config.max_num_batched_tokens
         step = self.queue.begin_step()
+        # LoRA: at most max_loras distinct adapters a step (adapter_residency.py).
+        loras = StepAdapters(self.adapters) if self.adapters is not None else None
+        gate = loras.may_take if loras is not None else None
         if self.config.batching == "continuous":
-            self.queue.admit_by_priority(step)
+            self.queue.admit_by_priority(step, gate)
         for seen, request in enumerate(self.queue.running_in_order(), start=1):
             if budget == 0:
                 break
@@ -184,7 +187,7 @@ class Scheduler:
             if request.structured and request.num_pending_samples and not self.deferred_masks:
                 continue  # its next mask needs the token in flight (see the module doc)
             num_scheduled = min(request.num_planned_tokens - request.num_computed_tokens, budget)
-            if num_scheduled == 0:
+            if num_scheduled == 0 or (loras is not None and not loras.take(request)):
                 continue
             end = request.num_computed_tokens + num_scheduled
             if self.block_manager.can_append_slots(request.seq_id, end):
@@ -209,7 +212,9 @@ class Scheduler:
         # next steps.
         static = self.config.batching == "static"
         if budget > 0 or static:
-            for request in self.queue.admit_waiting(step):
+            for request in self.queue.admit_waiting(step, gate):
+                if loras is not None:
+                    loras.take(request)
                 if budget > 0:
                     num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
                     self._plan(request, num_scheduled, plan, planned)
@@ -233,6 +238,8 @@ class Scheduler:
                 self.config.num_scheduler_steps,
                 self.max_model_len,
             )
+        if loras is not None:
+            self.adapters.touch(loras.ids)
         if plan.is_empty:
             return None
         if plan.allowed_tokens is not None:
@@ -244,7 +251,10 @@ class Scheduler:
         self, request: Request, num_scheduled: int, plan: StepPlan, planned: list, drafts: int = 0
     ) -> None:
         lookup = self.speculation.ngram_lookup if drafts else None
-        samples = add_to_plan(request, num_scheduled, plan, self.block_manager, drafts, lookup)
+        slot = 0 if request.adapter is None else self.adapters.slot(request.adapter.lora_id)
+        samples = add_to_plan(
+            request, num_scheduled, plan, self.block_manager, drafts, lookup, slot
+        )
         planned.append((request, request.num_preemptions, samples, drafts))
 
     def update_from_output(self, plan: StepPlan, result: StepOutput) -> list[RequestOutput]:

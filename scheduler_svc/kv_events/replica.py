@@ -21,8 +21,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from scheduler_svc.kv_events.wire import Event, all_blocks_cleared, block_removed, block_stored
+
+if TYPE_CHECKING:
+    from scheduler_svc.lora.registry import AdapterInfo
 
 Publish = Callable[[float, list[Event]], None]
 
@@ -45,6 +49,7 @@ class ReplicaKVEvents:
         parent_hash: int | None,
         token_ids: Sequence[int],
         block_size: int,
+        adapter: AdapterInfo | None = None,
     ) -> None:
         holders = self._holders
         run_start: int | None = None
@@ -55,17 +60,21 @@ class ReplicaKVEvents:
                 run_start = index
             elif count > 0 and run_start is not None:
                 # Another worker holds this one already: the new run ends before it.
-                self._stored_run(block_hashes, parent_hash, token_ids, block_size, run_start, index)
+                self._stored_run(
+                    block_hashes, parent_hash, token_ids, block_size, run_start, index, adapter
+                )
                 run_start = None
         if run_start is not None:
+            end = len(block_hashes)
             self._stored_run(
-                block_hashes, parent_hash, token_ids, block_size, run_start, len(block_hashes)
+                block_hashes, parent_hash, token_ids, block_size, run_start, end, adapter
             )
 
-    def _stored_run(self, hashes, parent_hash, token_ids, block_size, start, end) -> None:
+    def _stored_run(self, hashes, parent_hash, token_ids, block_size, start, end, adapter) -> None:
         parent = hashes[start - 1] if start else parent_hash
         tokens = token_ids[start * block_size : end * block_size]
-        self._add(block_stored(hashes[start:end], parent, tokens, block_size))
+        lora = (None, None) if adapter is None else (adapter.lora_id, adapter.name)
+        self._add(block_stored(hashes[start:end], parent, tokens, block_size, *lora))
 
     def removed(self, block_hash: int) -> None:
         if self._release(block_hash):

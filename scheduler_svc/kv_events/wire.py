@@ -50,19 +50,22 @@ def block_stored(
     parent_hash: int | None,
     token_ids: Sequence[int],
     block_size: int,
+    lora_id: int | None = None,
+    lora_name: str | None = None,
 ) -> Event:
     """Full blocks entering the prefix cache, a chain: each block's parent is the one
     before it, the first one's is parent_hash (None: the chain starts at the prompt's
-    first token). token_ids are all their tokens, block after block."""
+    first token). token_ids are all their tokens, block after block. lora_id and
+    lora_name: the adapter they were computed under (None: the base model), as vLLM's."""
     return (
         BLOCK_STORED,
         [wire_hash(h) for h in block_hashes],
         None if parent_hash is None else wire_hash(parent_hash),
         list(token_ids),
         block_size,
-        None,  # lora_id: no adapters
+        lora_id,
         MEDIUM,
-        None,  # lora_name
+        lora_name,
     )
 
 

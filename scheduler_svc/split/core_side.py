@@ -117,6 +117,7 @@ class EdgeHub:
         # Set once every API process has said HELLO.
         self.ready = asyncio.Event()
         self._snapshots: asyncio.Task | None = None
+        self._adapter_calls: set[asyncio.Task] = set()
 
     @property
     def num_live(self) -> int:
@@ -163,6 +164,10 @@ class EdgeHub:
             _, nonce, accept = message
             body, content_type = exposition(self._registry, accept)
             edge.channel.send((m.METRICS, nonce, body, content_type))
+        elif kind in (m.LOAD_ADAPTER, m.UNLOAD_ADAPTER):
+            task = asyncio.create_task(self._adapter_call(edge, message))
+            self._adapter_calls.add(task)
+            task.add_done_callback(self._adapter_calls.discard)
         else:
             log.error("unknown message from an API process", kind=kind, api_process=edge.index)
 
@@ -198,15 +203,39 @@ class EdgeHub:
         self._live[request_id] = (edge, handle)
         edge.request_ids.add(request_id)
 
+    async def _adapter_call(self, edge: _Edge, message: tuple) -> None:
+        """A LoRA load or unload from an API process: done by the pool (the registry is
+        the core's); every API process gets the new list before the caller's answer."""
+        kind, nonce, *arguments = message
+        info, error = None, None
+        try:
+            if kind == m.LOAD_ADAPTER:
+                info = await self._pool.load_adapter(*arguments)
+            else:
+                await self._pool.unload_adapter(*arguments)
+        except ServiceError as refused:
+            error = m.encode_error(refused)
+        self._broadcast_snapshot()
+        with contextlib.suppress(ChannelClosed):
+            edge.channel.send((m.ADAPTER_REPLY, nonce, info, error))
+
+    def _broadcast_snapshot(self) -> None:
+        snapshot = self.snapshot()
+        for edge in list(self._edges.values()):
+            with contextlib.suppress(ChannelClosed):
+                edge.channel.send((m.SNAPSHOT, snapshot))
+
     def _refuse(self, edge: _Edge, request_id: str, error: ServiceError) -> None:
         edge.endings.append((request_id, None, "", m.encode_error(error)))
         edge.schedule_flush()
 
     def _place(
-        self, request_id, prompt_token_ids, sampling, priority, deadline, grammar
+        self, request_id, prompt_token_ids, sampling, priority, deadline, lora_name, grammar
     ) -> RequestHandle:
         """The checks GenerationService._place makes, against the whole deployment."""
         pool = self._pool
+        # By name again: an adapter unloaded since the API process's copy is NOT_FOUND.
+        adapter = pool.adapter(lora_name)
         admission.require_a_worker(bool(pool.connected_engines()), pool.accepts_without_worker())
         admission.require_unique_id(request_id, self._live)
         admission.require_queue_room(pool.num_waiting, self._max_waiting)
@@ -221,6 +250,7 @@ class EdgeHub:
             priority=priority,
             deadline=deadline,
             structured=grammar.new_matcher() if grammar is not None else None,
+            adapter=adapter,
         )
         return pool.submit(request)
 
@@ -253,6 +283,8 @@ class EdgeHub:
             vocab_size=pool.vocab_size if has_limits else 0,
             max_worker_capacity_tokens=pool.max_worker_capacity_tokens if has_limits else 0,
             accepts_without_worker=pool.accepts_without_worker(),
+            lora_enabled=pool.lora_enabled,
+            adapters=tuple(pool.adapters()),
         )
 
     async def _send_snapshots(self) -> None:
@@ -261,10 +293,7 @@ class EdgeHub:
         while True:
             await set_within(changed, SNAPSHOT_INTERVAL_S)  # wait_for could lose stop()'s cancel
             changed.clear()
-            snapshot = self.snapshot()
-            for edge in list(self._edges.values()):
-                with contextlib.suppress(ChannelClosed):
-                    edge.channel.send((m.SNAPSHOT, snapshot))
+            self._broadcast_snapshot()
 
     async def stop(self) -> None:
         if self._snapshots is not None:

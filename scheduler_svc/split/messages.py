@@ -2,9 +2,10 @@
 per-step outputs, which are most of the traffic.
 
 API process -> core: HELLO once; SUBMIT per request; ABORT when a client leaves or a
-stop string ends a request; METRICS when someone scrapes the API process's /metrics.
-Core -> API process: SNAPSHOT (the pool as placement and health see it) on every
-change of workers and a few times a second; OUTPUTS once per step with every output
+stop string ends a request; METRICS when someone scrapes the API process's /metrics;
+LOAD_ADAPTER / UNLOAD_ADAPTER (LoRA). Core -> API process: SNAPSHOT (the pool as
+placement and health see it, the LoRA adapters too) on every change of workers or
+adapters and a few times a second; ADAPTER_REPLY; OUTPUTS once per step with every output
 and failure of that step for the requests the API process owns; METRICS answers.
 
 An output crosses as a plain tuple, not as the dataclass: pickling a tuple of ints,
@@ -28,6 +29,10 @@ HELLO, SUBMIT, ABORT, METRICS, SNAPSHOT, OUTPUTS = (
     "snapshot",
     "outputs",
 )
+# LoRA: API process -> core LOAD_ADAPTER / UNLOAD_ADAPTER (a nonce and the arguments),
+# core -> API process ADAPTER_REPLY (the nonce, the AdapterInfo or None, an error or
+# None), after a SNAPSHOT with the new list to every API process.
+LOAD_ADAPTER, UNLOAD_ADAPTER, ADAPTER_REPLY = "load_adapter", "unload_adapter", "adapter_reply"
 
 _FINISH_BY_VALUE = {reason.value: reason for reason in FinishReason}
 
@@ -51,6 +56,9 @@ class PoolSnapshot:
     vocab_size: int
     max_worker_capacity_tokens: int
     accepts_without_worker: bool
+    # LoRA: whether it is on, and the registry's adapters sorted by name (AdapterInfo).
+    lora_enabled: bool = False
+    adapters: tuple = ()
 
 
 def encode_output(output: RequestOutput) -> tuple:

@@ -24,11 +24,15 @@ import structlog
 from cbserve.worker.v1 import worker_pb2
 from common.errors import ServiceError
 from scheduler_svc.core.request import Request
+from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.split import messages as m
 from scheduler_svc.split.channel import Channel, ChannelClosed
 from scheduler_svc.workers.handle import StreamItem
 
 log = structlog.get_logger("scheduler.api_process")
+
+# A load reads the adapter's files, here and on a worker: a few seconds at most.
+ADAPTER_CALL_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class RemotePool:
         self._engines: list[RemoteEngine] = []
         self._handles: dict[str, RemoteHandle] = {}
         self._metrics_replies: dict[int, asyncio.Future] = {}
+        self._adapter_replies: dict[int, asyncio.Future] = {}
+        self._adapters: dict[str, AdapterInfo] = {}
         self._nonces = itertools.count()
         # Set when the set of connected workers changes (the health status follows it).
         self.changed = asyncio.Event()
@@ -115,6 +121,7 @@ class RemotePool:
                 request.deadline,
                 # The constraint, not the matcher: llguidance objects do not cross
                 # processes; the core compiles it again (cached there too).
+                request.adapter.name if request.adapter is not None else "",
                 request.structured.constraint if request.structured is not None else None,
             )
         )
@@ -123,6 +130,56 @@ class RemotePool:
     def abort(self, request_id: str) -> None:
         if self._handles.pop(request_id, None) is not None:
             self._send((m.ABORT, request_id))
+
+    # -- LoRA adapters: the core's registry, a copy here from its snapshots -------------
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self._snapshot is not None and self._snapshot.lora_enabled
+
+    def adapters(self) -> list[AdapterInfo]:
+        return list(self._adapters.values())
+
+    def adapter(self, name: str) -> AdapterInfo | None:
+        if not name:
+            return None
+        if not self.lora_enabled:
+            raise ServiceError(
+                f"lora_name {name!r}: this scheduler serves no LoRA adapters "
+                "(start it with --enable-lora)",
+                grpc.StatusCode.INVALID_ARGUMENT,
+            )
+        info = self._adapters.get(name)
+        if info is None:
+            known = ", ".join(self._adapters) or "none"
+            raise ServiceError(
+                f"LoRA adapter {name!r} is not loaded (loaded: {known})", grpc.StatusCode.NOT_FOUND
+            )
+        return info
+
+    async def load_adapter(
+        self, name: str, path: str, base_model_name: str | None = None
+    ) -> AdapterInfo:
+        return await self._adapter_call(m.LOAD_ADAPTER, name, path, base_model_name)
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._adapter_call(m.UNLOAD_ADAPTER, name)
+
+    async def _adapter_call(self, kind: str, *arguments):
+        """Forwarded to the core; its snapshot with the new list arrives before the answer."""
+        nonce = next(self._nonces)
+        reply = self._adapter_replies[nonce] = asyncio.get_running_loop().create_future()
+        self._send((kind, nonce, *arguments))
+        try:
+            info, error = await asyncio.wait_for(reply, ADAPTER_CALL_TIMEOUT_S)
+        except ChannelClosed:
+            unavailable = grpc.StatusCode.UNAVAILABLE
+            raise ServiceError("the scheduler's core process is gone", unavailable) from None
+        finally:
+            self._adapter_replies.pop(nonce, None)
+        if error is not None:
+            raise m.decode_error(error)
+        return info
 
     async def metrics(self, accept: str) -> tuple[bytes, str]:
         """The core's whole registry (its own series and every API process's)."""
@@ -151,6 +208,11 @@ class RemotePool:
                     reply = self._metrics_replies.get(nonce)
                     if reply is not None and not reply.done():
                         reply.set_result((body, content_type))
+                elif kind == m.ADAPTER_REPLY:
+                    _, nonce, info, error = message
+                    reply = self._adapter_replies.get(nonce)
+                    if reply is not None and not reply.done():
+                        reply.set_result((info, error))
         finally:
             self._fail_all()
 
@@ -172,6 +234,7 @@ class RemotePool:
     def _take_snapshot(self, snapshot: m.PoolSnapshot) -> None:
         before = {engine.address for engine in self._engines}
         self._snapshot = snapshot
+        self._adapters = {info.name: info for info in snapshot.adapters}
         self._engines = [
             RemoteEngine(
                 engine.address,
@@ -199,6 +262,6 @@ class RemotePool:
         for handle in self._handles.values():
             handle.fail(error)
         self._handles.clear()
-        for reply in self._metrics_replies.values():
+        for reply in (*self._metrics_replies.values(), *self._adapter_replies.values()):
             if not reply.done():
                 reply.set_exception(ChannelClosed("the core is gone"))

@@ -29,9 +29,11 @@ import grpc
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.cancel_safe import done_within
+from common.errors import ServiceError
 from common.grpc_options import channel_options
 from common.tls import ChannelSecurity, open_channel
 from scheduler_svc.core.plan import DeferredMasks, StepOutput, StepPlan
+from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.workers.codec import deferred_masks_to_proto, output_from_proto, plan_to_proto
 from scheduler_svc.workers.liveness import (
     LossCause,
@@ -41,6 +43,9 @@ from scheduler_svc.workers.liveness import (
 )
 
 __all__ = ["WorkerClient", "WorkerLost"]
+
+# A LoadAdapter reads an adapter's files: seconds at most for the few megabytes of one.
+ADAPTER_CALL_TIMEOUT_S = 60.0
 
 
 class WorkerClient:
@@ -218,6 +223,31 @@ class WorkerClient:
     async def step(self, plan: StepPlan, deadline_s: float) -> StepOutput:
         """One plan and its output: send, then result."""
         return await self.result(plan, await self.send(plan), deadline_s)
+
+    async def load_adapter(self, slot: int, adapter: AdapterInfo) -> wpb.LoadAdapterReply:
+        """Worker.LoadAdapter into `slot`, beside the Step stream; raises ServiceError
+        with the worker's status and reason (UNAVAILABLE without a connection)."""
+        request = wpb.LoadAdapterRequest(
+            slot=slot, lora_id=adapter.lora_id, lora_name=adapter.name, lora_path=adapter.path
+        )
+        what = f"load LoRA adapter {adapter.name!r}"
+        return await self._adapter_call("LoadAdapter", request, what)
+
+    async def unload_adapter(self, slot: int) -> None:
+        """Worker.UnloadAdapter of `slot`; raises ServiceError as load_adapter does."""
+        request = wpb.UnloadAdapterRequest(slot=slot)
+        await self._adapter_call("UnloadAdapter", request, f"unload adapter slot {slot}")
+
+    async def _adapter_call(self, method: str, request, what: str):
+        if self._stub is None:
+            unavailable = grpc.StatusCode.UNAVAILABLE
+            raise ServiceError(f"worker {self.address} is not connected", unavailable)
+        try:
+            return await getattr(self._stub, method)(request, timeout=ADAPTER_CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            raise ServiceError(
+                f"worker {self.address} could not {what}: {error.details()}", error.code()
+            ) from None
 
     def _closed(self) -> WorkerLost:
         return WorkerLost(f"worker {self.address}: its Step stream was closed")

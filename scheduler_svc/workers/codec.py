@@ -33,6 +33,7 @@ def plan_to_proto(plan: StepPlan) -> wpb.StepPlan:
             block_ids=sequence.block_ids,
             sampling=sampling_to_worker(sequence.sampling),
             prompt_logprobs=sequence.prompt_logprobs,
+            adapter_slot=sequence.adapter_slot,
         )
     decodes = []
     for sequence in plan.continuing_sequences:

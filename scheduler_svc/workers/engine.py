@@ -41,6 +41,8 @@ from scheduler_svc.config.faults import FaultConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.lora.registry import AdapterInfo
+from scheduler_svc.workers.adapter_loads import AdapterLoads, adapter_residency
 from scheduler_svc.workers.client import WorkerClient, WorkerLost
 from scheduler_svc.workers.engine_readings import EngineReadings
 from scheduler_svc.workers.handle import Migrant, RequestHandle, RequestHandles
@@ -94,9 +96,12 @@ class WorkerEngine(EngineReadings):
         self._handles = RequestHandles()
         self._loop = StepLoop(self.client, self._handles, self.faults, metrics, self._count_step)
         self._task: asyncio.Task | None = None
+        # LoRA: the worker's adapter loads, beside the steps (adapter_loads.py).
+        self.adapter_loads = AdapterLoads(self.client, self._loop.wakeup.set)
 
     def _count_step(self) -> None:
         self.steps += 1
+        self.adapter_loads.kick(self.scheduler)
 
     # -- requests in and out --------------------------------------------------------------
 
@@ -119,6 +124,7 @@ class WorkerEngine(EngineReadings):
             raise ServiceError(str(error), grpc.StatusCode.UNAVAILABLE) from error
         migrant.handle.holder = self
         self._handles.add(migrant.handle)
+        self.adapter_loads.kick(self.scheduler)
         self._loop.wakeup.set()
 
     async def start(self, connect_timeout_s: float) -> None:
@@ -160,6 +166,7 @@ class WorkerEngine(EngineReadings):
             constrained_drafts=description.accepts_constrained_drafts,
             draft_row_cost=description.draft_row_cost,
             kv_events=self.kv_events,
+            adapters=adapter_residency(self.config.lora, description),
         )
         self._set_connected(True)
         self._comeback.connected()
@@ -179,8 +186,17 @@ class WorkerEngine(EngineReadings):
         handle = RequestHandle(request.request_id, self)
         self._handles.add(handle)
         self.num_submitted += 1
+        self.adapter_loads.kick(self.scheduler)
         self._loop.wakeup.set()
         return handle
+
+    async def load_adapter_now(self, adapter: AdapterInfo) -> None:
+        """Loads a LoRA adapter here before any request needs it (adapter_loads.py)."""
+        await self.adapter_loads.load_now(self.scheduler, adapter)
+
+    def retire_adapter(self, lora_id: int) -> None:
+        """The registry unloaded it: evicted here once no request uses it."""
+        self.adapter_loads.retire(self.scheduler, lora_id)
 
     def abort_local(self, request_id: str) -> bool:
         """Aborts the request if this engine holds it (its blocks are freed at the next
@@ -198,6 +214,7 @@ class WorkerEngine(EngineReadings):
         if self._task is not None:
             await cancel_and_wait(self._task)
             self._task = None
+        await self.adapter_loads.stop()
         await self.client.close()
         self._withdraw_cache()
         self._fail_all(f"worker {self.address} was removed from the pool")

@@ -70,16 +70,22 @@ class EngineReadings:
     def num_cached_blocks(self) -> int:
         return self.scheduler.block_manager.num_cached_blocks if self.scheduler else 0
 
-    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+    def holds_adapter(self, lora_id: int) -> bool:
+        """Whether the adapter is loaded (or loading) on this worker."""
+        residency = self.scheduler.adapters if self.scheduler is not None else None
+        return residency is not None and residency.holds(lora_id)
+
+    def cached_prefix_tokens(self, token_ids: Sequence[int], root: int | None = None) -> int:
         """Leading tokens of a prompt whose KV this worker's prefix cache holds now.
 
         Read-only: the same lookup admission makes, without taking the blocks.
         The last token is left out, as admission does: its logits need a forward.
+        root: the request's adapter's (prefix_hash.adapter_root); None: the base.
         """
         if not self.connected or self.scheduler is None:
             return 0
         manager = self.scheduler.block_manager
         hashes: list[int] = []
-        extend_block_hashes(hashes, token_ids, manager.block_size)
-        hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1)
+        extend_block_hashes(hashes, token_ids, manager.block_size, root)
+        hits = manager.find_cached_prefix(token_ids, hashes, len(token_ids) - 1, root)
         return len(hits) * manager.block_size

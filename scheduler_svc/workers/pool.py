@@ -39,6 +39,7 @@ from scheduler_svc.workers.handle import Migrant, RequestHandle
 from scheduler_svc.workers.liveness import keep_trying
 from scheduler_svc.workers.orphans import Orphanage
 from scheduler_svc.workers.placement import pick_for_new
+from scheduler_svc.workers.pool_adapters import PoolAdapters, open_registry
 from scheduler_svc.workers.startup_watch import NoWorkerReady, StartupWatch
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ STATIC_ATTEMPT_S = 2.0
 __all__ = ["NoWorkerReady", "WorkerPool"]
 
 
-class WorkerPool:
+class WorkerPool(PoolAdapters):
     def __init__(
         self,
         config: SchedulerConfig,
@@ -73,6 +74,8 @@ class WorkerPool:
         self.worker_security = worker_security
         self.faults = faults if faults is not None else FaultConfig()
         self.tokenizer = tokenizer
+        # LoRA adapters a request may name (pool_adapters.py); None with LoRA off.
+        self.registry = open_registry(config.lora, getattr(tokenizer, "name", ""))
         self.metrics = metrics
         # How long one background connection attempt of a discovered worker lasts
         # before it is logged and retried.
@@ -133,7 +136,9 @@ class WorkerPool:
         engines = self.connected_engines()
         if not engines and self.accepts_without_worker():
             return self.park(request)
-        engine = pick_for_new(engines, request.prompt_token_ids, request.max_kv_tokens)
+        engine = pick_for_new(
+            engines, request.prompt_token_ids, request.max_kv_tokens, request.adapter
+        )
         return engine.submit(request)
 
     def accepts_without_worker(self) -> bool:
@@ -214,6 +219,13 @@ class WorkerPool:
             await engine.stop()
             if watch is not None:
                 watch.failed(engine.address, f"serves {model}, not {sorted(others)}")
+            return
+        if self.registry is not None and engine.client.description.max_cpu_loras == 0:
+            reason = "has no LoRA adapter slots (start it with --enable-lora)"
+            log.error(f"worker {reason}; not used", worker=engine.address)
+            await engine.stop()
+            if watch is not None:
+                watch.failed(engine.address, reason)
             return
         if watch is not None:
             watch.connected(engine.address)

@@ -72,6 +72,13 @@ class FakePool:
         self.num_waiting = 0
         self.max_model_len, self.vocab_size, self.max_worker_capacity_tokens = 2048, 49152, 4096
         self.changed = asyncio.Event()
+        self.lora_enabled = False
+
+    def adapters(self) -> list:
+        return []
+
+    def adapter(self, name: str):
+        return None
 
     def connected_engines(self):
         return self.engines

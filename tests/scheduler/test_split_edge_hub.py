@@ -63,7 +63,7 @@ def _submit(
     request_id: str, prompt=(1, 2, 3), priority: int = 0, deadline=None, constraint=None
 ) -> tuple:
     sampling = make_request(list(prompt), request_id, max_tokens=5).sampling
-    return (m.SUBMIT, request_id, list(prompt), sampling, priority, deadline, constraint)
+    return (m.SUBMIT, request_id, list(prompt), sampling, priority, deadline, "", constraint)
 
 
 def _endings(channel: FakeChannel) -> list[tuple]:
