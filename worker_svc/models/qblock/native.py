@@ -29,7 +29,7 @@ from worker_svc.attention.cpu_backend import CpuAttentionBackend
 from worker_svc.compute import qblock
 from worker_svc.compute.qblock_stack import block_runs
 from worker_svc.models.qblock.native_experts import ExpertTables
-from worker_svc.models.qblock.native_layers import LayerTables
+from worker_svc.models.qblock.native_layers import LayerTables, LoraTable
 from worker_svc.models.qblock.native_structs import (
     KV_DTYPES,
     STEP_PROJECTIONS,
@@ -44,9 +44,12 @@ KERNELS = Path(__file__).with_name("kernels")
 # (llama_activation.c) is built with -ffast-math, to be vectorised.
 STEP_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-fPIC", "-std=gnu11")
 ACTIVATION_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=gnu11")
+# The LoRA delta's dot products fuse their multiply-adds, as torch's float32 matmul does.
+LORA_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=gnu11")
 PARTS = (
     (KERNELS / "decode_step.c", STEP_FLAGS),
     (KERNELS / "llama_activation.c", ACTIVATION_FLAGS),
+    (KERNELS / "decode_lora.c", LORA_FLAGS),
     *qblock.PARTS,
     *qblock.VNNI_PARTS,
     (cpu_kernel.SOURCE, cpu_kernel.COMPILE_FLAGS),
@@ -153,6 +156,7 @@ class NativeDecode:
         self._lm_head = BlockWeight.of(model.lm_head)
         self._layers = LayerTables(model)
         self._model = model  # owns every tensor whose address the structure holds
+        self._lora: LoraTable | None = None  # built at the first step with adapter rows
         self._struct = DecodeModel(
             hidden=spec.hidden_size,
             # The dense MLP's; a model whose layers are all mixtures has none.
@@ -192,6 +196,10 @@ class NativeDecode:
         # Held in names until the call returns: the structure holds only addresses.
         input_ids, positions = input_ids.contiguous(), positions.contiguous()
         sample_rows = sample_rows.to(torch.int64).contiguous()
+        lora = getattr(attention, "lora", None)
+        if lora is not None and not lora.is_empty and self._model.layers[0].lora is None:
+            return None  # adapter rows but no slot store attached: as the Python forward
+        row_slots = self._row_slots(lora, input_ids.shape[0])
         slots = attention.metadata.slot_mapping.contiguous()
         tables, lens = decodes.block_tables.contiguous(), decodes.context_lens.contiguous()
         logits = torch.empty((sample_rows.shape[0], self._struct.vocab), dtype=torch.float32)
@@ -216,6 +224,7 @@ class NativeDecode:
             vnni_from_m=self.vnni_from_m,
             spin=self.barrier_spin,
             chained=int(_shares_sequences(tables, decodes.block_tables.shape[0])),
+            row_slots=0 if row_slots is None else row_slots.data_ptr(),
         )
         status = load_decode_kernel().decode_step(ctypes.byref(self._struct), ctypes.byref(batch))
         if status == -4:
@@ -224,6 +233,24 @@ class NativeDecode:
             reasons = {-1: "kernel variant not supported here", -2: "unsupported shape"}
             raise RuntimeError(f"decode_step: {reasons.get(status, 'out of memory')}")
         return logits
+
+    def _row_slots(self, lora, num_tokens: int) -> torch.Tensor | None:
+        """The step's int32 slot of each row (LoraBatch.row_slots), None where every row
+        is the base; the slot store's table (DecodeModel's lora fields) is built from the
+        tensors attached to the layers (lora/delta.py) the first time it is needed."""
+        if lora is None or lora.is_empty:
+            return None
+        attached = [layer.lora for layer in self._model.layers]
+        if self._lora is None or any(
+            source is not now for source, now in zip(self._lora.source, attached, strict=True)
+        ):
+            self._lora = LoraTable(self._model)
+            for name, value in self._lora.fields().items():
+                setattr(self._struct, name, value)
+        row_slots = lora.row_slots
+        if row_slots.dtype != torch.int32 or row_slots.shape != (num_tokens,):
+            raise ValueError(f"row_slots must be int32 [{num_tokens}], got {row_slots.shape}")
+        return row_slots.contiguous()
 
 
 def _shares_sequences(tables: torch.Tensor, rows: int) -> bool:

@@ -55,3 +55,53 @@ def _table(rows: list[list[torch.Tensor | None]]) -> torch.Tensor:
 
 def _weight(norm) -> torch.Tensor | None:
     return None if norm is None else norm.weight
+
+
+# A layer's LoRA slot tensors by fused projection (lora/delta.py's DecoderLayer.lora), in
+# decode_model.h's PROJ_* order, each with its number of parts.
+LORA_PARTS = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
+
+
+class LoraTable:
+    """DecodeModel's LoRA fields (kernels/decode_lora.h) for the slot tensors attached to
+    a model's layers (lora/delta.py attach_slots): per layer and projection the addresses
+    of a `[slots, parts * rank, in]` and b `[slots, out, parts * rank]`, read in place, so
+    that a load into a slot is seen by the next step. `source` is what it was built from."""
+
+    def __init__(self, model):
+        spec = model.spec
+        self.source = [layer.lora for layer in model.layers]
+        first = self.source[0]["qkv"][0]
+        self.rank, self.slots = first.shape[1] // 3, first.shape[0]
+        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        hidden, inter = spec.hidden_size, spec.intermediate_size
+        shapes = {  # (in, out) of each projection, as the step reads them
+            "qkv": (hidden, q + 2 * kv),
+            "o": (q, hidden),
+            "gate_up": (hidden, 2 * inter),
+            "down": (inter, hidden),
+        }
+        rows = []
+        for index, lora in enumerate(self.source):
+            row = []
+            for name, parts in LORA_PARTS.items():
+                if name not in lora:  # a mixture layer's MLP
+                    row += [0, 0]
+                    continue
+                a, b = lora[name]
+                width, (n_in, n_out) = parts * self.rank, shapes[name]
+                expected = ((self.slots, width, n_in), (self.slots, n_out, width))
+                for tensor, shape in zip((a, b), expected, strict=True):
+                    if (
+                        tuple(tensor.shape) != shape
+                        or tensor.dtype != torch.float32
+                        or tensor.device.type != "cpu"
+                        or not tensor.is_contiguous()
+                    ):
+                        raise ValueError(f"layer {index}'s {name} LoRA tensors: not {shape}")
+                row += [a.data_ptr(), b.data_ptr()]
+            rows.append(row)
+        self.table = torch.tensor(rows, dtype=torch.int64)
+
+    def fields(self) -> dict:
+        return {"lora": self.table.data_ptr(), "lora_rank": self.rank, "lora_slots": self.slots}

@@ -78,6 +78,8 @@ class DecodeModel(ctypes.Structure):
         *((name, _I64) for name in ("num_experts", "experts_per_token", "expert_intermediate")),
         *((name, _I64) for name in ("router", "normalize_topk", "expert_activation")),
         *((name, _F64) for name in ("swiglu_alpha", "swiglu_limit")),
+        ("lora", _PTR),  # NativeLora's table (native_lora.py); 0: no adapters
+        *((name, _I64) for name in ("lora_rank", "lora_slots")),
     ]
 
 
@@ -98,4 +100,5 @@ class DecodeBatch(ctypes.Structure):
         ("logits", _PTR),
         *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m", "spin")),
         ("chained", _I64),
+        ("row_slots", _PTR),  # int32 [T]; 0 (NULL): every row is the base
     ]

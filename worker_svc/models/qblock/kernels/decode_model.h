@@ -64,6 +64,12 @@ struct decode_model {
     int64_t normalize_topk;    /* softmax_topk: the k weights divided by their sum */
     int64_t expert_activation; /* ACTIVATION_SILU or ACTIVATION_SWIGLU_CLAMPED */
     double swiglu_alpha, swiglu_limit;
+    /* LoRA adapters (decode_lora.h): [layers][PROJS][2] addresses of a projection's a
+     * [slots, parts * rank, in] and b [slots, out, parts * rank], float32; 0: the
+     * projection has none (a mixture layer's MLP). NULL: no store attached. */
+    const int64_t *lora;
+    int64_t lora_rank;  /* the store's max rank: each part's columns of b */
+    int64_t lora_slots; /* slots in the store, the base's 0 included */
 };
 
 /* One step. */
@@ -83,6 +89,7 @@ struct decode_batch {
     int64_t vnni_from_m; /* 0: never */
     int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
     int64_t chained;     /* 1: some rows share a sequence (drafts): K/V first, then attend */
+    const int32_t *row_slots; /* [T] each row's adapter slot, 0: the base; NULL: all base */
 };
 
 #endif

@@ -1,7 +1,8 @@
 /* The native decode step's projections (decode_step.c): a thread's scratch, and its
  * share of a projection, one panel of QBLOCK_PANEL_ROWS output rows at a time, by the
  * block kernel (float activations) or the VNNI kernel (16-bit activation blocks), with
- * the residual add or SwiGLU applied to the panel while it is in cache. */
+ * the residual add or SwiGLU applied to the panel while it is in cache, and the adapter
+ * rows' LoRA delta (decode_lora.h) added to the panel before either. */
 #ifndef CBSERVE_DECODE_PANELS_H
 #define CBSERVE_DECODE_PANELS_H
 
@@ -11,6 +12,7 @@
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_kquants.h"
 #include "../../../compute/kernels/qblock_vnni.h"
+#include "decode_lora.h"
 #include "decode_model.h"
 #include "decode_rows.h"
 
@@ -153,15 +155,23 @@ static void project_rows(int variant, const struct block_weight *w, int64_t lo, 
     }
 }
 
-/* hidden[:, panel rows] += (x @ W^T + bias)[:, panel rows]: a thread's share of a
- * projection whose output is added to the residual stream. The bias (float [n], NULL:
- * none; gpt-oss's o_proj) is added to the product first, as QBlockLinear adds it. */
+/* hidden[:, panel rows] += (x @ W^T + bias + delta)[:, panel rows]: a thread's share of
+ * a projection whose output is added to the residual stream. The bias (float [n], NULL:
+ * none; gpt-oss's o_proj) is added to the product first, as QBlockLinear adds it, then
+ * the adapter rows' delta (NULL: none; decode_lora.h), as the Python path adds it. */
 static void residual_panel(int variant, const struct block_weight *w, int64_t panel, int64_t n,
                            const float *x, int64_t tokens, int64_t k, const float *bias,
-                           float *hidden, const struct thread_scratch *ts)
+                           const struct lora_delta *delta, float *hidden,
+                           const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
     project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
+    if (delta) {
+        for (int64_t i = 0; bias && i < tokens; i++)
+            add_row(ts->out_a + i * QBLOCK_PANEL_ROWS, bias + first, rows);
+        lora_expand_rows(delta, first, rows, ts->out_a, QBLOCK_PANEL_ROWS);
+        bias = NULL;
+    }
     for (int64_t i = 0; i < tokens; i++) {
         float *out = ts->out_a + i * QBLOCK_PANEL_ROWS;
         if (bias)
@@ -170,20 +180,59 @@ static void residual_panel(int variant, const struct block_weight *w, int64_t pa
     }
 }
 
-/* act[:, panel rows] = act(gate) * up for the panel's rows of both halves of gate_up. */
+/* act[:, panel rows] = act(gate) * up for the panel's rows of both halves of gate_up,
+ * the adapter rows' delta (NULL: none) added to both before the activation. */
 static void swiglu_panel(int variant, const struct block_weight *w, int64_t panel,
                          int64_t intermediate, const float *x, int64_t tokens, int64_t k,
-                         float *act, int activation, const struct thread_scratch *ts)
+                         float *act, int activation, const struct lora_delta *delta,
+                         const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
     project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
     project_rows(variant, w, intermediate + first, rows, x, tokens, k, ts->out_b,
                  QBLOCK_PANEL_ROWS, ts);
+    lora_expand_rows(delta, first, rows, ts->out_a, QBLOCK_PANEL_ROWS);
+    lora_expand_rows(delta, intermediate + first, rows, ts->out_b, QBLOCK_PANEL_ROWS);
     void (*gated)(const float *, const float *, float *, int64_t) =
         activation == ACTIVATION_GELU_TANH ? gelu_tanh_mul : llama_silu_mul;
     for (int64_t i = 0; i < tokens; i++)
         gated(ts->out_a + i * QBLOCK_PANEL_ROWS, ts->out_b + i * QBLOCK_PANEL_ROWS,
               act + i * intermediate + first, rows);
+}
+
+/* hidden += post_norm(x @ W^T + bias) (Gemma's sandwich), or hidden += x @ W^T + bias
+ * where the layer has no post-norm: then each panel adds its own columns, with no second
+ * loop. The bias (float [hidden], NULL: none) is gpt-oss's o_proj's, added before the
+ * post-norm as the Python forward's projection adds it; so is the adapter rows' delta
+ * (NULL: none; its shrink already done). */
+static void add_projection(const struct decode_model *m, int variant,
+                           const struct block_weight *w, const float *x, int64_t T, int64_t k,
+                           const float *bias, const struct lora_delta *delta,
+                           const float *post_norm, const struct scratch *s,
+                           const struct thread_scratch *ts, struct member *me)
+{
+    const int64_t H = m->hidden;
+    if (post_norm == NULL) {
+        FOR_SHARED(p, panels_of(H), me, me->dynamic)
+        residual_panel(variant, w, p, H, x, T, k, bias, delta, s->hidden, ts);
+        share_end(me);
+        return;
+    }
+    FOR_SHARED(p, panels_of(H), me, me->dynamic)
+    {
+        float *y = s->projected + p * QBLOCK_PANEL_ROWS;
+        project_rows(variant, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k, y, H, ts);
+        lora_expand_rows(delta, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), y, H);
+    }
+    share_end(me);
+    FOR_SHARED(t, T, me, 1)
+    {
+        if (bias)
+            add_row(s->projected + t * H, bias, H);
+        rms_norm(s->projected + t * H, post_norm, H, (float)m->eps, ts->normed);
+        add_row(s->hidden + t * H, ts->normed, H);
+    }
+    share_end(me);
 }
 
 #endif

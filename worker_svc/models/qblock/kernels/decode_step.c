@@ -25,6 +25,10 @@
  * decode_experts.h's (one loop more than a dense MLP's, and each chosen expert's blocks
  * read once a step).
  *
+ * Rows on a LoRA adapter (batch row_slots) get their adapter's delta after each
+ * projection, from the worker's slot store (decode_lora.h); a step of base rows only
+ * computes nothing more.
+ *
  * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
  * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
  * as QBlockLinear does from the same number of rows: the Python path's arithmetic.
@@ -45,58 +49,37 @@
 #include "../../../compute/kernels/qblock_vnni.h"
 #include "decode_attention.h"
 #include "decode_experts.h"
+#include "decode_lora.h"
 #include "decode_model.h"
 #include "decode_panels.h"
 #include "decode_rows.h"
 #include "step_team.h"
 
-/* hidden += post_norm(x @ W^T + bias) (Gemma's sandwich), or hidden += x @ W^T + bias
- * where the layer has no post-norm: then each panel adds its own columns, with no second
- * loop. The bias (float [hidden], NULL: none) is gpt-oss's o_proj's, added before the
- * post-norm as the Python forward's projection adds it. */
-static void add_projection(const struct decode_model *m, int variant,
-                           const struct block_weight *w, const float *x, int64_t T, int64_t k,
-                           const float *bias, const float *post_norm, const struct scratch *s,
-                           const struct thread_scratch *ts, struct member *me)
-{
-    const int64_t H = m->hidden;
-    if (post_norm == NULL) {
-        FOR_SHARED(p, panels_of(H), me, me->dynamic)
-        residual_panel(variant, w, p, H, x, T, k, bias, s->hidden, ts);
-        share_end(me);
-        return;
-    }
-    FOR_SHARED(p, panels_of(H), me, me->dynamic)
-    project_rows(variant, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k,
-                 s->projected + p * QBLOCK_PANEL_ROWS, H, ts);
-    share_end(me);
-    FOR_SHARED(t, T, me, 1)
-    {
-        if (bias)
-            add_row(s->projected + t * H, bias, H);
-        rms_norm(s->projected + t * H, post_norm, H, (float)m->eps, ts->normed);
-        add_row(s->hidden + t * H, ts->normed, H);
-    }
-    share_end(me);
-}
-
 static void run_layer(const struct decode_model *m, const struct decode_batch *b,
                       int variant, int64_t layer, const struct scratch *s,
-                      const struct attention_split *split, const struct thread_scratch *ts,
-                      struct member *me)
+                      const struct attention_split *split, const struct lora_step *lora,
+                      const struct thread_scratch *ts, struct member *me)
 {
     const int64_t T = b->num_tokens, H = m->hidden, I = m->intermediate;
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t q_width = m->num_heads * m->head_dim;
     const float eps = (float)m->eps;
     const struct block_weight *weights = m->weights + layer * PROJS;
+    struct lora_delta d;
+    const struct lora_delta *delta;
 
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_INPUT], H, eps,
                   ts->normed);
     prepare_input(ts, &weights[PROJ_QKV], ts->normed, T, H);
+    delta = shrunk_delta(m, lora, layer, PROJ_QKV, ts->normed, H, &d, me);
     FOR_SHARED(p, panels_of(qkv_width), me, me->dynamic)
-    project_rows(variant, &weights[PROJ_QKV], p * QBLOCK_PANEL_ROWS, panel_rows(qkv_width, p),
-                 ts->normed, T, H, s->qkv + p * QBLOCK_PANEL_ROWS, qkv_width, ts);
+    {
+        float *y = s->qkv + p * QBLOCK_PANEL_ROWS;
+        const int64_t n = panel_rows(qkv_width, p);
+        project_rows(variant, &weights[PROJ_QKV], p * QBLOCK_PANEL_ROWS, n, ts->normed, T, H, y,
+                     qkv_width, ts);
+        lora_expand_rows(delta, p * QBLOCK_PANEL_ROWS, n, y, qkv_width);
+    }
     share_end(me);
     /* Dynamic always: contexts differ, so items are not equal work. Rows of one sequence
      * (a speculative step's drafts) attend to each other's K/V, and the parts of a split
@@ -129,8 +112,9 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
     const float *post_attention = (const float *)m->post_norms[layer * 2];
     const float *post_mlp = (const float *)m->post_norms[layer * 2 + 1];
     prepare_input(ts, &weights[PROJ_O], s->attended, T, q_width);
+    delta = shrunk_delta(m, lora, layer, PROJ_O, s->attended, q_width, &d, me);
     add_projection(m, variant, &weights[PROJ_O], s->attended, T, q_width,
-                   (const float *)m->o_biases[layer], post_attention, s, ts, me);
+                   (const float *)m->o_biases[layer], delta, post_attention, s, ts, me);
     rms_norm_rows(s->hidden, NULL, T, (const float *)m->norms[layer * NORMS + NORM_POST], H, eps,
                   ts->normed);
     if (m->num_experts > 0 && m->moe_layers[layer].sparse) {
@@ -138,12 +122,15 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
         return;
     }
     prepare_input(ts, &weights[PROJ_GATE_UP], ts->normed, T, H);
+    delta = shrunk_delta(m, lora, layer, PROJ_GATE_UP, ts->normed, H, &d, me);
     FOR_SHARED(p, panels_of(I), me, me->dynamic)
     swiglu_panel(variant, &weights[PROJ_GATE_UP], p, I, ts->normed, T, H, s->act,
-                 (int)m->activation, ts);
+                 (int)m->activation, delta, ts);
     share_end(me);
     prepare_input(ts, &weights[PROJ_DOWN], s->act, T, I);
-    add_projection(m, variant, &weights[PROJ_DOWN], s->act, T, I, NULL, post_mlp, s, ts, me);
+    delta = shrunk_delta(m, lora, layer, PROJ_DOWN, s->act, I, &d, me);
+    add_projection(m, variant, &weights[PROJ_DOWN], s->act, T, I, NULL, delta, post_mlp, s, ts,
+                   me);
 }
 
 static int64_t longest_context(const struct decode_batch *b)
@@ -159,7 +146,7 @@ static void run_step(const struct decode_model *m, const struct decode_batch *b,
                      int variant, const struct scratch *s,
                      const struct attention_split *split, int layers_vnni, int head_vnni,
                      int small_vnni, int64_t vnni_from_m, int64_t rows, int64_t max_k,
-                     struct step_team *team)
+                     const struct lora_step *lora, struct step_team *team)
 {
     const int64_t H = m->hidden, S = b->num_samples;
     struct member me = {.team = team,
@@ -169,7 +156,7 @@ static void run_step(const struct decode_model *m, const struct decode_batch *b,
     struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni, small_vnni);
     ts.vnni_from_m = vnni_from_m; /* experts decide by their own rows (decode_experts.h) */
     for (int64_t layer = 0; layer < m->num_layers; layer++)
-        run_layer(m, b, variant, layer, s, split, &ts, &me);
+        run_layer(m, b, variant, layer, s, split, lora, &ts, &me);
     /* The head, for the sampled rows only; the region's end is its barrier. */
     rms_norm_rows(s->hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
     ts.vnni = head_vnni;
@@ -224,8 +211,13 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     atomic_init(&team.arrived, 0);
     atomic_init(&team.generation, 0);
     atomic_init(&team.sleepers, 0);
-    /* One counter for each shared-out loop: five a layer and the head's. */
-    team.counters = calloc(LOOPS_PER_LAYER * m->num_layers + 1, sizeof(atomic_long));
+    /* One counter for each shared-out loop: five a layer and the head's, and a shrink
+     * before each projection where some row has an adapter (decode_lora.h). */
+    struct lora_step lora;
+    void *lora_mem;
+    const int lora_status = lora_step_prepare(m, b, &lora, &lora_mem);
+    team.counters = calloc((LOOPS_PER_LAYER + LORA_LOOPS_PER_LAYER) * m->num_layers + 1,
+                           sizeof(atomic_long));
     const int64_t items = T * m->num_kv_heads;
     struct attention_split split = {.parts = attention_parts(items, threads, longest_context(b))};
     float *split_mem = NULL;
@@ -233,13 +225,14 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
         split_mem = malloc(sizeof(float) * items * split.parts * group * (m->head_dim + 2));
         split.remaining = malloc(sizeof(atomic_int) * m->num_layers * items);
     }
-    if (mem == NULL || team.counters == NULL ||
+    if (mem == NULL || team.counters == NULL || lora_status != 0 ||
         (split.parts > 1 && (split_mem == NULL || split.remaining == NULL))) {
+        free(lora_mem);
         free(mem);
         free(team.counters);
         free(split_mem);
         free((void *)split.remaining);
-        return -3;
+        return lora_status == -2 ? -2 : -3;
     }
     if (split.parts > 1) {
         split.partials = split_mem;
@@ -276,11 +269,12 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
 #pragma omp barrier
         if (!short_team)
             run_step(m, b, variant, &s, &split, layers_vnni, head_vnni, small_vnni,
-                     vnni_ok ? b->vnni_from_m : 0, rows, max_k, &team);
+                     vnni_ok ? b->vnni_from_m : 0, rows, max_k, &lora, &team);
     }
     free(team.counters);
     free(split_mem);
     free((void *)split.remaining);
+    free(lora_mem);
     free(mem);
     return short_team ? -4 : 0;
 }
