@@ -5,8 +5,10 @@ its choices through GenerationService.generate (fan_out.py) and shape the answer
 (chat.py, completions.py); their /render routes answer the token ids instead
 (render.py); POST /tokenize and /detokenize answer the tokenizer's (tokenize.py).
 GET /v1/models, /health, /metrics and /version describe the server; with API keys
-configured every route but the last three needs `Authorization: Bearer KEY`. What
-each route answers is declared in /openapi.json (responses.py, openapi.py).
+configured every route but the last three needs `Authorization: Bearer KEY`. With
+--enable-lora, `model` may name a LoRA adapter, and POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter change which are served (adapters.py). What each route
+answers is declared in /openapi.json (responses.py, openapi.py).
 
 A request's id is the client's X-Request-Id header or a new one; it is the response's
 `id` (chatcmpl-<id>, cmpl-<id>), its X-Request-Id header, and the request_id of the
@@ -25,6 +27,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from scheduler_svc.api import admission
 from scheduler_svc.api.api_keys import ApiKeys
+from scheduler_svc.api.http.adapters import (
+    adapter_cards,
+    install_adapter_routes,
+    lora_name_for,
+    name_adapter,
+)
 from scheduler_svc.api.http.chat import ChatShaper
 from scheduler_svc.api.http.completions import CompletionShaper
 from scheduler_svc.api.http.errors import OpenAIError, install_handlers
@@ -35,6 +43,7 @@ from scheduler_svc.api.http.render import render
 from scheduler_svc.api.http.responses import (
     GENERATION_ERRORS,
     HEALTH_ANSWERS,
+    LORA_GENERATION_ERRORS,
     RENDER_ERRORS,
     ChatCompletion,
     Completion,
@@ -133,7 +142,17 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         return JSONResponse(shaper.response(collected), headers=headers)
 
     keyed = [Depends(require_key)]
-    generates = answers(ChatCompletion, *GENERATION_ERRORS, streams=True)
+    # With LoRA on, `model` names the base or an adapter, and any other name is 404.
+    refusals = LORA_GENERATION_ERRORS if pool.lora_enabled else GENERATION_ERRORS
+    generates = answers(ChatCompletion, *refusals, streams=True)
+
+    def adapter_of(model: str | None, choices) -> str:
+        """The model the response names: the adapter the choices now generate with, or
+        the served model."""
+        served = model_name()
+        lora_name = lora_name_for(model, served, pool)
+        name_adapter(choices, lora_name)
+        return lora_name or served
 
     @app.post("/v1/chat/completions", dependencies=keyed, responses=generates)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -141,7 +160,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         choices = chat_requests(body, request_id)
         shaper = ChatShaper(
             request_id,
-            model_name(),
+            adapter_of(body.model, choices),
             choices,
             tokenizer.id_to_token_text,
             chat_top_logprobs(body),
@@ -150,7 +169,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         )
         return await respond(request, body.stream, FanOut(service, choices), shaper)
 
-    completes = answers(Completion, *GENERATION_ERRORS, streams=True)
+    completes = answers(Completion, *refusals, streams=True)
 
     @app.post("/v1/completions", dependencies=keyed, responses=completes)
     async def completions(body: CompletionRequest, request: Request):
@@ -158,7 +177,7 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
         choices = completion_requests(body, request_id)
         shaper = CompletionShaper(
             request_id,
-            model_name(),
+            adapter_of(body.model, choices),
             choices,
             tokenizer.id_to_token_text,
             body.logprobs,
@@ -217,7 +236,10 @@ def create_app(service: GenerationService, api_keys: ApiKeys) -> FastAPI:
             "root": tokenizer.name,
             "max_model_len": pool.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        adapters = adapter_cards(pool, STARTED, pool.max_model_len)
+        return {"object": "list", "data": [card, *adapters]}
+
+    install_adapter_routes(app, pool, keyed)
 
     @app.get("/health", responses=HEALTH_ANSWERS)
     async def health():

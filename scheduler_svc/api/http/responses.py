@@ -88,6 +88,10 @@ class ModelCard(_Open):
     created: int
     owned_by: str
     max_model_len: int
+    # The model's directory (an adapter's: its PEFT directory).
+    root: str | None = None
+    # A LoRA adapter's base model (vLLM's field); absent for the base itself.
+    parent: str | None = None
 
 
 class ModelList(_Open):
@@ -117,6 +121,8 @@ class DetokenizeResponse(_Open):
 _WHY = {
     400: "The body is malformed or a value is out of range (`error.param` names the field).",
     401: "An API key is configured and the `Authorization: Bearer` header lacks it.",
+    404: "The `model` names neither the served model nor a loaded LoRA adapter "
+    "(with `--enable-lora`; `error.code` is `model_not_found`).",
     409: "The `X-Request-Id` header names a request still in flight.",
     429: "The queue or the stream limit is full; retry later with backoff.",
     503: "No worker is connected, or the server is draining; retry shortly.",
@@ -144,8 +150,10 @@ def answers(model: type[BaseModel], *statuses: int, streams: bool = False) -> di
     return {200: ok, **errors(*statuses)}
 
 
-# The statuses the request path can answer (errors.HTTP_STATUS of what it raises).
+# The statuses the request path can answer (errors.HTTP_STATUS of what it raises);
+# with LoRA on, an unknown `model` is 404 too (http/adapters.py).
 GENERATION_ERRORS = (400, 401, 409, 429, 503, 504)
+LORA_GENERATION_ERRORS = (*GENERATION_ERRORS, 404)
 RENDER_ERRORS = (400, 401, 503)
 # /health answers its body with either status, so that a probe reads why.
 HEALTH_ANSWERS = {
