@@ -21,6 +21,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 from common.metrics import LATENCY_BUCKETS, MODEL_NAME_LABEL, TOKEN_BUCKETS, new_registry
+from scheduler_svc.lora.metrics import LoraCollector
 from scheduler_svc.pool_metrics import PoolCollector, PoolView
 from scheduler_svc.workers.liveness import LossCause
 
@@ -164,3 +165,6 @@ class SchedulerMetrics:
     def watch(self, pool: PoolView) -> None:
         """Adds the gauges and counters read from the pool's engines at scrape time."""
         self.registry.register(PoolCollector(pool, self.model_name))
+        lora = getattr(getattr(pool, "config", None), "lora", None)
+        if lora is not None:
+            self.registry.register(LoraCollector(pool, lora.max_loras))

@@ -95,7 +95,7 @@ class RequestTable:
         )
         self._deadlines.push(request)
         if request.adapter is not None:
-            self._adapters.want(request.adapter)
+            self._adapters.want(request.adapter, evict=False)  # a prefetch into a free slot
         self._queue.add_waiting(request)
 
     def finish(self, request: Request, reason: FinishReason) -> None:

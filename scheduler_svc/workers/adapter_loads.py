@@ -43,9 +43,9 @@ def adapter_residency(lora: LoraConfig | None, description) -> AdapterResidency 
 
 
 def adapters_in_use(scheduler: Scheduler) -> set[int]:
-    """lora_ids of the requests this scheduler holds (waiting or running)."""
+    """lora_ids of the running requests, which pin their slots (core/adapter_residency)."""
     in_use = set()
-    for request in (*scheduler.waiting, *scheduler.running):
+    for request in scheduler.running:
         if request.adapter is not None:
             in_use.add(request.adapter.lora_id)
     return in_use
@@ -62,7 +62,7 @@ class AdapterLoads:
 
     def kick(self, scheduler: Scheduler | None) -> None:
         """Starts what the residency asks for now (cheap when it asks nothing: called
-        after every step and every request placed)."""
+        after every schedule() and every request placed)."""
         residency = scheduler.adapters if scheduler is not None else None
         if residency is None or not residency.has_work:
             return

@@ -94,14 +94,20 @@ class WorkerEngine(EngineReadings):
         self._connected = False
         # The requests this engine holds, by id: their clients' streams.
         self._handles = RequestHandles()
-        self._loop = StepLoop(self.client, self._handles, self.faults, metrics, self._count_step)
+        self._loop = StepLoop(
+            self.client,
+            self._handles,
+            self.faults,
+            metrics,
+            self._count_step,
+            on_schedule=lambda: self.adapter_loads.kick(self.scheduler),
+        )
         self._task: asyncio.Task | None = None
         # LoRA: the worker's adapter loads, beside the steps (adapter_loads.py).
         self.adapter_loads = AdapterLoads(self.client, self._loop.wakeup.set)
 
     def _count_step(self) -> None:
         self.steps += 1
-        self.adapter_loads.kick(self.scheduler)
 
     # -- requests in and out --------------------------------------------------------------
 

@@ -50,12 +50,15 @@ class StepLoop:
         faults: FaultConfig,
         metrics: SchedulerMetrics | None,
         on_step: Callable[[], None],
+        on_schedule: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
         self.handles = handles
         self.faults = faults
         self.metrics = metrics
         self._on_step = on_step
+        # After every schedule(): the engine starts the LoRA loads it asks for.
+        self._on_schedule = on_schedule
         # Set when a request arrives or leaves, or the worker is lost: wakes an idle loop.
         self.wakeup = asyncio.Event()
 
@@ -67,6 +70,7 @@ class StepLoop:
             self.client.raise_if_lost()
             if len(in_flight) < scheduler.max_in_flight:
                 plan = scheduler.schedule()
+                self._on_schedule()
                 self.handles.deliver_failures(scheduler.take_failed())
                 if plan is not None:
                     self._note_first_scheduled(plan, scheduler)
