@@ -46,7 +46,11 @@ def _invalid(message: str) -> ServiceError:
 def read_adapter_config(path: str, max_lora_rank: int) -> tuple[int, tuple[str, ...]]:
     """(rank, target modules) of the PEFT LoRA directory at path; ServiceError NOT_FOUND
     for a missing directory, INVALID_ARGUMENT for one that is not a usable LoRA adapter."""
-    directory = Path(path).expanduser()
+    try:
+        directory = Path(path).expanduser()
+    except RuntimeError:
+        # `~user/...` of a user this host does not know: no such directory here.
+        raise _not_found(f"LoRA adapter directory {path!r} does not exist") from None
     if not directory.is_dir():
         raise _not_found(f"LoRA adapter directory {path!r} does not exist")
     config_path = directory / CONFIG_FILE

@@ -133,3 +133,11 @@ def test_from_config_loads_the_modules(tmp_path):
     config = SchedulerConfig(enable_lora=True, lora_modules=[f"sql={path}"]).lora
     registry = AdapterRegistry.from_config(config, "Base")
     assert registry.get("sql").lora_id == 1
+
+
+@pytest.mark.parametrize("path", ["~no-such-user-here/adapter", "a\x00b", "/no/such/dir"])
+def test_a_path_that_names_no_directory_is_not_found(path):
+    # Any text a client sends as lora_path is answered, never a crash (HTTP 500).
+    with pytest.raises(ServiceError) as raised:
+        AdapterRegistry(16, "base").load("x", path)
+    assert raised.value.code == grpc.StatusCode.NOT_FOUND
