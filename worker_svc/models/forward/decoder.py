@@ -183,10 +183,9 @@ class DecoderForCausalLM(nn.Module):
         sample_rows: torch.Tensor,
     ) -> torch.Tensor:
         """input_ids, positions `[T]` -> logits `[len(sample_rows), vocab]` in float32."""
-        # The native step adds no LoRA delta yet: a step with adapter rows takes this
-        # Python forward (to be replaced where the native step applies the slots).
-        lora = attention.lora
-        if self.native_decode is not None and (lora is None or lora.is_empty):
+        # The native step adds the step's LoRA deltas itself (attention.lora, read in
+        # place from the layers' slot tensors: kernels/decode_lora.h).
+        if self.native_decode is not None:
             logits = self.native_decode(input_ids, positions, attention, sample_rows)
             if logits is not None:
                 return logits
