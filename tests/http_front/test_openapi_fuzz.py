@@ -6,7 +6,8 @@ generated requests cost seconds. Every answer must be no server error, a status 
 document declares for its route, of a declared content type and in the declared
 schema; a method a route does not serve must be answered 405 with `Allow` (the
 coverage phase sends each one). The KV pool is small, so that no generated max_tokens
-makes a request long.
+makes a request long. With --enable-lora (a real float32 worker: the null one holds no
+adapters), the adapter routes and /v1/models are fuzzed on their own.
 
 schemathesis runs here through its engine (what its CLI runs), not its pytest plugin:
 the plugin's fixture-loaded schemas read a node attribute pytest 9.2 no longer has.
@@ -74,7 +75,26 @@ def _failures(finished: events.ScenarioFinished) -> list[str]:
 
 
 def test_every_answer_is_what_the_document_declares(front):
-    schema = schemathesis.openapi.from_url(f"{front.http_url}/openapi.json", config=_config())
+    _fuzz(schemathesis.openapi.from_url(f"{front.http_url}/openapi.json", config=_config()))
+
+
+@pytest.fixture(scope="module")
+def lora_front():
+    # The null worker has no adapter slots: a float32 worker, and only the routes that
+    # generate nothing are fuzzed.
+    lora = ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8"]
+    worker = ["--dtype", "float32", "--num-kv-blocks", "8", *lora]
+    with LocalStack(http_port=0, worker_args=worker, scheduler_args=lora) as stack:
+        yield stack
+
+
+@pytest.mark.model
+def test_the_lora_routes_answer_what_the_document_declares(lora_front):
+    schema = schemathesis.openapi.from_url(f"{lora_front.http_url}/openapi.json", config=_config())
+    _fuzz(schema.include(path_regex="^/v1/(load_lora_adapter|unload_lora_adapter|models)$"))
+
+
+def _fuzz(schema) -> None:
     failures: list[str] = []
     errors: list[str] = []
     checked: set[str] = set()

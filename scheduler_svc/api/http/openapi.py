@@ -4,8 +4,9 @@ FastAPI declares a 422 for every route with a body, but this front answers a bod
 cannot read with a 400 in OpenAI's error shape (errors.py): the 422 and its schemas
 go. What FastAPI cannot know is added: `text/event-stream` beside JSON where a route
 streams (responses.answers), Prometheus' text formats for /metrics, the bearer key
-where one is configured, and the `Allow` header of the 405 any route answers to a
-method it does not serve (RFC 9110; errors.py sends it).
+where one is configured, the `Allow` header of the 405 any route answers to a
+method it does not serve (RFC 9110; errors.py sends it), and errors as JSON on a route
+whose success is plain text (the LoRA routes).
 
 Client generators and gateways read this document; tests/http_front fuzz the live
 front from it with schemathesis.
@@ -72,14 +73,25 @@ _ABOUT = (
 )
 
 
+def _errors_as_json(response: dict[str, Any]) -> None:
+    """An error is answered as JSON whatever the route's own media type (errors.py); FastAPI
+    declares it under the route's (text/plain for the LoRA routes' plain-text success)."""
+    media = response.get("content", {})
+    schemas = [entry["schema"] for entry in media.values() if "schema" in entry]
+    if schemas:
+        response["content"] = {"application/json": {"schema": schemas[0]}}
+
+
 def correct(document: dict[str, Any], keys_required: bool, open_routes: frozenset[str]) -> None:
     for path, operations in document["paths"].items():
         for operation in operations.values():
             responses = operation["responses"]
             responses.pop("422", None)
-            for response in responses.values():
+            for status, response in responses.items():
                 if response.pop("x-cbserve-streams", False):
                     response["content"][SSE] = {"schema": SSE_EVENT_SCHEMA}
+                if status.isdigit() and int(status) >= 400:
+                    _errors_as_json(response)
             if path == "/metrics":
                 responses["200"]["content"] = {
                     media_type: {"schema": {"type": "string"}} for media_type in METRICS_MEDIA_TYPES
