@@ -160,7 +160,7 @@ class AdmissionQueue:
                 return
             if self.running[-1].priority <= candidate.priority:
                 return  # nothing running has a lower priority
-            if gate is not None and not gate(candidate):
+            if gate is not None and candidate.adapter is not None and not gate(candidate):
                 return  # its adapter is not loaded, or the step has no room for it
             hits = self._cached_prefix(candidate)
             if self._fits(candidate, hits) and len(self.running) < self.config.max_running_seqs:
@@ -225,7 +225,7 @@ class AdmissionQueue:
             if self.blocks.blocks_needed(request.num_tokens) > self.blocks.num_blocks:
                 self._fail(request, step, request.num_tokens)
                 continue
-            fits = gate is None or gate(request)
+            fits = gate is None or request.adapter is None or gate(request)
             hits = self._cached_prefix(request) if fits else []
             if not fits or not self._fits(request, hits):
                 if request.num_bypassed >= self.config.max_bypasses:

@@ -174,7 +174,8 @@ class Scheduler:
         planned: list[Planned] = []
         budget = self.config.max_num_batched_tokens
         step = self.queue.begin_step()
-        # LoRA: at most max_loras distinct adapters a step (adapter_residency.py).
+        # LoRA: at most max_loras distinct adapters a step (adapter_residency.py); a
+        # request with an adapter exists only beside LoRA slots, so loras is then set.
         loras = StepAdapters(self.adapters) if self.adapters is not None else None
         gate = loras.may_take if loras is not None else None
         if self.config.batching == "continuous":
@@ -187,7 +188,7 @@ class Scheduler:
             if request.structured and request.num_pending_samples and not self.deferred_masks:
                 continue  # its next mask needs the token in flight (see the module doc)
             num_scheduled = min(request.num_planned_tokens - request.num_computed_tokens, budget)
-            if num_scheduled == 0 or (loras is not None and not loras.take(request)):
+            if num_scheduled == 0 or (request.adapter is not None and not loras.take(request)):
                 continue
             end = request.num_computed_tokens + num_scheduled
             if self.block_manager.can_append_slots(request.seq_id, end):
@@ -213,7 +214,7 @@ class Scheduler:
         static = self.config.batching == "static"
         if budget > 0 or static:
             for request in self.queue.admit_waiting(step, gate):
-                if loras is not None:
+                if request.adapter is not None:
                     loras.take(request)
                 if budget > 0:
                     num_scheduled = min(request.num_tokens - request.num_computed_tokens, budget)
