@@ -75,6 +75,11 @@ def assign(
     return assigned
 
 
+def on_base(requests: list[BenchRequest]) -> list[BenchRequest]:
+    """The same requests naming no adapter (--lora-beside-base's column)."""
+    return [dataclasses.replace(request, lora_name="") for request in requests]
+
+
 def describe(requests: list[BenchRequest], strategy: str) -> dict:
     """What results.json records: the adapters and how many requests named each."""
     counts = Counter(request.lora_name for request in requests if request.lora_name)

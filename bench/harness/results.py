@@ -112,6 +112,8 @@ def comparisons(columns: list[Column]) -> list[tuple[str, str, str]]:
             "hf": "transformers",
             "llamacpp": "llama.cpp",
             "vllm": "vLLM CPU",
+            # --lora-beside-base: the adapters' requests again, on the base.
+            "base": "the base",
         }[column.system]
         suffix = f" @ {rate_label(column.rate)}" if several else ""
         ours_column = ours[column.rate]

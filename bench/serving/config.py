@@ -93,6 +93,13 @@ class BenchConfig:
         help="how requests are spread over --lora-modules: random (seeded by --seed) or "
         "round-robin",
     )
+    lora_beside_base: bool = flag(
+        False,
+        switch=True,
+        group=ARRIVALS,
+        help="with --lora-modules: the same requests on the base too, on the same stack's "
+        "flags, with the ratio (the issue's adapters-vs-base figure)",
+    )
     goodput: list[str] = flag(
         default_factory=list,
         several=True,
@@ -199,6 +206,8 @@ class BenchConfig:
         from bench.harness.lora_assignment import LoraModules
 
         LoraModules.parse(self.lora_modules)  # a ValueError naming the bad entry
+        if self.lora_beside_base and (not self.lora_modules or self.backend != "cbserve"):
+            raise ValueError("--lora-beside-base needs --lora-modules and --backend cbserve")
         if self.lora_modules and self.baselines:
             raise ValueError(
                 "--lora-modules: the baselines serve the base model only; run them without it"

@@ -115,9 +115,13 @@ def _measure(args, requests, settings) -> tuple[list[Column], list[str]]:
             columns += openai_backend.columns(args, requests, settings, scrape)
         except (RuntimeError, OSError) as error:
             errors.append(f"{args.base_url} not measured: {error}")
+    if args.lora_beside_base:
+        systems.append(("base", None))
     for system, batching in systems:
+        # The base column sends the same requests naming no adapter, to the same stack.
+        sent = lora_assignment.on_base(requests) if system == "base" else requests
         try:
-            columns += _cbserve_columns(args, requests, settings, system, batching)
+            columns += _cbserve_columns(args, sent, settings, system, batching)
         except (RuntimeError, TimeoutError, OSError, grpc.RpcError) as error:
             errors.append(_start_failure(system, error))
     if "hf" in args.baselines:
@@ -248,7 +252,8 @@ def run(args: argparse.Namespace, command: str) -> int:
         roofline = roofline_module.measure(args.model_dir, args.dtype, options.worker_threads(args))
     columns, errors = _measure(args, requests, settings)
     for column in columns:
-        if column.system in ("cbserve", "openai", "static", "llamacpp", "vllm") and args.ignore_eos:
+        served = ("cbserve", "openai", "static", "llamacpp", "vllm", "base")
+        if column.system in served and args.ignore_eos:
             short = short_outputs(requests, column.timings)
             if short:
                 print(

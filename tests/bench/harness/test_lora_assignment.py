@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 
 import pytest
 
-from bench.harness.lora_assignment import LoraModules, assign, describe
+from bench.harness.lora_assignment import LoraModules, assign, describe, on_base
+from bench.harness.results import Column, comparisons
 from bench.harness.workload import BenchRequest
 from bench.serving import options, serve
 from tests.bench.peers.test_openai_backend import MODEL, OpenAIServer
@@ -80,6 +82,17 @@ def test_flags_are_checked():
     assert "baselines" in parse("--lora-modules", "a", "--baselines", "hf")[1]
     with pytest.raises(SystemExit):
         parse("--lora-assignment", "sequential")
+    assert parse("--lora-modules", "a", "--lora-beside-base")[1] is None
+    assert "--lora-modules" in parse("--lora-beside-base")[1]
+
+
+def test_beside_the_base_the_same_requests_name_no_adapter_and_get_a_ratio():
+    assigned = assign(REQUESTS, ("a", "b"), "random", seed=0)
+    base = on_base(assigned)
+    assert all(r.lora_name == "" for r in base)
+    assert [r.prompt_token_ids for r in base] == [r.prompt_token_ids for r in assigned]
+    columns = [Column("cbserve", "cbserve", math.inf), Column("base", "base", math.inf)]
+    assert comparisons(columns) == [("cbserve vs the base", "cbserve", "base")]
 
 
 def test_the_openai_backend_names_each_adapter_as_the_model(tmp_path, model_dir):
