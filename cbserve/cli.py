@@ -83,6 +83,13 @@ def _add_generate(subparsers) -> None:
         "--stop-token-id", action="append", type=int, default=None, dest="stop_token_ids"
     )
     parser.add_argument("--ignore-eos", action="store_true", default=None)
+    parser.add_argument(
+        "--lora-name",
+        default="",
+        metavar="NAME",
+        help="generate with this LoRA adapter of the server's (GenerateRequest.lora_name; "
+        "`cbserve info` lists them); default: the base model",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="deadline in seconds")
     parser.add_argument("--usage", action="store_true", help="print token counts and finish reason")
 
@@ -102,7 +109,10 @@ def _generate(args: argparse.Namespace) -> int:
     completion = Completion()
     with _client(args) as client:
         try:
-            for response in client.generate(timeout=args.timeout, **source, **sampling):
+            replies = client.generate(
+                timeout=args.timeout, lora_name=args.lora_name, **source, **sampling
+            )
+            for response in replies:
                 completion.add(response)
                 sys.stdout.write(response.text)
                 sys.stdout.flush()

@@ -9,6 +9,9 @@ PEFT's own init leaves B zero, and then a missing delta would look like a served
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx2 as httpx
 import openai
 import pytest
@@ -161,3 +164,14 @@ def test_the_routes_exist_only_with_lora_on(http_base_url, openai_api):
     assert _post(http_base_url, "/v1/load_lora_adapter", body).status_code == 404
     reply = openai_api.completions.create(model="any-name", prompt=PROMPT, max_tokens=2)
     assert reply.choices[0].text
+
+
+def test_cbserve_generate_takes_the_adapter_by_name(lora_stack, api):
+    over_http = api.completions.create(model="sql", prompt=PROMPT, **GREEDY).choices[0].text
+    command = [sys.executable, "-m", "cbserve.cli", "generate", "--server", lora_stack.address]
+    command += ["--max-tokens", "12", PROMPT]
+    tuned = subprocess.run([*command, "--lora-name", "sql"], capture_output=True, text=True)
+    assert tuned.returncode == 0, tuned.stderr
+    assert tuned.stdout == over_http + "\n"
+    unknown = subprocess.run([*command, "--lora-name", "nope"], capture_output=True, text=True)
+    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
