@@ -53,7 +53,7 @@ async def serve(args, socket_path: str, index: int) -> None:
         )
     except (ValueError, FileNotFoundError, PortUnavailable) as error:
         raise StartupError(str(error)) from error
-    pool = RemotePool(await connect(socket_path))
+    pool = RemotePool(await connect(socket_path), lora_enabled=config.lora is not None)
     reader = asyncio.create_task(pool.run(), name="core channel")
     service = GenerationService(
         pool,

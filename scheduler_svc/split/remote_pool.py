@@ -67,8 +67,11 @@ class RemoteHandle:
 
 
 class RemotePool:
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, lora_enabled: bool | None = None) -> None:
         self._channel = channel
+        # From this process's own flags (the core's are the same): known before the first
+        # snapshot, when the HTTP front declares its routes. None: the snapshot's.
+        self._lora_enabled = lora_enabled
         self._snapshot: m.PoolSnapshot | None = None
         self._engines: list[RemoteEngine] = []
         self._handles: dict[str, RemoteHandle] = {}
@@ -135,6 +138,8 @@ class RemotePool:
 
     @property
     def lora_enabled(self) -> bool:
+        if self._lora_enabled is not None:
+            return self._lora_enabled
         return self._snapshot is not None and self._snapshot.lora_enabled
 
     def adapters(self) -> list[AdapterInfo]:

@@ -175,3 +175,22 @@ def test_cbserve_generate_takes_the_adapter_by_name(lora_stack, api):
     assert tuned.stdout == over_http + "\n"
     unknown = subprocess.run([*command, "--lora-name", "nope"], capture_output=True, text=True)
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+
+
+def test_with_api_processes_the_front_serves_the_cores_adapters(adapters):
+    # The HTTP front runs in an API process: its routes exist from the start, and a load
+    # there registers the adapter in the core, where requests of every process find it.
+    port = free_port()
+    scheduler = ["--http-port", str(port), *LIMITS, "--api-processes", "1"]
+    split = started_stack(worker_args=["--dtype", "float32", *LIMITS], scheduler_args=scheduler)
+    try:
+        root = f"http://127.0.0.1:{port}"
+        assert _load(root, "chat", adapters["chat"]).status_code == 200
+        with openai.OpenAI(base_url=f"{root}/v1", api_key="unused", max_retries=0) as api:
+            reply = api.completions.create(model="chat", prompt=PROMPT, **GREEDY)
+            assert reply.model == "chat" and reply.choices[0].text
+            assert _post(root, "/v1/unload_lora_adapter", {"lora_name": "chat"}).status_code == 200
+            with pytest.raises(openai.NotFoundError):
+                api.completions.create(model="chat", prompt=PROMPT, **GREEDY)
+    finally:
+        stop_stack(split)
