@@ -130,6 +130,8 @@ def _an_argv_setting(each) -> list[str]:
         return [each.option, '{"method": "ngram", "num_speculative_tokens": 3}']
     if each.field.name == "kv_events_config":
         return [each.option, '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}']
+    if each.field.name == "lora_modules":  # adapters need LoRA on
+        return [each.option, "sql=/adapters/sql", "--enable-lora"]
     if each.field.name.startswith("null_"):  # the null model's flags need it
         return [each.option, "0.5", "--model-impl", "null"]
     return [each.option, "m" if each.kind is str else "3"]

@@ -174,8 +174,7 @@ class Scheduler:
         planned: list[Planned] = []
         budget = self.config.max_num_batched_tokens
         step = self.queue.begin_step()
-        # LoRA: at most max_loras distinct adapters a step (adapter_residency.py); a
-        # request with an adapter exists only beside LoRA slots, so loras is then set.
+        # At most max_loras adapters a step (adapter_residency.py); set for any adapter.
         loras = StepAdapters(self.adapters) if self.adapters is not None else None
         gate = loras.may_take if loras is not None else None
         if self.config.batching == "continuous":
