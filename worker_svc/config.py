@@ -161,25 +161,15 @@ class WorkerConfig:
         default_help="torch's choice",
         help="torch intra-op threads",
     )
-    # LoRA adapters, vLLM's flags (worker_svc/lora); the scheduler takes the same ones.
-    # `cbserve serve` gives these to the scheduler too (cbserve/launch.py shared_flags).
+    # LoRA adapters, vLLM's flags (worker_svc/lora); `cbserve serve` gives the scheduler
+    # the same ones (cbserve/launch.py shared_flags).
     enable_lora: bool = flag(
-        False,
-        switch=True,
-        forwarded_by=(SERVE,),
-        help="hold LoRA adapters the scheduler loads (LoadAdapter)",
+        False, switch=True, forwarded_by=(SERVE,), help="hold adapters the scheduler loads"
     )
-    max_loras: int = flag(
-        1, forwarded_by=(SERVE,), help="with --enable-lora: the most distinct adapters in one step"
-    )
-    max_lora_rank: int = flag(
-        16, forwarded_by=(SERVE,), help="with --enable-lora: the largest adapter rank it loads"
-    )
+    max_loras: int = flag(1, forwarded_by=(SERVE,), help="with --enable-lora: most adapters a step")
+    max_lora_rank: int = flag(16, forwarded_by=(SERVE,), help="with --enable-lora: largest rank")
     max_cpu_loras: int | None = flag(
-        None,
-        default_help="--max-loras",
-        forwarded_by=(SERVE,),
-        help="with --enable-lora: adapters it keeps loaded",
+        None, default_help="--max-loras", forwarded_by=(SERVE,), help="with --enable-lora: slots"
     )
     host: str = flag("0.0.0.0", help="address to listen on")
     port: int = flag(DEFAULT_WORKER_PORT, help="the gRPC port the scheduler connects to")
