@@ -21,6 +21,10 @@ class LoraBatch:
     # (slot, int64 row indices into the flat batch) for each distinct non-zero slot, in
     # increasing slot order.
     groups: tuple[tuple[int, torch.Tensor], ...]
+    # Per group, (start, stop) where its rows are one contiguous run of the batch (one
+    # sequence, or every row on one adapter), else None: a run is read and added as a
+    # view, without a gather or a scatter.
+    spans: tuple[tuple[int, int] | None, ...] = ()
 
     @classmethod
     def from_row_slots(cls, row_slots: torch.Tensor) -> LoraBatch:
@@ -29,7 +33,7 @@ class LoraBatch:
             (slot, torch.nonzero(row_slots == slot).flatten())
             for slot in sorted(set(row_slots.tolist()) - {0})
         )
-        return cls(row_slots, groups)
+        return cls(row_slots, groups, tuple(_span(rows) for _, rows in groups))
 
     @classmethod
     def from_sequences(cls, slots_and_rows: Iterable[tuple[int, int]]) -> LoraBatch:
@@ -68,7 +72,7 @@ class LoraBatch:
         if self.row_slots.device == torch.device(device):
             return self
         groups = tuple((slot, rows.to(device)) for slot, rows in self.groups)
-        return LoraBatch(self.row_slots.to(device), groups)
+        return LoraBatch(self.row_slots.to(device), groups, self.spans)
 
     def kept(self, keep_rows: torch.Tensor) -> LoraBatch:
         """The batch restricted to `keep_rows` (the last layer's o_proj and MLP run only
@@ -76,3 +80,9 @@ class LoraBatch:
         if self.is_empty:
             return LoraBatch.base(keep_rows.shape[0])
         return LoraBatch.from_row_slots(self.row_slots[keep_rows])
+
+
+def _span(rows: torch.Tensor) -> tuple[int, int] | None:
+    """(first, last + 1) of increasing row indices with no gap, else None."""
+    first, last = int(rows[0]), int(rows[-1])
+    return (first, last + 1) if last - first + 1 == rows.shape[0] else None

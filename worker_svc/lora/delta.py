@@ -27,14 +27,26 @@ def add_lora_delta(
     tensors: tuple[torch.Tensor, torch.Tensor],
     batch: LoraBatch,
 ) -> torch.Tensor:
-    """out `[T, out]` += each row's adapter delta of x `[T, in]`, in place; returns out."""
+    """out `[T, out]` += each row's adapter delta of x `[T, in]`, in place; returns out.
+
+    A group whose rows are one run is read and added as views (float32: the second
+    matmul adds into out itself); scattered rows are gathered and added back by index.
+    """
     a, b = tensors
-    for slot, rows in batch.groups:
-        rows_x = x.index_select(0, rows)
-        if rows_x.dtype != torch.float32:
-            rows_x = rows_x.float()
-        delta = (rows_x @ a[slot].T) @ b[slot].T
-        out.index_add_(0, rows, delta.to(out.dtype))
+    for (slot, rows), span in zip(batch.groups, batch.spans, strict=True):
+        if span is not None:
+            rows_x, target = x[span[0] : span[1]], out[span[0] : span[1]]
+        else:
+            rows_x, target = x.index_select(0, rows), None
+        shrunk = rows_x.float() @ a[slot].T
+        if target is not None and target.dtype == torch.float32:
+            target.addmm_(shrunk, b[slot].T)
+            continue
+        delta = (shrunk @ b[slot].T).to(out.dtype)
+        if target is not None:
+            target.add_(delta)
+        else:
+            out.index_add_(0, rows, delta)
     return out
 
 
