@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL_DIR ?= .models/SmolLM2-135M-Instruct
 PROTOS := $(wildcard proto/cbserve/v1/*.proto proto/cbserve/worker/v1/*.proto)
-GENERATED := cbserve/v1/generation_pb2.py cbserve/worker/v1/worker_pb2.py
+GENERATED := cbserve/v1/generation_pb2.py cbserve/v1/admin_pb2.py cbserve/worker/v1/worker_pb2.py
 PYTEST_ARGS ?=
 # The buf CLI (proto lint and breaking-change check) comes from npm into a repo-local,
 # git-ignored folder: nothing global is installed, and everyone runs the pinned version.
