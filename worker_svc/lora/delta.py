@@ -2,7 +2,7 @@
 gets its slot store.
 
 One step's rows are grouped by adapter (LoraBatch.groups); each group costs two small
-float32 matmuls per projection, `(x[rows] @ a[s].T) @ b[s].T`, added into the
+float32 matmuls per projection, `(x[rows] @ a[s].T) @ b[s]`, added into the
 projection's output rows (the segmented gather-matmul of Punica / S-LoRA, one
 segment per adapter). Base rows are in no group and cost nothing; a step of base rows
 only skips it all. The delta is float32 whatever the activations are (the block path's
@@ -40,9 +40,9 @@ def add_lora_delta(
             rows_x, target = x.index_select(0, rows), None
         shrunk = rows_x.float() @ a[slot].T
         if target is not None and target.dtype == torch.float32:
-            target.addmm_(shrunk, b[slot].T)
+            target.addmm_(shrunk, b[slot])
             continue
-        delta = (shrunk @ b[slot].T).to(out.dtype)
+        delta = (shrunk @ b[slot]).to(out.dtype)
         if target is not None:
             target.add_(delta)
         else:

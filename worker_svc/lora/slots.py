@@ -4,17 +4,19 @@ Every fused projection of every decoder layer has two float32 tensors, allocated
 start for `max_cpu_loras + 1` slots (slot 0 is the base: zeros, never written):
 
     a: [slots, parts * max_lora_rank, in_features]
-    b: [slots, out_features, parts * max_lora_rank]
+    b: [slots, parts * max_lora_rank, out_features]
 
-so that the delta of a row under slot s is `(x @ a[s].T) @ b[s].T`, one pair of
+so that the delta of a row under slot s is `(x @ a[s].T) @ b[s]`, one pair of
 matmuls per fused projection whatever the adapter targets. Part p of a fused projection
 (q, k, v of "qkv"; gate, up of "gate_up") owns rows `p*max_rank .. p*max_rank + r` of
-`a` and, in `b`, those columns under its own output rows only (block-diagonal), so
-parts never leak into each other. A part the adapter does not target, and the ranks
-past the adapter's own, stay zero. The scaling (alpha/r, or alpha/sqrt(r) with rsLoRA)
-is folded into `b` at load, so the step multiplies nothing else. Loading copies into a
-slot in place: nothing is allocated per step or per load, and the native decode step
-reads the same tensors.
+`a` and of `b`, in `b` under its own output columns only (block-diagonal), so parts
+never leak into each other. b is PEFT's lora_B transposed: the native decode step reads
+a part's block as runs of contiguous output columns (kernels/decode_lora.h), where
+[out, R] rows would have it fetch the other parts' zeros beside each row's few floats.
+A part the adapter does not target, and the ranks past the adapter's own, stay zero.
+The scaling (alpha/r, or alpha/sqrt(r) with rsLoRA) is folded into `b` at load, so the
+step multiplies nothing else. Loading copies into a slot in place: nothing is allocated
+per step or per load, and the native decode step reads the same tensors.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class LoraSlots:
             for name, shape in projection_shapes(spec, layer).items():
                 width = len(shape.part_sizes) * self.max_rank
                 a = torch.zeros(self.num_slots, width, shape.in_features, device=device)
-                b = torch.zeros(self.num_slots, shape.out_features, width, device=device)
+                b = torch.zeros(self.num_slots, width, shape.out_features, device=device)
                 self.shapes[(layer, name)] = shape
                 self._tensors[(layer, name)] = (a, b)
         # slot -> the PEFT modules it changes; an empty slot has no entry.
@@ -99,7 +101,7 @@ class LoraSlots:
         return (layer, name) in self._tensors
 
     def tensors(self, layer: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a `[slots, parts*R, in]`, b `[slots, out, parts*R]`) of one fused projection."""
+        """(a `[slots, parts*R, in]`, b `[slots, parts*R, out]`) of one fused projection."""
         return self._tensors[(layer, name)]
 
     def is_loaded(self, slot: int) -> bool:
@@ -129,7 +131,7 @@ class LoraSlots:
             rank, first = lora_a.shape[0], part * self.max_rank
             rows = slice(shape.part_offset(part), shape.part_offset(part) + shape.part_sizes[part])
             a[slot, first : first + rank].copy_(lora_a)
-            b[slot, rows, first : first + rank].copy_(lora_b.float() * scaling)
+            b[slot, first : first + rank, rows].copy_(lora_b.T.float() * scaling)
         self.loaded[slot] = tuple(sorted({module for _, module in weights}))
 
     def clear(self, slot: int) -> None:

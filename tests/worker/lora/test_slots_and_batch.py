@@ -38,13 +38,13 @@ def test_store_shapes_and_base_slot():
     slots = LoraSlots(smollm_spec(), LoraLimits(3, 2, 16))
     assert slots.num_slots == 4 and slots.num_layers == NUM_LAYERS
     a, b = slots.tensors(0, "qkv")
-    assert a.shape == (4, 3 * 16, HIDDEN) and b.shape == (4, Q + 2 * KV, 3 * 16)
+    assert a.shape == (4, 3 * 16, HIDDEN) and b.shape == (4, 3 * 16, Q + 2 * KV)
     assert a.dtype == b.dtype == torch.float32 and a.is_contiguous() and b.is_contiguous()
     assert slots.shapes[(0, "qkv")].part_sizes == (Q, KV, KV)
     a, b = slots.tensors(NUM_LAYERS - 1, "gate_up")
-    assert a.shape == (4, 2 * 16, HIDDEN) and b.shape == (4, 2 * INTER, 2 * 16)
+    assert a.shape == (4, 2 * 16, HIDDEN) and b.shape == (4, 2 * 16, 2 * INTER)
     assert slots.tensors(3, "down")[0].shape == (4, 16, INTER)
-    assert slots.tensors(3, "o")[1].shape == (4, HIDDEN, 16)
+    assert slots.tensors(3, "o")[1].shape == (4, 16, HIDDEN)
     with pytest.raises(ValueError, match="out of range"):
         slots.check_slot(0)  # the base is never written
     with pytest.raises(ValueError, match="out of range"):
@@ -69,7 +69,7 @@ def test_write_places_parts_block_diagonally_and_folds_the_scaling():
     x = torch.randn(5, HIDDEN, generator=gen)
     for fused, module, offset in (("qkv", "k_proj", Q), ("gate_up", "up_proj", INTER)):
         a, b = slots.tensors(1, fused)
-        out = torch.zeros(5, b.shape[1])
+        out = torch.zeros(5, b.shape[2])
         add_lora_delta(out, x, (a, b), LoraBatch.from_sequences([(2, 5)]))
         want = torch.zeros_like(out)
         size = lora_b[module].shape[0]

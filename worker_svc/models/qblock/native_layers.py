@@ -65,7 +65,7 @@ LORA_PARTS = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
 class LoraTable:
     """DecodeModel's LoRA fields (kernels/decode_lora.h) for the slot tensors attached to
     a model's layers (lora/delta.py attach_slots): per layer and projection the addresses
-    of a `[slots, parts * rank, in]` and b `[slots, out, parts * rank]`, read in place, so
+    of a `[slots, parts * rank, in]` and b `[slots, parts * rank, out]`, read in place, so
     that a load into a slot is seen by the next step. `source` is what it was built from."""
 
     def __init__(self, model):
@@ -90,7 +90,7 @@ class LoraTable:
                     continue
                 a, b = lora[name]
                 width, (n_in, n_out) = parts * self.rank, shapes[name]
-                expected = ((self.slots, width, n_in), (self.slots, n_out, width))
+                expected = ((self.slots, width, n_in), (self.slots, width, n_out))
                 for tensor, shape in zip((a, b), expected, strict=True):
                     if (
                         tuple(tensor.shape) != shape

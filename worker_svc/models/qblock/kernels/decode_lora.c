@@ -1,6 +1,6 @@
 /* The native decode step's LoRA arithmetic (decode_lora.h says where the step applies
  * it): the shrink `t = a @ x` of a chunk of an adapter's A rows for the rows of one
- * group, and the expand `y += b @ t` of a range of output rows.
+ * group, and the expand `y += t @ b` of a range of output columns.
  *
  * Built apart from decode_step.c (-ffp-contract=off there), with fused multiply-adds:
  * the Python path's delta is torch's float32 matmul, which fuses too; the two differ in
@@ -43,18 +43,97 @@ void lora_shrink(const float *a, int64_t count, int64_t in, const float *x, int6
     }
 }
 
+#if !defined(__AVX512F__)
+/* y[rows[i] * ldy + j] += sum over r of shrunk[rows[i] * width + r] * b[r * ldb + j], for
+ * j < n: each row's delta summed apart first (as the Python path's matmul sums it
+ * before adding), some output columns at a time; the expand of CPUs without AVX-512. */
+static void expand_columns(const float *b, int64_t ldb, int64_t n, int64_t rank,
+                           const float *shrunk, int64_t width, const int64_t *rows,
+                           int64_t n_rows, float *y, int64_t ldy)
+{
+    enum { COLUMNS = 64 };
+    for (int64_t lo = 0; lo < n; lo += COLUMNS) {
+        const int64_t cols = n - lo < COLUMNS ? n - lo : COLUMNS;
+        for (int64_t i = 0; i < n_rows; i++) {
+            const float *t = shrunk + rows[i] * width;
+            float delta[COLUMNS] = {0.0f};
+            for (int64_t r = 0; r < rank; r++) {
+                const float *br = b + r * ldb + lo, tr = t[r];
+#pragma omp simd
+                for (int64_t j = 0; j < cols; j++)
+                    delta[j] += tr * br[j];
+            }
+            float *out = y + rows[i] * ldy + lo;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; j++)
+                out[j] += delta[j];
+        }
+    }
+}
+#else
+#include <immintrin.h>
+
+/* 32 columns (fewer: masks m0, m1) of `ROWS` rows' deltas in registers, each run of b
+ * loaded once for all of them: a delta kept in memory (expand_columns' as GCC compiles
+ * it) chains every multiply-add through a store and a load. */
+#define EXPAND_TILE(ROWS)                                                                       \
+    static void expand_tile_##ROWS(const float *b, int64_t ldb, int64_t rank,                   \
+                                   const float *const *t, float *const *out, __mmask16 m0,      \
+                                   __mmask16 m1)                                                \
+    {                                                                                           \
+        __m512 acc[ROWS][2];                                                                    \
+        for (int k = 0; k < ROWS; k++)                                                          \
+            acc[k][0] = acc[k][1] = _mm512_setzero_ps();                                        \
+        for (int64_t r = 0; r < rank; r++) {                                                    \
+            const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + r * ldb);                           \
+            const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + r * ldb + 16);                      \
+            for (int k = 0; k < ROWS; k++) {                                                    \
+                const __m512 tk = _mm512_set1_ps(t[k][r]);                                      \
+                acc[k][0] = _mm512_fmadd_ps(tk, b0, acc[k][0]);                                 \
+                acc[k][1] = _mm512_fmadd_ps(tk, b1, acc[k][1]);                                 \
+            }                                                                                   \
+        }                                                                                       \
+        for (int k = 0; k < ROWS; k++) {                                                        \
+            _mm512_mask_storeu_ps(out[k], m0,                                                   \
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m0, out[k]), acc[k][0])); \
+            _mm512_mask_storeu_ps(out[k] + 16, m1,                                              \
+                                  _mm512_add_ps(_mm512_maskz_loadu_ps(m1, out[k] + 16),         \
+                                                acc[k][1]));                                    \
+        }                                                                                       \
+    }
+EXPAND_TILE(1)
+EXPAND_TILE(2)
+EXPAND_TILE(3)
+EXPAND_TILE(4)
+#endif
+
 void lora_expand(const float *b, int64_t ldb, int64_t n, int64_t rank, const float *shrunk,
                  int64_t width, const int64_t *rows, int64_t n_rows, float *y, int64_t ldy)
 {
-    for (int64_t j = 0; j < n; j++) {
-        const float *bj = b + j * ldb;
-        for (int64_t i = 0; i < n_rows; i++) {
-            const float *t = shrunk + rows[i] * width;
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t r = 0; r < rank; r++)
-                sum += bj[r] * t[r];
-            y[rows[i] * ldy + j] += sum;
+#if defined(__AVX512F__)
+    for (int64_t lo = 0; lo < n; lo += 32) {
+        const int64_t cols = n - lo < 32 ? n - lo : 32;
+        const __mmask16 m0 = (__mmask16)(((uint64_t)1 << (cols < 16 ? cols : 16)) - 1);
+        const __mmask16 m1 = (__mmask16)(((uint64_t)1 << (cols > 16 ? cols - 16 : 0)) - 1);
+        for (int64_t i = 0; i < n_rows; i += 4) {
+            const float *t[4];
+            float *out[4];
+            const int64_t tile = n_rows - i < 4 ? n_rows - i : 4;
+            for (int64_t k = 0; k < tile; k++) {
+                t[k] = shrunk + rows[i + k] * width;
+                out[k] = y + rows[i + k] * ldy + lo;
+            }
+            if (tile == 4)
+                expand_tile_4(b + lo, ldb, rank, t, out, m0, m1);
+            else if (tile == 3)
+                expand_tile_3(b + lo, ldb, rank, t, out, m0, m1);
+            else if (tile == 2)
+                expand_tile_2(b + lo, ldb, rank, t, out, m0, m1);
+            else
+                expand_tile_1(b + lo, ldb, rank, t, out, m0, m1);
         }
     }
+#else
+    expand_columns(b, ldb, n, rank, shrunk, width, rows, n_rows, y, ldy);
+#endif
 }

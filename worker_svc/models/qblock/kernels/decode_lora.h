@@ -1,9 +1,9 @@
 /* LoRA adapters in the native decode step (decode_step.c), read from the worker's slot
  * store (worker_svc/lora/slots.py) in place: for every layer and fused projection (qkv,
- * o, gate/up, down) a float32 a [slots, parts * rank, in] and b [slots, out, parts *
- * rank], slot 0 the base's zeros, part p of a fused projection in rows p * rank.. of a
- * and, in b, those columns under its own output rows only (block-diagonal), the scaling
- * folded into b. A row on slot s gets b[s] @ (a[s] @ x) added to the projection's output.
+ * o, gate/up, down) a float32 a [slots, parts * rank, in] and b [slots, parts * rank,
+ * out], slot 0 the base's zeros, part p of a fused projection in rows p * rank.. of both,
+ * in b under its own output columns only (block-diagonal), the scaling folded into b. A
+ * row on slot s gets (a[s] @ x) @ b[s] added to the projection's output.
  *
  * The step's rows are grouped by slot before the parallel region (Punica's segments), so
  * that each adapter's a and b are read once a step whatever its number of rows, and base
@@ -11,8 +11,11 @@
  * of an adapter's A rows: `t = a @ x` into `shrunk`), then a barrier; each thread's
  * panels then add the expand of their own output rows, before the panel's next use (the
  * residual add, SiLU, the attention's bias and rotary): where the Python path adds its
- * delta, to the projection's float32 output. b's zero blocks are never read: a part's
- * output rows read that part's rank columns only. The Python projection adds its bias
+ * delta, to the projection's float32 output. b's zero blocks are never read: a panel's
+ * output columns of a part read that part's rank rows of b only, each a contiguous run
+ * (b as [out, parts * rank] rows would have the hardware fetch the other parts' zeros
+ * beside each row's few floats, as it fetches lines in pairs: measured, a third to a
+ * half of the step's time at one row). The Python projection adds its bias
  * before the delta, as residual_panel does; the qkv bias (added per item with rotary)
  * and a post-normed projection's bias (added per row) come after it here, which only
  * changes the last bit of a sum. */
@@ -152,27 +155,45 @@ static void lora_shrink_shared(const struct lora_delta *d, const float *x, int64
     share_end(me);
 }
 
-/* y[t * ldy + j - lo] += the delta's output row j of each adapter row t, for j in
- * lo .. lo + n - 1 (a panel's rows; one may cross from one part into the next). */
-static void lora_expand_rows(const struct lora_delta *d, int64_t lo, int64_t n, float *y,
-                             int64_t ldy)
+/* For each adapter of the step and each part of output columns lo .. lo + n - 1 (a
+ * panel's; one may cross from one part into the next): the part's rank rows of b, those
+ * columns of each, then either y[t * ldy + j - lo] += the delta's output j of each of the
+ * adapter's rows t, or (y NULL) a prefetch of them into L2. Each panel reads rank short
+ * runs, one per row of b, which the hardware does not fetch ahead of as it does A's
+ * rows: a panel prefetches them before its projection, whose time hides their latency. */
+static void lora_panel(const struct lora_delta *d, int64_t lo, int64_t n, float *y, int64_t ldy)
 {
     if (d == NULL)
         return;
     const struct lora_step *l = d->step;
     const int64_t rank = l->rank, R = d->parts * rank;
     for (int64_t g = 0; g < l->count; g++) {
-        const float *b = d->b + (int64_t)l->slot[g] * d->out * R;
+        const float *b = d->b + (int64_t)l->slot[g] * R * d->out;
         int64_t part_start = 0;
         for (int64_t p = 0; p < d->parts; part_start = d->part_end[p], p++) {
             const int64_t from = lo > part_start ? lo : part_start;
             const int64_t to = lo + n < d->part_end[p] ? lo + n : d->part_end[p];
-            if (from < to)
-                lora_expand(b + from * R + p * rank, R, to - from, rank, l->shrunk + p * rank,
-                            l->width, l->rows + l->start[g], l->start[g + 1] - l->start[g],
+            const float *part_b = b + p * rank * d->out + from;
+            for (int64_t r = 0; y == NULL && r < rank; r++)
+                for (int64_t j = 0; j < to - from; j += 16)
+                    __builtin_prefetch(part_b + r * d->out + j, 0, 2);
+            if (y != NULL && from < to)
+                lora_expand(part_b, d->out, to - from, rank, l->shrunk + p * rank, l->width,
+                            l->rows + l->start[g], l->start[g + 1] - l->start[g],
                             y + (from - lo), ldy);
         }
     }
+}
+
+static void lora_prefetch_rows(const struct lora_delta *d, int64_t lo, int64_t n)
+{
+    lora_panel(d, lo, n, NULL, 0);
+}
+
+static void lora_expand_rows(const struct lora_delta *d, int64_t lo, int64_t n, float *y,
+                             int64_t ldy)
+{
+    lora_panel(d, lo, n, y, ldy);
 }
 
 /* The adapter rows' delta of projection `proj` (NULL: none), its shrink done. */

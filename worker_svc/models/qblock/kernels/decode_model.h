@@ -65,10 +65,10 @@ struct decode_model {
     int64_t expert_activation; /* ACTIVATION_SILU or ACTIVATION_SWIGLU_CLAMPED */
     double swiglu_alpha, swiglu_limit;
     /* LoRA adapters (decode_lora.h): [layers][PROJS][2] addresses of a projection's a
-     * [slots, parts * rank, in] and b [slots, out, parts * rank], float32; 0: the
+     * [slots, parts * rank, in] and b [slots, parts * rank, out], float32; 0: the
      * projection has none (a mixture layer's MLP). NULL: no store attached. */
     const int64_t *lora;
-    int64_t lora_rank;  /* the store's max rank: each part's columns of b */
+    int64_t lora_rank;  /* the store's max rank: each part's rows of a and b */
     int64_t lora_slots; /* slots in the store, the base's 0 included */
 };
 

@@ -165,6 +165,7 @@ static void residual_panel(int variant, const struct block_weight *w, int64_t pa
                            const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(n, panel);
+    lora_prefetch_rows(delta, first, rows);
     project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
     if (delta) {
         for (int64_t i = 0; bias && i < tokens; i++)
@@ -188,6 +189,8 @@ static void swiglu_panel(int variant, const struct block_weight *w, int64_t pane
                          const struct thread_scratch *ts)
 {
     int64_t first = panel * QBLOCK_PANEL_ROWS, rows = panel_rows(intermediate, panel);
+    lora_prefetch_rows(delta, first, rows);
+    lora_prefetch_rows(delta, intermediate + first, rows);
     project_rows(variant, w, first, rows, x, tokens, k, ts->out_a, QBLOCK_PANEL_ROWS, ts);
     project_rows(variant, w, intermediate + first, rows, x, tokens, k, ts->out_b,
                  QBLOCK_PANEL_ROWS, ts);
@@ -221,6 +224,7 @@ static void add_projection(const struct decode_model *m, int variant,
     FOR_SHARED(p, panels_of(H), me, me->dynamic)
     {
         float *y = s->projected + p * QBLOCK_PANEL_ROWS;
+        lora_prefetch_rows(delta, p * QBLOCK_PANEL_ROWS, panel_rows(H, p));
         project_rows(variant, w, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), x, T, k, y, H, ts);
         lora_expand_rows(delta, p * QBLOCK_PANEL_ROWS, panel_rows(H, p), y, H);
     }

@@ -76,6 +76,7 @@ static void run_layer(const struct decode_model *m, const struct decode_batch *b
     {
         float *y = s->qkv + p * QBLOCK_PANEL_ROWS;
         const int64_t n = panel_rows(qkv_width, p);
+        lora_prefetch_rows(delta, p * QBLOCK_PANEL_ROWS, n);
         project_rows(variant, &weights[PROJ_QKV], p * QBLOCK_PANEL_ROWS, n, ts->normed, T, H, y,
                      qkv_width, ts);
         lora_expand_rows(delta, p * QBLOCK_PANEL_ROWS, n, y, qkv_width);
