@@ -1,4 +1,5 @@
-"""The worker's gRPC service: Describe, the Step stream, and LoRA adapters (lora/loading.py).
+"""The worker's gRPC service: Describe, the Step stream, LoRA adapters (lora/loading.py),
+and KV that moves between workers (kv_transfer/: SendKv, ReceiveKv).
 
 The forward pass runs in one dedicated thread, never on the event loop, so
 that stream reads and health checks are answered during a long prefill. That
@@ -34,6 +35,8 @@ import structlog
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from worker_svc.errors import PlanError
+from worker_svc.kv_transfer.receiver import KvReceiver
+from worker_svc.kv_transfer.sender import KvSender
 from worker_svc.lora.loading import AdapterService
 from worker_svc.metrics import WorkerMetrics
 
@@ -81,6 +84,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # Held by every step, wherever it runs, and by a LoRA slot's write (lora/loading.py).
         self.runner_lock = threading.Lock()
         self.adapters = AdapterService(self.executor, self.runner_lock)
+        # KV copies hold the same lock, for one chunk each (kv_transfer/).
+        self.kv_sender = KvSender(self.runner_lock)
+        self.kv_receiver = KvReceiver(self.runner_lock)
         self._worker: Worker | None = None
         # Event-loop side: the newest stream's number and its "superseded" signal.
         self._latest_stream = 0
@@ -127,6 +133,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def UnloadAdapter(self, request, context):  # noqa: N802 (gRPC method name)
         return await self.adapters.unload(await self._require_worker(context), request, context)
+
+    async def SendKv(self, request, context):  # noqa: N802 (gRPC method name)
+        worker = await self._require_worker(context)
+        return await self.kv_sender.send(worker.runner.pool, request, context)
+
+    async def ReceiveKv(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        worker = await self._require_worker(context)
+        return await self.kv_receiver.receive(worker.runner.pool, request_iterator, context)
 
     async def Step(  # noqa: N802 (gRPC method name)
         self, request_iterator: AsyncIterator[worker_pb2.StepPlan], context

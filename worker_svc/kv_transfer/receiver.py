@@ -1,0 +1,88 @@
+"""ReceiveKv, the destination's side: check the source's layout, then write each chunk
+into the blocks it names, between steps.
+
+A chunk is checked and turned from bytes into a tensor on a thread of its own, outside
+the runner's lock; only the copy into the pool holds it, so a step waits for at most one
+chunk's copy. Nothing outside the named blocks is touched: a stream cut midway leaves
+those blocks' contents undefined and everything else as it was (the scheduler then frees
+them and recomputes). The scheduler plans no step that reads the blocks before the
+source's SendKv answered, so no step sees a half-written one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from cbserve.worker.v1 import worker_pb2
+from worker_svc.kv_pool import KVPool
+from worker_svc.kv_transfer.layout import (
+    LayoutMismatch,
+    TransferError,
+    bytes_to_slots,
+    check_chunk,
+    check_layout,
+    holds_memory,
+    write_blocks,
+)
+
+log = structlog.get_logger("worker_svc.kv_transfer")
+
+
+def write_chunk(pool: KVPool, chunk: worker_pb2.KvChunk, runner_lock: threading.Lock) -> None:
+    """Checks one chunk (TransferError) and writes it: the conversion outside the lock,
+    the copy under it. Runs on a thread, not the event loop."""
+    check_chunk(pool, chunk)
+    if not holds_memory(pool):
+        return
+    slots = bytes_to_slots(pool, chunk)
+    with runner_lock:
+        write_blocks(pool, tuple(chunk.destination_block_ids), slots)
+
+
+class KvReceiver:
+    def __init__(self, runner_lock: threading.Lock) -> None:
+        self.runner_lock = runner_lock
+
+    async def receive(
+        self, pool: KVPool, chunks: AsyncIterator[worker_pb2.KvChunk], context
+    ) -> worker_pb2.ReceiveKvReply:
+        started = time.perf_counter()
+        transfer_id = None
+        received_bytes = received_blocks = 0
+        try:
+            async for chunk in chunks:
+                if transfer_id is None:
+                    transfer_id = chunk.transfer_id
+                    if not chunk.HasField("layout"):
+                        raise TransferError("the first chunk of a transfer carries its layout")
+                    check_layout(pool, chunk.layout)
+                elif chunk.transfer_id != transfer_id:
+                    raise TransferError(
+                        f"chunk of transfer {chunk.transfer_id} in transfer {transfer_id}"
+                    )
+                await asyncio.to_thread(write_chunk, pool, chunk, self.runner_lock)
+                received_bytes += len(chunk.data)
+                received_blocks += len(chunk.destination_block_ids)
+        except LayoutMismatch as exc:
+            log.warning("kv_receive_refused", transfer_id=transfer_id, error=str(exc))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except TransferError as exc:
+            log.warning("kv_receive_refused", transfer_id=transfer_id, error=str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if transfer_id is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a transfer without chunks")
+        log.info(
+            "kv_received",
+            transfer_id=transfer_id,
+            peer=context.peer(),
+            blocks=received_blocks,
+            bytes=received_bytes,
+            seconds=round(time.perf_counter() - started, 4),
+        )
+        return worker_pb2.ReceiveKvReply(bytes_received=received_bytes, num_blocks=received_blocks)
