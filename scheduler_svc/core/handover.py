@@ -32,15 +32,22 @@ def take_unfinished(queue: AdmissionQueue, requests: RequestTable) -> list[Reque
     )
     for request in unfinished:
         requests.leave_unfinished(request)
-        request.status = RequestStatus.WAITING
-        request.num_computed_tokens = 0
-        request.num_pending_samples = 0
-        request.seen_by_worker = False
-        request.sampled_since_admission = False
-        request.num_bypassed = 0
+        reset_for_recompute(request)
     # The worker is gone: nothing to tell it.
     requests.finished_seq_ids.clear()
     return unfinished
+
+
+def reset_for_recompute(request: Request) -> None:
+    """Leaves a request out of any scheduler in the state `adopt` takes: WAITING, nothing
+    computed or pending, unseen by any worker, its output so far kept (also a move whose
+    KV could not follow it: parking.py)."""
+    request.status = RequestStatus.WAITING
+    request.num_computed_tokens = 0
+    request.num_pending_samples = 0
+    request.seen_by_worker = False
+    request.sampled_since_admission = False
+    request.num_bypassed = 0
 
 
 def check_adoptable(request: Request, requests: RequestTable, max_model_len: int) -> None:

@@ -60,6 +60,11 @@ class PlansInFlight:
         planned = self._plans.pop(plan.step_id)
         return planned, self._pending_masks.missing(plan, result)
 
+    def includes(self, request: Request) -> bool:
+        """Whether a plan in flight computes or samples for the request (a move waits
+        until none does: parking.py)."""
+        return any(planned[0] is request for plan in self._plans.values() for planned in plan)
+
     def take_deferred_masks(self) -> DeferredMasks | None:
         """The deferred rows of the oldest plan in flight, once (PendingMasks.take)."""
         return self._pending_masks.take(next(iter(self._plans), None))

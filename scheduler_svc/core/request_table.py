@@ -138,6 +138,15 @@ class RequestTable:
         self._free_blocks(request)
         self._forget(request)
 
+    def hand_off(self, request: Request) -> None:
+        """Takes a request out of the queues and the table keeping its blocks, whose KV
+        moves to another worker (parking.py frees them once it has); the worker is told
+        to drop the sequence."""
+        self._queue.remove(request)
+        if request.seen_by_worker:
+            self.finished_seq_ids.append(request.seq_id)
+        self._forget(request)
+
     def _free_blocks(self, request: Request) -> None:
         if self._block_manager.has_blocks(request.seq_id):
             self._block_manager.free(request.seq_id)

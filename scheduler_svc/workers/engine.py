@@ -44,6 +44,7 @@ from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.workers.adapter_loads import AdapterLoads, adapter_residency
 from scheduler_svc.workers.client import WorkerClient, WorkerLost
+from scheduler_svc.workers.engine_moves import EngineMoves
 from scheduler_svc.workers.engine_readings import EngineReadings
 from scheduler_svc.workers.handle import Migrant, RequestHandle, RequestHandles
 from scheduler_svc.workers.liveness import Comeback, keep_trying
@@ -60,7 +61,7 @@ log = structlog.get_logger("scheduler.engine")
 RECONNECT_ATTEMPT_S = 2.0
 
 
-class WorkerEngine(EngineReadings):
+class WorkerEngine(EngineReadings, EngineMoves):
     def __init__(
         self,
         address: str,
@@ -105,9 +106,12 @@ class WorkerEngine(EngineReadings):
         self._task: asyncio.Task | None = None
         # LoRA: the worker's adapter loads, beside the steps (adapter_loads.py).
         self.adapter_loads = AdapterLoads(self.client, self._loop.wakeup.set)
+        # Moves with KV to and from this worker (engine_moves.py).
+        self._init_moves()
 
     def _count_step(self) -> None:
         self.steps += 1
+        self._step_answered()
 
     # -- requests in and out --------------------------------------------------------------
 
@@ -272,6 +276,7 @@ class WorkerEngine(EngineReadings):
         """Empties the engine of its unfinished requests, to be resumed elsewhere."""
         if self.scheduler is None:
             return []
+        self._unpark_all()
         self._handles.deliver_failures(self.scheduler.take_failed())
         now = time.monotonic()
         migrants = []
