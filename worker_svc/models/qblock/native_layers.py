@@ -65,14 +65,17 @@ LORA_PARTS = {"qkv": 3, "o": 1, "gate_up": 2, "down": 1}
 class LoraTable:
     """DecodeModel's LoRA fields (kernels/decode_lora.h) for the slot tensors attached to
     a model's layers (lora/delta.py attach_slots): per layer and projection the addresses
-    of a `[slots, parts * rank, in]` and b `[slots, parts * rank, out]`, read in place, so
-    that a load into a slot is seen by the next step. `source` is what it was built from."""
+    of a `[slots, parts * rank, in]` and b `[slots, parts * rank, out]` (float32 or
+    bfloat16) and the store's per-slot ranks, all read in place, so that a load into a
+    slot is seen by the next step. `source` is what it was built from."""
 
     def __init__(self, model):
         spec = model.spec
         self.source = [layer.lora for layer in model.layers]
-        first = self.source[0]["qkv"][0]
-        self.rank, self.slots = first.shape[1] // 3, first.shape[0]
+        first = self.source[0]["qkv"]
+        self.store = first.store  # its per-slot ranks, read in place
+        self.rank, self.slots = first.a.shape[1] // 3, first.a.shape[0]
+        self.dtype = first.a.dtype
         q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         hidden, inter = spec.hidden_size, spec.intermediate_size
         shapes = {  # (in, out) of each projection, as the step reads them
@@ -88,13 +91,14 @@ class LoraTable:
                 if name not in lora:  # a mixture layer's MLP
                     row += [0, 0]
                     continue
-                a, b = lora[name]
+                a, b = lora[name].a, lora[name].b
                 width, (n_in, n_out) = parts * self.rank, shapes[name]
                 expected = ((self.slots, width, n_in), (self.slots, width, n_out))
                 for tensor, shape in zip((a, b), expected, strict=True):
                     if (
                         tuple(tensor.shape) != shape
-                        or tensor.dtype != torch.float32
+                        or tensor.dtype not in (torch.float32, torch.bfloat16)
+                        or tensor.dtype != self.dtype
                         or tensor.device.type != "cpu"
                         or not tensor.is_contiguous()
                     ):
@@ -104,4 +108,10 @@ class LoraTable:
         self.table = torch.tensor(rows, dtype=torch.int64)
 
     def fields(self) -> dict:
-        return {"lora": self.table.data_ptr(), "lora_rank": self.rank, "lora_slots": self.slots}
+        return {
+            "lora": self.table.data_ptr(),
+            "lora_rank": self.rank,
+            "lora_slots": self.slots,
+            "lora_ranks": self.store.ranks.data_ptr(),
+            "lora_bf16": int(self.dtype == torch.bfloat16),
+        }

@@ -80,6 +80,8 @@ class DecodeModel(ctypes.Structure):
         *((name, _F64) for name in ("swiglu_alpha", "swiglu_limit")),
         ("lora", _PTR),  # NativeLora's table (native_lora.py); 0: no adapters
         *((name, _I64) for name in ("lora_rank", "lora_slots")),
+        ("lora_ranks", _PTR),  # int32 [slots]: LoraSlots.ranks
+        ("lora_bf16", _I64),  # 1: the store is bfloat16
     ]
 
 

@@ -1,9 +1,11 @@
 /* LoRA adapters in the native decode step (decode_step.c), read from the worker's slot
  * store (worker_svc/lora/slots.py) in place: for every layer and fused projection (qkv,
- * o, gate/up, down) a float32 a [slots, parts * rank, in] and b [slots, parts * rank,
- * out], slot 0 the base's zeros, part p of a fused projection in rows p * rank.. of both,
- * in b under its own output columns only (block-diagonal), the scaling folded into b. A
- * row on slot s gets (a[s] @ x) @ b[s] added to the projection's output.
+ * o, gate/up, down) an a [slots, parts * rank, in] and b [slots, parts * rank, out],
+ * float32 or bfloat16 (widened as read), slot 0 the base's zeros, part p of a fused
+ * projection in rows p * rank.. of both, in b under its own output columns only
+ * (block-diagonal), the scaling folded into b. A row on slot s gets (a[s] @ x) @ b[s]
+ * added to the projection's output. Of each part only the rows of the slot's own rank
+ * (lora_ranks) are read: an adapter below the store's max rank costs its own rank.
  *
  * The step's rows are grouped by slot before the parallel region (Punica's segments), so
  * that each adapter's a and b are read once a step whatever its number of rows, and base
@@ -28,11 +30,16 @@
 #include "decode_model.h"
 #include "step_team.h"
 
-/* decode_lora.c */
+/* decode_lora.c: each for a float32 store and for a bfloat16 one (uint16_t elements) */
 void lora_shrink(const float *a, int64_t count, int64_t in, const float *x, int64_t ldx,
                  const int64_t *rows, int64_t n_rows, float *shrunk, int64_t width);
 void lora_expand(const float *b, int64_t ldb, int64_t n, int64_t rank, const float *shrunk,
                  int64_t width, const int64_t *rows, int64_t n_rows, float *y, int64_t ldy);
+void lora_shrink_bf16(const uint16_t *a, int64_t count, int64_t in, const float *x, int64_t ldx,
+                      const int64_t *rows, int64_t n_rows, float *shrunk, int64_t width);
+void lora_expand_bf16(const uint16_t *b, int64_t ldb, int64_t n, int64_t rank,
+                      const float *shrunk, int64_t width, const int64_t *rows, int64_t n_rows,
+                      float *y, int64_t ldy);
 
 /* A rows of one shrink item: small enough that one adapter's o_proj (rank rows) is
  * several items for a team of a few threads at one row. */
@@ -42,7 +49,9 @@ enum { LORA_CHUNK = 8, LORA_LOOPS_PER_LAYER = 4, LORA_MAX_PARTS = 3 };
 struct lora_step {
     int64_t count;        /* distinct non-zero slots among the rows */
     int64_t rank, width;  /* the store's max rank; `shrunk`'s row stride (3 * rank) */
+    int64_t bf16;         /* the store's a and b are bfloat16 */
     const int32_t *slot;  /* [count] */
+    const int32_t *ranks; /* [count]: each group's adapter rank (rows read per part) */
     const int64_t *start; /* [count + 1]: group g is rows[start[g] .. start[g + 1]) */
     const int64_t *rows;  /* the rows of every group, group after group */
     float *shrunk;        /* [T, width]: a @ x of each adapter row, this projection's */
@@ -51,7 +60,7 @@ struct lora_step {
 /* One projection's delta in one layer, for this step. */
 struct lora_delta {
     const struct lora_step *step;
-    const float *a, *b;
+    const void *a, *b; /* float or uint16_t (bfloat16), as the step's `bf16` */
     int64_t in, out, parts;
     int64_t part_end[LORA_MAX_PARTS]; /* the output row after part p's last */
 };
@@ -88,18 +97,26 @@ static int lora_step_prepare(const struct decode_model *m, const struct decode_b
                              struct lora_step *l, void **mem)
 {
     const int64_t T = b->num_tokens;
-    *l = (struct lora_step){.rank = m->lora_rank, .width = LORA_MAX_PARTS * m->lora_rank};
+    *l = (struct lora_step){.rank = m->lora_rank,
+                            .width = LORA_MAX_PARTS * m->lora_rank,
+                            .bf16 = m->lora_bf16};
     *mem = NULL;
     if (b->row_slots == NULL)
         return 0;
-    *mem = malloc(sizeof(int64_t) * (3 * T + 1) + sizeof(float) * T * l->width);
+    *mem = malloc(sizeof(int64_t) * (4 * T + 1) + sizeof(float) * T * l->width);
     if (*mem == NULL)
         return -3;
     int64_t *start = *mem, *rows = start + T + 1;
-    int32_t *slot = (int32_t *)(rows + T);
+    int32_t *slot = (int32_t *)(rows + T), *ranks = (int32_t *)(rows + 2 * T);
     l->count = lora_group_rows(b->row_slots, T, m->lora == NULL ? 1 : m->lora_slots, slot,
                                start, rows);
-    l->slot = slot, l->start = start, l->rows = rows, l->shrunk = (float *)(rows + 2 * T);
+    l->slot = slot, l->ranks = ranks, l->start = start, l->rows = rows;
+    l->shrunk = (float *)(rows + 3 * T);
+    for (int64_t g = 0; g < l->count; g++) /* a rank outside 0 .. max: the whole part */
+        ranks[g] = m->lora_ranks == NULL || m->lora_ranks[slot[g]] < 0 ||
+                           m->lora_ranks[slot[g]] > l->rank
+                       ? (int32_t)l->rank
+                       : m->lora_ranks[slot[g]];
     return l->count < 0 ? -2 : 0;
 }
 
@@ -116,8 +133,8 @@ static int lora_delta_of(const struct decode_model *m, const struct lora_step *l
     const int64_t H = m->hidden, I = m->intermediate, d_head = m->head_dim;
     const int64_t q_width = m->num_heads * d_head, kv_width = m->num_kv_heads * d_head;
     *d = (struct lora_delta){.step = l,
-                             .a = (const float *)addresses[0],
-                             .b = (const float *)addresses[1],
+                             .a = (const void *)addresses[0],
+                             .b = (const void *)addresses[1],
                              .parts = 1};
     switch (proj) {
     case PROJ_QKV:
@@ -138,19 +155,33 @@ static int lora_delta_of(const struct decode_model *m, const struct lora_step *l
     return 1;
 }
 
-/* The team's shrink of every adapter row's input x[t * ldx ..] (then its barrier). */
+/* Element `index` of a store array of the step's type. */
+static inline const void *lora_at(const struct lora_step *l, const void *base, int64_t index)
+{
+    return (const char *)base + index * (l->bf16 ? 2 : 4);
+}
+
+/* The team's shrink of every adapter row's input x[t * ldx ..] (then its barrier): per
+ * group and part, chunks of the part's first `ranks[g]` A rows (a chunk past them is
+ * empty). */
 static void lora_shrink_shared(const struct lora_delta *d, const float *x, int64_t ldx,
                                struct member *me)
 {
     const struct lora_step *l = d->step;
-    const int64_t R = d->parts * l->rank, chunks = (R + LORA_CHUNK - 1) / LORA_CHUNK;
-    FOR_SHARED(item, l->count * chunks, me, me->dynamic)
+    const int64_t R = d->parts * l->rank, chunks = (l->rank + LORA_CHUNK - 1) / LORA_CHUNK;
+    FOR_SHARED(item, l->count * d->parts * chunks, me, me->dynamic)
     {
-        const int64_t g = item / chunks, first = item % chunks * LORA_CHUNK;
-        const int64_t count = R - first < LORA_CHUNK ? R - first : LORA_CHUNK;
-        const float *a = d->a + ((int64_t)l->slot[g] * R + first) * d->in;
-        lora_shrink(a, count, d->in, x, ldx, l->rows + l->start[g], l->start[g + 1] - l->start[g],
-                    l->shrunk + first, l->width);
+        const int64_t g = item / (d->parts * chunks), p = item / chunks % d->parts;
+        const int64_t in_part = item % chunks * LORA_CHUNK, first = p * l->rank + in_part;
+        const int64_t left = l->ranks[g] - in_part, count = left < LORA_CHUNK ? left : LORA_CHUNK;
+        if (count <= 0)
+            continue;
+        const void *a = lora_at(l, d->a, ((int64_t)l->slot[g] * R + first) * d->in);
+        const int64_t *rows = l->rows + l->start[g], n_rows = l->start[g + 1] - l->start[g];
+        if (l->bf16)
+            lora_shrink_bf16(a, count, d->in, x, ldx, rows, n_rows, l->shrunk + first, l->width);
+        else
+            lora_shrink(a, count, d->in, x, ldx, rows, n_rows, l->shrunk + first, l->width);
     }
     share_end(me);
 }
@@ -166,21 +197,27 @@ static void lora_panel(const struct lora_delta *d, int64_t lo, int64_t n, float 
     if (d == NULL)
         return;
     const struct lora_step *l = d->step;
-    const int64_t rank = l->rank, R = d->parts * rank;
+    const int64_t R = d->parts * l->rank, line = l->bf16 ? 32 : 16; /* elements a line */
     for (int64_t g = 0; g < l->count; g++) {
-        const float *b = d->b + (int64_t)l->slot[g] * R * d->out;
+        const int64_t rank = l->ranks[g], slot = l->slot[g];
         int64_t part_start = 0;
         for (int64_t p = 0; p < d->parts; part_start = d->part_end[p], p++) {
             const int64_t from = lo > part_start ? lo : part_start;
             const int64_t to = lo + n < d->part_end[p] ? lo + n : d->part_end[p];
-            const float *part_b = b + p * rank * d->out + from;
+            const int64_t part_b = (slot * R + p * l->rank) * d->out + from;
             for (int64_t r = 0; y == NULL && r < rank; r++)
-                for (int64_t j = 0; j < to - from; j += 16)
-                    __builtin_prefetch(part_b + r * d->out + j, 0, 2);
-            if (y != NULL && from < to)
-                lora_expand(part_b, d->out, to - from, rank, l->shrunk + p * rank, l->width,
-                            l->rows + l->start[g], l->start[g + 1] - l->start[g],
-                            y + (from - lo), ldy);
+                for (int64_t j = 0; j < to - from; j += line)
+                    __builtin_prefetch(lora_at(l, d->b, part_b + r * d->out + j), 0, 2);
+            if (y == NULL || from >= to)
+                continue;
+            const int64_t *rows = l->rows + l->start[g], n_rows = l->start[g + 1] - l->start[g];
+            const float *t = l->shrunk + p * l->rank;
+            if (l->bf16)
+                lora_expand_bf16(lora_at(l, d->b, part_b), d->out, to - from, rank, t, l->width,
+                                 rows, n_rows, y + (from - lo), ldy);
+            else
+                lora_expand(lora_at(l, d->b, part_b), d->out, to - from, rank, t, l->width, rows,
+                            n_rows, y + (from - lo), ldy);
         }
     }
 }

@@ -65,11 +65,13 @@ struct decode_model {
     int64_t expert_activation; /* ACTIVATION_SILU or ACTIVATION_SWIGLU_CLAMPED */
     double swiglu_alpha, swiglu_limit;
     /* LoRA adapters (decode_lora.h): [layers][PROJS][2] addresses of a projection's a
-     * [slots, parts * rank, in] and b [slots, parts * rank, out], float32; 0: the
-     * projection has none (a mixture layer's MLP). NULL: no store attached. */
+     * [slots, parts * rank, in] and b [slots, parts * rank, out], float32 or bfloat16
+     * (lora_bf16); 0: the projection has none (a mixture layer's MLP). NULL: no store. */
     const int64_t *lora;
     int64_t lora_rank;  /* the store's max rank: each part's rows of a and b */
     int64_t lora_slots; /* slots in the store, the base's 0 included */
+    const int32_t *lora_ranks; /* [slots] each slot's adapter rank (rows read per part) */
+    int64_t lora_bf16;         /* 1: a and b are bfloat16, else float32 */
 };
 
 /* One step. */
