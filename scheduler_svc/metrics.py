@@ -21,6 +21,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 from common.metrics import LATENCY_BUCKETS, MODEL_NAME_LABEL, TOKEN_BUCKETS, new_registry
+from scheduler_svc.kv_metrics import KvTransferMetrics
 from scheduler_svc.lora.metrics import LoraCollector
 from scheduler_svc.pool_metrics import PoolCollector, PoolView
 from scheduler_svc.workers.liveness import LossCause
@@ -133,6 +134,7 @@ class SchedulerMetrics:
             (MODEL_NAME_LABEL,),
             registry=registry,
         ).labels(model_name)
+        self.kv_transfers = KvTransferMetrics(registry, model_name)
         # Known label values start at 0, so that rate() sees the first one.
         for cause in LossCause:
             self.workers_lost.labels(model_name, cause.value)

@@ -238,12 +238,36 @@ class WorkerClient:
         request = wpb.UnloadAdapterRequest(slot=slot)
         await self._adapter_call("UnloadAdapter", request, f"unload adapter slot {slot}")
 
-    async def _adapter_call(self, method: str, request, what: str):
+    async def send_kv(
+        self,
+        transfer_id: int,
+        destination: str,
+        source_block_ids: list[int],
+        destination_block_ids: list[int],
+        num_tokens: int,
+        timeout_s: float,
+    ) -> wpb.SendKvReply:
+        """Worker.SendKv: this worker streams the blocks' KV to `destination`, beside
+        both workers' steps; raises ServiceError as load_adapter does (a deadline passed:
+        DEADLINE_EXCEEDED)."""
+        request = wpb.SendKvRequest(
+            transfer_id=transfer_id,
+            destination=destination,
+            source_block_ids=source_block_ids,
+            destination_block_ids=destination_block_ids,
+            num_tokens=num_tokens,
+        )
+        what = f"send KV transfer {transfer_id} to {destination}"
+        return await self._adapter_call("SendKv", request, what, timeout_s)
+
+    async def _adapter_call(
+        self, method: str, request, what: str, timeout_s: float = ADAPTER_CALL_TIMEOUT_S
+    ):
         if self._stub is None:
             unavailable = grpc.StatusCode.UNAVAILABLE
             raise ServiceError(f"worker {self.address} is not connected", unavailable)
         try:
-            return await getattr(self._stub, method)(request, timeout=ADAPTER_CALL_TIMEOUT_S)
+            return await getattr(self._stub, method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
             raise ServiceError(
                 f"worker {self.address} could not {what}: {error.details()}", error.code()

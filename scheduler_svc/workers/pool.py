@@ -34,8 +34,10 @@ from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.config.faults import FaultConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.workers.drain import DrainCounts, drain_engine
 from scheduler_svc.workers.engine import WorkerEngine
 from scheduler_svc.workers.handle import Migrant, RequestHandle
+from scheduler_svc.workers.kv_moves import KvMoves
 from scheduler_svc.workers.liveness import keep_trying
 from scheduler_svc.workers.orphans import Orphanage
 from scheduler_svc.workers.placement import pick_for_new
@@ -85,7 +87,9 @@ class WorkerPool(PoolAdapters):
         self.changed = asyncio.Event()
         # Counters of removed engines, so that the totals exported never go down.
         self.retired_stats = SchedulerStats()
-        self.orphans = Orphanage(self.faults.worker_wait_timeout_s, self.connected_engines)
+        self.orphans = Orphanage(self.faults.worker_wait_timeout_s, self.placeable_engines)
+        # Requests moved with their KV (drain, removal): kv_moves.py, drain.py.
+        self.kv_moves = KvMoves(self.orphans, getattr(metrics, "kv_transfers", None))
         self._static: set[str] = set()
         self._connecting: dict[str, asyncio.Task] = {}
         # The last description of every worker ever connected: the model limits
@@ -133,7 +137,7 @@ class WorkerPool(PoolAdapters):
     def submit(self, request: Request) -> RequestHandle:
         """Queues a new request on the best connected worker (placement), or, with none
         connected, in the orphanage until one connects; raises ServiceError."""
-        engines = self.connected_engines()
+        engines = self.placeable_engines()
         if not engines and self.accepts_without_worker():
             return self.park(request)
         engine = pick_for_new(
@@ -154,7 +158,7 @@ class WorkerPool(PoolAdapters):
 
     def pick(self, prompt_token_ids: Sequence[int], num_tokens: int) -> WorkerEngine:
         """The connected worker a new request would go to (see placement.pick_for_new)."""
-        return pick_for_new(self.connected_engines(), prompt_token_ids, num_tokens)
+        return pick_for_new(self.placeable_engines(), prompt_token_ids, num_tokens)
 
     # -- membership -----------------------------------------------------------------------
 
@@ -230,10 +234,35 @@ class WorkerPool(PoolAdapters):
         if watch is not None:
             watch.connected(engine.address)
 
+    async def drain(self, address: str) -> DrainCounts:
+        """Moves every request off the worker (drain.py), then takes it out: a discovered
+        one is dropped, a static one stays out of placement. Raises ServiceError:
+        NOT_FOUND for an unknown address, FAILED_PRECONDITION for the only worker."""
+        engine = self.engines.get(address)
+        if engine is None:
+            raise ServiceError(f"no worker {address!r} in the pool", grpc.StatusCode.NOT_FOUND)
+        if not [other for other in self.placeable_engines() if other is not engine]:
+            raise ServiceError(
+                f"worker {address} is the only one serving: nowhere to move its requests",
+                grpc.StatusCode.FAILED_PRECONDITION,
+            )
+        counts = await drain_engine(engine, self.placeable_engines, self.kv_moves)
+        if address not in self._static:
+            await self._drop(address)
+        return counts
+
     async def remove(self, address: str) -> None:
-        """Drops a discovered worker; its in-flight requests end with UNAVAILABLE."""
+        """Drops a discovered worker, drained first (with no other: UNAVAILABLE)."""
         if address in self._static or address not in self.engines:
             return
+        engine = self.engines[address]
+        others = [other for other in self.placeable_engines() if other is not engine]
+        if engine.connected and others and not engine.draining:
+            await drain_engine(engine, self.placeable_engines, self.kv_moves)
+        if address in self.engines:
+            await self._drop(address)
+
+    async def _drop(self, address: str) -> None:
         connecting = self._connecting.pop(address, None)
         if connecting is not None:
             await cancel_and_wait(connecting)
@@ -260,6 +289,12 @@ class WorkerPool(PoolAdapters):
 
     def connected_engines(self) -> list[WorkerEngine]:
         return [engine for engine in self.engines.values() if engine.connected]
+
+    def placeable_engines(self) -> list[WorkerEngine]:
+        """Connected workers a request may be placed on: not drained or draining."""
+        return [
+            engine for engine in self.engines.values() if engine.connected and not engine.draining
+        ]
 
     # -- what the pool as a whole reports ---------------------------------------------
 

@@ -19,6 +19,7 @@ from common.grpc_options import SERVER_OPTIONS
 
 from .fake_worker import FakeWorker
 from .harness import THE
+from .kv_transfer_fakes import FAKE_BYTES_PER_TOKEN, copy_kv
 
 NUM_BLOCKS = 64
 BLOCK_SIZE = 4
@@ -33,6 +34,13 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
         self.delay_s = 0.0
         # Added to every answered step id (an out-of-protocol worker).
         self.step_id_offset = 0
+        # The current stream's fake worker (its KV pool), and the workers SendKv may
+        # reach by address (tests share one dict between them).
+        self.worker: FakeWorker | None = None
+        self.peers: dict[str, GrpcFakeWorker] = {}
+        # SendKv fails with this status (None: it copies the blocks, kv_transfer_fakes).
+        self.send_kv_fails: grpc.StatusCode | None = None
+        self.transfers = 0
 
     @property
     def address(self) -> str:
@@ -65,7 +73,7 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
     async def Step(self, request_iterator, context):  # noqa: N802 (gRPC method name)
         self.streams += 1
         stream = self.streams
-        worker = FakeWorker(NUM_BLOCKS, BLOCK_SIZE, lambda *_: THE)
+        worker = self.worker = FakeWorker(NUM_BLOCKS, BLOCK_SIZE, lambda *_: THE)
         async for plan in request_iterator:
             result = worker.step_proto(plan)
             result.step_id += self.step_id_offset
@@ -73,3 +81,18 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             yield result
+
+    async def SendKv(self, request, context):  # noqa: N802 (gRPC method name)
+        """The source's end of a transfer, the destination's ReceiveKv played in process."""
+        self.transfers += 1
+        await asyncio.sleep(0.01)  # the wire: steps of both workers go on meanwhile
+        if self.send_kv_fails is not None:
+            await context.abort(self.send_kv_fails, "the fake transfer failed")
+        copy_kv(
+            self.worker,
+            self.peers[request.destination].worker,
+            request.source_block_ids,
+            request.destination_block_ids,
+            request.num_tokens,
+        )
+        return wpb.SendKvReply(bytes_sent=request.num_tokens * FAKE_BYTES_PER_TOKEN, num_chunks=1)

@@ -36,6 +36,7 @@ class FakeEngine:
     ):
         self.address = address
         self.connected = False
+        self.draining = False
         self.stopped = False
         self.load = 0
         self.num_submitted = 0
