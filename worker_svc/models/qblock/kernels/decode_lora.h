@@ -103,7 +103,10 @@ static int lora_step_prepare(const struct decode_model *m, const struct decode_b
     *mem = NULL;
     if (b->row_slots == NULL)
         return 0;
-    *mem = malloc(sizeof(int64_t) * (4 * T + 1) + sizeof(float) * T * l->width);
+    /* `shrunk`, which the team writes while it reads the groups, in cache lines of its
+     * own: sharing one with them cost 0.5 ms of a 6 ms step at one row (measured). */
+    const size_t groups = (sizeof(int64_t) * (4 * T + 1) + 63) / 64 * 64;
+    *mem = aligned_alloc(64, groups + (sizeof(float) * T * l->width + 63) / 64 * 64);
     if (*mem == NULL)
         return -3;
     int64_t *start = *mem, *rows = start + T + 1;
@@ -111,7 +114,7 @@ static int lora_step_prepare(const struct decode_model *m, const struct decode_b
     l->count = lora_group_rows(b->row_slots, T, m->lora == NULL ? 1 : m->lora_slots, slot,
                                start, rows);
     l->slot = slot, l->ranks = ranks, l->start = start, l->rows = rows;
-    l->shrunk = (float *)(rows + 3 * T);
+    l->shrunk = (float *)((char *)*mem + groups);
     for (int64_t g = 0; g < l->count; g++) /* a rank outside 0 .. max: the whole part */
         ranks[g] = m->lora_ranks == NULL || m->lora_ranks[slot[g]] < 0 ||
                            m->lora_ranks[slot[g]] > l->rank
