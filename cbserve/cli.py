@@ -1,8 +1,9 @@
-"""The `cbserve` command: generate, info, serve.
+"""The `cbserve` command: generate, info, drain, serve.
 
 cbserve generate "Once upon a time" --max-tokens 64
 cbserve generate --chat "What is the capital of France?"
 cbserve info
+cbserve drain --worker HOST:PORT   # move a worker's requests, with their KV, to the others
 cbserve serve            # the same as `make run`
 cbserve bench --baselines static,hf   # the serving benchmark (bench/, in a source checkout)
 cbserve bench scheduler               # the scheduler's capacity, with null workers
@@ -141,6 +142,53 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_drain(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "drain",
+        help="move every request off one worker (with its KV) to the others, then take "
+        "that worker out of service",
+    )
+    parser.add_argument(
+        "--worker",
+        required=True,
+        metavar="HOST:PORT",
+        help="the worker to drain, as the scheduler dials it (cbserve info lists them)",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="deadline in seconds (600)")
+    _add_connection(parser)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from cbserve.connection import api_key_from_env, call_metadata, open_channel
+    from cbserve.v1 import admin_pb2, admin_pb2_grpc
+
+    api_key = args.api_key if args.api_key is not None else api_key_from_env()
+    try:
+        metadata = call_metadata(api_key)
+        channel = open_channel(args.server, None, args.tls_ca, asyncio=False)
+    except ValueError as error:
+        raise SystemExit(f"cbserve: {error}") from None
+    with channel:
+        stub = admin_pb2_grpc.AdminServiceStub(channel)
+        try:
+            reply = stub.DrainWorker(
+                admin_pb2.DrainWorkerRequest(address=args.worker),
+                timeout=args.timeout,
+                metadata=metadata,
+            )
+        except grpc.RpcError as error:
+            print(f"cbserve: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+    print(
+        f"drained {args.worker} in {reply.seconds:.2f} s: "
+        f"{reply.requests_moved} requests moved with their KV "
+        f"({reply.blocks_moved} blocks, {reply.bytes_moved} bytes, "
+        f"{reply.tokens_not_recomputed} tokens not recomputed), "
+        f"{reply.requests_recomputed} recomputed, {reply.requests_requeued} requeued"
+    )
+    return 0
+
+
 def _bench_found() -> bool:
     """bench/ lives in the source tree, beside the installed packages: from the
     `cbserve` script it is importable only once the checkout is on sys.path."""
@@ -182,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_generate(subparsers)
     info = subparsers.add_parser("info", help="print the served model's limits")
     _add_connection(info)
+    _add_drain(subparsers)
     from cbserve.launch import add_serve_arguments
 
     add_serve_arguments(
@@ -206,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args)
     if args.command == "info":
         return _info(args)
+    if args.command == "drain":
+        return _drain(args)
     if args.command == "bench":
         from bench.serving.serve import run
 

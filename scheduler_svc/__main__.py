@@ -30,6 +30,7 @@ from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
+from scheduler_svc.api.admin import add_admin_to_server
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
@@ -91,6 +92,8 @@ async def serve(args: argparse.Namespace) -> None:
         max_concurrent_streams=faults.max_concurrent_streams,
     )
     add_to_server(service, server)
+    # cbserve drain: behind the same interceptors (API keys) as Generation.
+    add_admin_to_server(pool, server)
     metrics_server = None
     if process.metrics_port:
         metrics_server = MetricsServer(metrics.registry, process.host, process.metrics_port)

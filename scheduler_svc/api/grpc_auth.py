@@ -1,9 +1,10 @@
 """The API key check on the scheduler's gRPC door.
 
-Only cbserve.v1.Generation is locked: grpc.health.v1 and reflection stay open, so
-that load balancers, Kubernetes probes and `grpcurl list` work without a key (they
-say nothing about the model and cost nothing). The key travels as the call metadata
-`authorization: Bearer KEY`, the same value as HTTP's header (ApiKeys).
+Only cbserve.v1.Generation and cbserve.v1.AdminService are locked: grpc.health.v1
+and reflection stay open, so that load balancers, Kubernetes probes and `grpcurl list`
+work without a key (they say nothing about the model and cost nothing). The key
+travels as the call metadata `authorization: Bearer KEY`, the same value as HTTP's
+header (ApiKeys).
 
 A refused call never reaches the servicer: the interceptor hands grpc a handler of
 the method's own kind (unary or server-streaming) that only aborts with
@@ -17,13 +18,18 @@ from collections.abc import Awaitable, Callable
 import grpc
 import structlog
 
+from cbserve.v1 import admin_pb2 as apb
 from cbserve.v1 import generation_pb2 as pb
 from scheduler_svc.api.api_keys import MISSING_KEY, ApiKeys
 
 log = structlog.get_logger("scheduler.auth")
 
 AUTHORIZATION = "authorization"
-LOCKED_PREFIX = "/" + pb.DESCRIPTOR.services_by_name["Generation"].full_name + "/"
+# Generation, and AdminService (cbserve drain): an operation is no less guarded.
+LOCKED_PREFIXES = (
+    "/" + pb.DESCRIPTOR.services_by_name["Generation"].full_name + "/",
+    "/" + apb.DESCRIPTOR.services_by_name["AdminService"].full_name + "/",
+)
 # What a gRPC caller without a key should do; HTTP's wording names the header instead.
 GRPC_KEY_HINT = (
     " (gRPC: the call metadata `authorization: Bearer <key>`; cbserve.Client(api_key=...), "
@@ -49,7 +55,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or not handler_call_details.method.startswith(LOCKED_PREFIX):
+        if handler is None or not handler_call_details.method.startswith(LOCKED_PREFIXES):
             return handler
         refusal = self.keys.refusal(authorization_of(handler_call_details.invocation_metadata))
         if refusal is None:
