@@ -97,6 +97,7 @@ def _command_lines(monkeypatch) -> dict[str, tuple[argparse.ArgumentParser, str]
         "cbserve serve": (serve, "running.md"),
         "cbserve generate": (subparser(cli, "generate"), "cli.md"),
         "cbserve info": (subparser(cli, "info"), "cli.md"),
+        "cbserve drain": (subparser(cli, "drain"), "cli.md"),
         "cbserve bench": (subparser(cli, "bench"), BENCH_PAGES),
         "python -m common.health_probe": (probe_parser(), "cli.md"),
         "python -m worker_svc.convert_gguf": (
