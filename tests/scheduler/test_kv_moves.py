@@ -231,3 +231,23 @@ def test_a_drained_static_worker_stays_connected_and_out_of_placement():
         await cluster.pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_removed_from_discovery_is_drained_not_failed():
+    async def scenario():
+        cluster = Cluster()
+        prompt = unique_prompt(10)
+        request = make_request(prompt=prompt, max_tokens=12)
+        handle = cluster.queue("a", request)
+        for _ in range(3):
+            cluster.harness["a"].step()
+        await cluster.pool.remove("a")
+        assert "a" not in cluster.pool.engines and handle.holder is cluster.engine["b"]
+        assert handle.queue.empty()  # no UNAVAILABLE: its stream goes on
+        cluster.follow(request, "a", "b")
+        cluster.harness["b"].run()
+        assert cluster.harness["b"].token_ids(request.request_id) == _reference(prompt, 12)
+        assert cluster.sample("cbserve_kv_transfer_tokens_total") > 0
+        await cluster.pool.stop()
+
+    asyncio.run(scenario())

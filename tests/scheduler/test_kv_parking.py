@@ -12,6 +12,7 @@ from scheduler_svc.core.request import RequestStatus
 
 from .harness import Harness, encode, make_request, unique_prompt
 from .kv_transfer_fakes import copy_kv
+from .test_lora_scheduling import A, add, lora_harness, run_with_loads
 
 WORDS = encode(" one two three four five six seven eight nine ten eleven twelve thirteen")
 
@@ -129,3 +130,25 @@ def test_reserve_refuses_without_room_and_unpark_plans_the_request_again():
     assert a.token_ids(request.request_id) == WORDS[:8]
     with pytest.raises(ValueError):
         parking.park(a.scheduler, request)  # finished: not running any more
+
+
+def test_a_request_with_a_lora_adapter_moves_and_runs_once_its_adapter_is_loaded_there():
+    source = lora_harness(num_slots=2, max_loras=2)
+    destination = lora_harness(num_slots=2, max_loras=2)
+    request = add(source, A, unique_prompt(9), WORDS[:12])
+    run_with_loads(source, max_steps=5, until_idle=False)
+    assert request.num_output_tokens > 0 and source.residency.is_ready(A.lora_id)
+    parking.park(source.scheduler, request)
+    hold = parking.detach(source.scheduler, request)
+    ids = parking.reserve(destination.scheduler, request, hold.num_tokens)
+    copy_kv(source.worker, destination.worker, hold.block_ids, ids, hold.num_tokens)
+    parking.release_hold(source.scheduler, request)
+    _move_stream(request, source, destination)
+    parking.adopt_with_kv(destination.scheduler, request, hold.num_tokens)
+    assert not destination.residency.is_ready(A.lora_id)
+    # run_with_loads checks that its NewSequence comes only once A is loaded there,
+    # with A's slot.
+    run_with_loads(destination, load_steps=3)
+    assert destination.token_ids(request.request_id) == WORDS[:12]
+    assert destination.block_manager.num_used_blocks == 0
+    assert source.block_manager.num_used_blocks == 0
