@@ -45,6 +45,8 @@ class RequestTrace:
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
         self.output_tokens = 0
+        # The workers it left with its KV (a drain), oldest first.
+        self.moved_from: list[str] = []
         # (code, message) once the call has failed; the handler aborts with it.
         self.failure: tuple[grpc.StatusCode, str] | None = None
 
@@ -79,7 +81,9 @@ class RequestTrace:
         return None if self.first_token is None else self.first_token - self.arrival
 
     def _summary(self) -> dict:
+        moves = {"kv_moved_from": self.moved_from} if self.moved_from else {}
         return {
+            **moves,
             "worker": self.worker,
             "prompt_tokens": self.prompt_tokens,
             "cached_prompt_tokens": self.cached_prompt_tokens,

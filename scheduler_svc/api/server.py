@@ -245,6 +245,7 @@ class GenerationService(pb_grpc.GenerationServicer):
             self._placed.pop(request_id, None)
             trace.first_scheduled = handle.first_scheduled
             trace.worker = handle.address or trace.worker
+            trace.moved_from = list(getattr(handle, "moved_from", ()))
             if outcome is None:
                 # Cancelled, disconnected or past its deadline: free its blocks.
                 handle.abort()

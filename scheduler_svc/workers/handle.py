@@ -35,6 +35,8 @@ class RequestHandle:
     queue: asyncio.Queue[StreamItem] = field(default_factory=asyncio.Queue)
     # When a plan first included the request (time.monotonic()); its queue time ends there.
     first_scheduled: float | None = None
+    # The workers it left with its KV (workers/kv_moves.py), oldest first: in its trace.
+    moved_from: list[str] = field(default_factory=list)
 
     @property
     def address(self) -> str:

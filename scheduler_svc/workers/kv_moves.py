@@ -128,6 +128,7 @@ class KvMoves:
         if error is None and destination.adopt_with_kv(
             request, handle, reservation, detached.num_tokens
         ):
+            handle.moved_from.append(source.address)
             if self.metrics is not None:
                 self.metrics.moved(num_blocks, reply.bytes_sent, detached.num_tokens, seconds)
             log.info(

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from common.errors import ServiceError
+from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.metrics import SchedulerMetrics
 from scheduler_svc.workers.engine import WorkerEngine
@@ -93,6 +94,7 @@ def test_a_move_hands_the_request_and_its_stream_to_the_destination_with_its_kv(
             request.request_id
         )
         assert not cluster.engine["a"].holds(request.request_id)
+        assert handle.moved_from == ["a"]  # in the request's trace (request_trace.py)
         assert cluster.harness["a"].block_manager.num_used_blocks == 0
         cluster.follow(request, "a", "b")
         cluster.harness["b"].run()
@@ -251,3 +253,16 @@ def test_a_worker_removed_from_discovery_is_drained_not_failed():
         await cluster.pool.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_request_trace_names_the_workers_a_request_left_with_its_kv(capsys):
+    trace = RequestTrace(SchedulerMetrics("fake", engine=False))
+    trace.placed("b", 5)
+    trace.finished("length")
+    assert "kv_moved_from" not in capsys.readouterr().out
+    trace = RequestTrace(SchedulerMetrics("fake", engine=False))
+    trace.placed("b", 5)
+    trace.moved_from = ["a"]
+    trace.finished("length")
+    line = capsys.readouterr().out
+    assert "kv_moved_from" in line and ("'a'" in line or '"a"' in line)
