@@ -75,6 +75,11 @@ class WorkerClient:
         # Why the current stream is lost (None while it is fine).
         self.lost: WorkerLost | None = None
 
+    @property
+    def channel(self) -> grpc.aio.Channel | None:
+        """The current connection's channel (None before connect and after close)."""
+        return self._channel
+
     async def connect(self, timeout_s: float) -> wpb.WorkerDescription:
         """One connect attempt: Describe the worker and open the Step stream, waiting
         up to timeout_s for it to answer (the channel retries with its reconnect

@@ -24,6 +24,7 @@ from scheduler_svc.workers.kv_moves import KvMoves, MoveOutcome, MoveResult
 
 if TYPE_CHECKING:
     from scheduler_svc.workers.engine import WorkerEngine
+    from scheduler_svc.workers.pool import WorkerPool
 
 log = structlog.get_logger("scheduler.drain")
 
@@ -60,6 +61,26 @@ class DrainCounts:
     @property
     def requests_drained(self) -> int:
         return self.requests_moved + self.requests_recomputed + self.requests_requeued
+
+
+_background: set[asyncio.Task] = set()
+
+
+def drain_in_background(engine: WorkerEngine, pool: WorkerPool) -> None:
+    """A worker shutting down (shutdown_watch.py): drained now, beside everything else."""
+    destinations, moves = pool.placeable_engines, pool.kv_moves
+    if not [other for other in destinations() if other is not engine]:
+        log.warning("worker shutting down, no other to move its requests to", worker=engine.address)
+        return
+
+    def done(task: asyncio.Task) -> None:
+        _background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("drain failed", worker=engine.address, error=repr(task.exception()))
+
+    task = asyncio.create_task(drain_engine(engine, destinations, moves), name="drain")
+    _background.add(task)
+    task.add_done_callback(done)
 
 
 async def drain_engine(

@@ -180,6 +180,7 @@ class WorkerEngine(EngineReadings, EngineMoves):
         )
         self._set_connected(True)
         self._comeback.connected()
+        self._watch_for_shutdown()
 
     def submit(self, request: Request) -> RequestHandle:
         """Queues a new request; its client streams from the handle."""
@@ -225,6 +226,7 @@ class WorkerEngine(EngineReadings, EngineMoves):
             await cancel_and_wait(self._task)
             self._task = None
         await self.adapter_loads.stop()
+        self._stop_shutdown_watch()
         await self.client.close()
         self._withdraw_cache()
         self._fail_all(f"worker {self.address} was removed from the pool")

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduler_svc.core import parking
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.workers.handle import Migrant, RequestHandle
+from scheduler_svc.workers.shutdown_watch import start_watch
 
 if TYPE_CHECKING:
     from scheduler_svc.core.scheduler import Scheduler
@@ -62,6 +64,31 @@ class EngineMoves:
         self._answered = asyncio.Event()
         # Drained or draining (WorkerPool.drain): nothing new is placed here.
         self.draining = False
+        # A graceful shutdown (shutdown_watch.py): the pool drains this worker when it
+        # is called; until another instance of the worker connects here.
+        self.on_shutting_down: Callable[[], None] | None = None
+        self._shutdown_watch: asyncio.Task | None = None
+        self._left_instance: str | None = None
+
+    def _watch_for_shutdown(self) -> None:
+        """On every connect: a restarted worker (another instance) that a shutdown
+        drained is placed on again; its health is watched for the next shutdown."""
+        instance = self.client.description.instance_id
+        if self._left_instance is not None and instance != self._left_instance:
+            self._left_instance, self.draining = None, False
+        self._stop_shutdown_watch()
+        self._shutdown_watch = start_watch(self.client.channel, self.address, self._leaving)
+
+    def _leaving(self) -> None:
+        if self.draining or self.on_shutting_down is None:
+            return
+        self._left_instance = self.client.description.instance_id
+        self.on_shutting_down()
+
+    def _stop_shutdown_watch(self) -> None:
+        if self._shutdown_watch is not None:
+            self._shutdown_watch.cancel()
+            self._shutdown_watch = None
 
     def _step_answered(self) -> None:
         answered, self._answered = self._answered, asyncio.Event()

@@ -34,7 +34,7 @@ from scheduler_svc.config.core import SchedulerConfig
 from scheduler_svc.config.faults import FaultConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.workers.drain import DrainCounts, drain_engine
+from scheduler_svc.workers.drain import DrainCounts, drain_engine, drain_in_background
 from scheduler_svc.workers.engine import WorkerEngine
 from scheduler_svc.workers.handle import Migrant, RequestHandle
 from scheduler_svc.workers.kv_moves import KvMoves
@@ -109,6 +109,7 @@ class WorkerPool(PoolAdapters):
         # Kept by the client, which opens every connect and reconnect with it.
         engine.client.security = self.worker_security
         engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
+        engine.on_shutting_down = lambda: drain_in_background(engine, self)
         self.engines[address] = engine
         return engine
 
@@ -235,9 +236,8 @@ class WorkerPool(PoolAdapters):
             watch.connected(engine.address)
 
     async def drain(self, address: str) -> DrainCounts:
-        """Moves every request off the worker (drain.py), then takes it out: a discovered
-        one is dropped, a static one stays out of placement. Raises ServiceError:
-        NOT_FOUND for an unknown address, FAILED_PRECONDITION for the only worker."""
+        """Moves every request off the worker (drain.py), then drops a discovered one (a
+        static one stays out); ServiceError NOT_FOUND, or FAILED_PRECONDITION (the only)."""
         engine = self.engines.get(address)
         if engine is None:
             raise ServiceError(f"no worker {address!r} in the pool", grpc.StatusCode.NOT_FOUND)
@@ -256,8 +256,7 @@ class WorkerPool(PoolAdapters):
         if address in self._static or address not in self.engines:
             return
         engine = self.engines[address]
-        others = [other for other in self.placeable_engines() if other is not engine]
-        if engine.connected and others and not engine.draining:
+        if engine.connected and not engine.draining and len(self.placeable_engines()) > 1:
             await drain_engine(engine, self.placeable_engines, self.kv_moves)
         if address in self.engines:
             await self._drop(address)

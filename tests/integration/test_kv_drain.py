@@ -3,6 +3,7 @@ workers, 16 requests streaming (greedy and seeded, some with stop strings, one w
 structured output), AdminService.DrainWorker on the first mid-run. Every stream is
 token-identical to the same requests without a drain, the reply says nothing was
 recomputed and requests moved, and the drained worker gets no request afterwards.
+Then the same with a worker stopped gracefully (SIGTERM) instead: drained too.
 (no_leaked_blocks, conftest.py: no block held on either worker at the end.)
 """
 
@@ -62,10 +63,11 @@ def drain_stack():
     stop_stack(running)
 
 
-async def _run(address: str, drain_address: str | None):
+async def _run(address: str, drain_address: str | None, fault=None):
     """Streams every request at once; with drain_address, drains that worker once each
-    stream has AFTER_TOKENS tokens (or has ended). Returns each stream's (token ids,
-    text, finish reason), the drain's reply, and the tokens each had then."""
+    stream has AFTER_TOKENS tokens (or has ended), or calls fault() then. Returns each
+    stream's (token ids, text, finish reason), the drain's reply, and the tokens each
+    had then."""
     requests = _requests()
     started = [asyncio.Event() for _ in requests]
     counts = [0] * len(requests)
@@ -86,6 +88,10 @@ async def _run(address: str, drain_address: str | None):
 
         tasks = [asyncio.create_task(one(index)) for index in range(len(requests))]
         reply, at_drain = None, None
+        if fault is not None:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 240)
+            at_drain = list(counts)
+            fault()
         if drain_address is not None:
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 240)
             at_drain = list(counts)
@@ -129,3 +135,28 @@ def test_a_drain_mid_run_moves_every_request_with_its_kv_token_identical(drain_s
     again, _, _ = asyncio.run(_run(address, None))
     assert again == reference
     assert _placed(drain_stack, drained) == before
+
+
+@pytest.fixture(scope="module")
+def shutdown_stack():
+    """Its own stack: a worker of it is stopped (SIGTERM) and not brought back."""
+    running = started_stack(num_workers=2, worker_args=WORKER_ARGS, grace_period_s=30.0)
+    yield running
+    stop_stack(running)
+
+
+def test_a_worker_stopped_gracefully_is_drained_with_its_kv_not_recomputed(shutdown_stack):
+    stack = shutdown_stack
+    reference, _, _ = asyncio.run(_run(stack.address, None))
+    leaving = stack.workers[1].process
+    results, _, at_stop = asyncio.run(_run(stack.address, None, fault=leaving.terminate))
+    assert any(count < MAX_TOKENS for count in at_stop), at_stop  # mid-run
+    for index, (got, expected) in enumerate(zip(results, reference, strict=True)):
+        assert got == expected, f"request {index}"
+    metrics = stack.metrics()
+    moved = metrics['cbserve_kv_transfers_total{outcome="moved"}']
+    tokens = metrics["cbserve_kv_transfer_tokens_total"]
+    print(f"\n[shutdown drain] {moved:.0f} moved, {tokens:.0f} tokens not recomputed")
+    assert metrics['cbserve_kv_transfers_total{outcome="moved"}'] > 0
+    assert metrics['cbserve_kv_transfers_total{outcome="failed"}'] == 0
+    assert metrics["cbserve_requests_recomputed_total"] == 0

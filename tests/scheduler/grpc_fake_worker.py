@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cbserve.worker.v1 import worker_pb2 as wpb
 from cbserve.worker.v1 import worker_pb2_grpc as wpb_grpc
 from common.grpc_options import SERVER_OPTIONS
+from scheduler_svc.workers.shutdown_watch import WORKER_SERVICE
 
 from .fake_worker import FakeWorker
 from .harness import THE
@@ -41,6 +43,7 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
         # SendKv fails with this status (None: it copies the blocks, kv_transfer_fakes).
         self.send_kv_fails: grpc.StatusCode | None = None
         self.transfers = 0
+        self.starts = 0
 
     @property
     def address(self) -> str:
@@ -52,9 +55,18 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
         self.server = None
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         wpb_grpc.add_WorkerServicer_to_server(self, self.server)
+        # grpc.health.v1, as a real worker serves it (SIGTERM: NOT_SERVING, shutting_down).
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        self.starts += 1  # a restarted worker is another instance, as a real one is
         await self.server.start()
+        await self.health.set(WORKER_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         return self
+
+    async def shutting_down(self) -> None:
+        """What a real worker does first on SIGTERM: NOT_SERVING, its streams still open."""
+        await self.health.enter_graceful_shutdown()
 
     async def stop(self) -> None:
         """Goes away as a killed process does: every open stream breaks."""
@@ -67,7 +79,7 @@ class GrpcFakeWorker(wpb_grpc.WorkerServicer):
             block_size=BLOCK_SIZE,
             max_model_len=256,
             vocab_size=49152,
-            instance_id=f"fake-{self.port}",
+            instance_id=f"fake-{self.port}-{self.starts}",
         )
 
     async def Step(self, request_iterator, context):  # noqa: N802 (gRPC method name)

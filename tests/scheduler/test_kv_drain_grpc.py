@@ -78,3 +78,46 @@ def test_drain_mid_run_keeps_every_stream_whole(transfers_fail):
             await worker.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_shutting_down_gracefully_is_drained_with_its_kv():
+    async def scenario():
+        workers = [await GrpcFakeWorker().start() for _ in range(2)]
+        peers = {worker.address: worker for worker in workers}
+        for worker in workers:
+            worker.peers, worker.delay_s = peers, 0.01
+        leaving, staying = workers
+        pool = WorkerPool(SchedulerConfig(), load_tokenizer())
+        await pool.start([worker.address for worker in workers], 5.0)
+        requests = [
+            make_request(prompt=unique_prompt(9), max_tokens=MAX_TOKENS, ignore_eos=True)
+            for _ in range(6)
+        ]
+        handles = [pool.submit(request) for request in requests]
+        streams = [asyncio.create_task(_collect(handle)) for handle in handles]
+        engine = pool.engines[leaving.address]
+        while not any(r.num_output_tokens >= 5 for r in requests if engine.holds(r.request_id)):
+            await asyncio.sleep(0.01)
+        await leaving.shutting_down()  # SIGTERM: health NOT_SERVING, the stream still open
+        results = await asyncio.gather(*streams)
+        assert all(tokens == [THE] * MAX_TOKENS for tokens in results)
+        assert leaving.transfers > 0 and engine.draining and engine.load == 0
+        assert (
+            pool.submit(make_request(prompt=unique_prompt(5), max_tokens=2)).holder
+            is (pool.engines[staying.address])
+        )
+        assert [worker.streams for worker in workers] == [1, 1]
+        # It exits, and comes back on its port (another instance): placed on again.
+        await leaving.stop()
+        await leaving.start(leaving.port)
+
+        async def back() -> None:
+            while engine.draining or not engine.connected:
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(back(), 20.0)
+        await pool.stop()
+        for worker in workers:
+            await worker.stop()
+
+    asyncio.run(scenario())
