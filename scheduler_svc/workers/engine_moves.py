@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.cancel_safe import set_within
 from scheduler_svc.core import parking
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.workers.handle import Migrant, RequestHandle
@@ -122,9 +123,8 @@ class EngineMoves:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            try:
-                await asyncio.wait_for(self._answered.wait(), remaining)
-            except asyncio.TimeoutError:
+            # Not wait_for, which on Python 3.10 and 3.11 can lose a cancel (cancel_safe).
+            if not await set_within(self._answered, remaining):
                 break
         if self._parked.pop(request_id, None) is None or self.scheduler is not scheduler:
             return None  # the worker was lost: handed over with the others
