@@ -71,12 +71,19 @@ async def _run(address: str, drain_address: str | None, fault=None):
     requests = _requests()
     started = [asyncio.Event() for _ in requests]
     counts = [0] * len(requests)
+    # Each stream's longest wait between two responses: a drain's pause shows here.
+    longest_gap = [0.0] * len(requests)
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.GenerationStub(channel)
 
         async def one(index: int):
             tokens, text, finish = [], "", 0
+            last = None
             async for response in stub.Generate(requests[index], timeout=300):
+                now = time.monotonic()
+                if last is not None:
+                    longest_gap[index] = max(longest_gap[index], now - last)
+                last = now
                 tokens.extend(response.token_ids)
                 text += response.text
                 counts[index] = len(tokens)
@@ -107,6 +114,7 @@ async def _run(address: str, drain_address: str | None, fault=None):
                 f"{reply.seconds:.3f} s (call {time.monotonic() - began:.3f} s)"
             )
         results = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    print(f"[streams] longest pause between two responses: {max(longest_gap):.3f} s")
     return results, reply, at_drain
 
 
