@@ -40,6 +40,9 @@ SUBCOMMANDS = {
     "make-adapters": Subcommand(
         "bench.lora_adapters", "PEFT LoRA adapters with random A and B on the default model"
     ),
+    "lora-load-stall": Subcommand(
+        "bench.lora_load_stall", "a LoRA adapter loaded at run time: the running streams' gap"
+    ),
     "front": Subcommand(
         "bench.serving.front_overhead", "the OpenAI HTTP front against gRPC, same workload"
     ),
