@@ -112,7 +112,9 @@ def make_adapters(
 
 
 def main(argv: list[str] | None = None, prog: str = "cbserve bench make-adapters") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " ")
+    )
     parser.add_argument(
         "--out-dir", type=Path, default=Path("out/adapters"), help="where the adapters go"
     )
