@@ -107,7 +107,8 @@ async def serve(args: argparse.Namespace) -> None:
     # Before the workers, so that a port taken fails at once, without touching them.
     http_front = await start_http(service, edge, process.host, server)
     try:
-        await pool.start(process.worker, connect_timeout_s)
+        pool.split.add_prefill_workers(process.prefill_worker)
+        await pool.start([*process.worker, *process.prefill_worker], connect_timeout_s)
     except NoWorkerReady as error:
         await server.stop(grace=None)
         if kv_events is not None:

@@ -85,6 +85,8 @@ def ready_line(
     parts = [f"scheduler ready on {process.host}:{process.port}"]
     if process.worker:
         parts.append(f"workers={','.join(process.worker)}")
+    if process.prefill_worker:
+        parts.append(f"prefill_workers={','.join(process.prefill_worker)}")
     if process.worker_dns:
         parts.append(f"worker_dns={process.worker_dns}")
     if engines:

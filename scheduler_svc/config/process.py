@@ -34,6 +34,13 @@ class ProcessConfig:
         help="a worker; repeat for several (or comma-separate). Each must answer at start; "
         "a lost one is reconnected for as long as the scheduler runs",
     )
+    prefill_worker: list[str] = flag(
+        default_factory=list,
+        metavar="HOST:PORT",
+        help="a worker that runs new requests' prefills only: each request's KV then moves "
+        "to a --worker (decode) worker, which decodes it; a prompt the decode side's prefix "
+        "cache holds but for its last block skips it. Repeat for several (or comma-separate)",
+    )
     worker_dns: str | None = flag(
         None,
         metavar="NAME:PORT",
@@ -89,6 +96,9 @@ class ProcessConfig:
             )
         if not self.worker and not self.worker_dns:
             raise ValueError("give at least one --worker HOST:PORT or a --worker-dns NAME:PORT")
+        both = set(self.worker) & set(self.prefill_worker)
+        if both:
+            raise ValueError(f"a worker is either --worker or --prefill-worker: {sorted(both)}")
         if self.worker_dns is not None:
             try:
                 parse_target(self.worker_dns)

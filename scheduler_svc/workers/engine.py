@@ -108,10 +108,15 @@ class WorkerEngine(EngineReadings, EngineMoves):
         self.adapter_loads = AdapterLoads(self.client, self._loop.wakeup.set)
         # Moves with KV to and from this worker (engine_moves.py).
         self._init_moves()
+        # Called after each step's result is applied, before its outputs are delivered
+        # (a prefill worker's: workers/prefill_split.py moves what finished its prefill).
+        self.after_step: Callable[[WorkerEngine], None] | None = None
 
     def _count_step(self) -> None:
         self.steps += 1
         self._step_answered()
+        if self.after_step is not None:
+            self.after_step(self)
 
     # -- requests in and out --------------------------------------------------------------
 

@@ -114,10 +114,9 @@ class EngineMoves:
         request = scheduler.requests.get(request_id) if scheduler is not None else None
         if request is None or request.status is not RequestStatus.RUNNING:
             return None
-        if request_id in self._parked or request not in scheduler.queue.running:
+        # Parked already by park_now (its move's caller), or parked here now.
+        if self._parked.get(request_id) is not request and not self.park_now(request_id):
             return None
-        parking.park(scheduler, request)
-        self._parked[request_id] = request
         deadline = time.monotonic() + timeout_s
         while request_id in self._parked and not parking.settled(scheduler, request):
             remaining = deadline - time.monotonic()
@@ -144,6 +143,19 @@ class EngineMoves:
         self._handles.pop(request_id)
         self._loop.wakeup.set()  # the worker is told to drop the sequence
         return Detached(request, handle, hold.block_ids, hold.num_tokens, scheduler)
+
+    def park_now(self, request_id: str) -> bool:
+        """Parks a running request at once, so that no plan from now on includes it
+        (its detach follows); whether it did."""
+        scheduler = self.scheduler
+        request = scheduler.requests.get(request_id) if scheduler is not None else None
+        if request is None or request.status is not RequestStatus.RUNNING:
+            return False
+        if request_id in self._parked or request not in scheduler.queue.running:
+            return False
+        parking.park(scheduler, request)
+        self._parked[request_id] = request
+        return True
 
     def release_hold(self, detached: Detached) -> None:
         """Frees a detached request's blocks here (its transfer is over)."""

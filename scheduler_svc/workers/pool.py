@@ -42,6 +42,7 @@ from scheduler_svc.workers.liveness import keep_trying
 from scheduler_svc.workers.orphans import Orphanage
 from scheduler_svc.workers.placement import pick_for_new
 from scheduler_svc.workers.pool_adapters import PoolAdapters, open_registry
+from scheduler_svc.workers.prefill_split import PrefillSplit
 from scheduler_svc.workers.startup_watch import NoWorkerReady, StartupWatch
 
 if TYPE_CHECKING:
@@ -87,7 +88,8 @@ class WorkerPool(PoolAdapters):
         self.changed = asyncio.Event()
         # Counters of removed engines, so that the totals exported never go down.
         self.retired_stats = SchedulerStats()
-        self.orphans = Orphanage(self.faults.worker_wait_timeout_s, self.placeable_engines)
+        self.split = PrefillSplit(self.placeable_engines, lambda: self.kv_moves)  # --prefill-worker
+        self.orphans = Orphanage(self.faults.worker_wait_timeout_s, self.split.decode_engines)
         # Requests moved with their KV (drain, removal): kv_moves.py, drain.py.
         self.kv_moves = KvMoves(self.orphans, getattr(metrics, "kv_transfers", None))
         self._static: set[str] = set()
@@ -110,6 +112,7 @@ class WorkerPool(PoolAdapters):
         engine.client.security = self.worker_security
         engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
         engine.on_shutting_down = lambda: drain_in_background(engine, self)
+        engine.after_step = self.split.after_step
         self.engines[address] = engine
         return engine
 
@@ -141,10 +144,7 @@ class WorkerPool(PoolAdapters):
         engines = self.placeable_engines()
         if not engines and self.accepts_without_worker():
             return self.park(request)
-        engine = pick_for_new(
-            engines, request.prompt_token_ids, request.max_kv_tokens, request.adapter
-        )
-        return engine.submit(request)
+        return self.split.pick(engines, request).submit(request)
 
     def accepts_without_worker(self) -> bool:
         """Whether a new request may wait for a worker: one has connected before, so
@@ -246,7 +246,7 @@ class WorkerPool(PoolAdapters):
                 f"worker {address} is the only one serving: nowhere to move its requests",
                 grpc.StatusCode.FAILED_PRECONDITION,
             )
-        counts = await drain_engine(engine, self.placeable_engines, self.kv_moves)
+        counts = await drain_engine(engine, self.split.decode_engines, self.kv_moves)
         if address not in self._static:
             await self._drop(address)
         return counts
@@ -257,7 +257,7 @@ class WorkerPool(PoolAdapters):
             return
         engine = self.engines[address]
         if engine.connected and not engine.draining and len(self.placeable_engines()) > 1:
-            await drain_engine(engine, self.placeable_engines, self.kv_moves)
+            await drain_engine(engine, self.split.decode_engines, self.kv_moves)
         if address in self.engines:
             await self._drop(address)
 
