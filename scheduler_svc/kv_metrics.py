@@ -16,6 +16,8 @@ TRANSFER_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 OUTCOMES = ("moved", "failed")
+# A rebalance's move (workers/rebalance.py), as kv_moves.MoveOutcome names it.
+REBALANCE_OUTCOMES = ("moved", "recomputed", "requeued", "gone")
 
 
 class KvTransferMetrics:
@@ -59,6 +61,17 @@ class KvTransferMetrics:
         self._outcome = {
             outcome: self.transfers.labels(model_name, outcome) for outcome in OUTCOMES
         }
+        self.rebalances = Counter(
+            "cbserve_kv_rebalances_total",
+            "Requests a worker with a full KV pool moved to another worker instead of "
+            "preempting them, by outcome: moved (with their KV), recomputed (the transfer "
+            "failed or no worker had room any more), gone (finished before they could move).",
+            (MODEL_NAME_LABEL, "outcome"),
+            registry=registry,
+        )
+        self._rebalanced = {
+            outcome: self.rebalances.labels(model_name, outcome) for outcome in REBALANCE_OUTCOMES
+        }
 
     def moved(self, num_blocks: int, num_bytes: int, num_tokens: int, seconds: float) -> None:
         self._outcome["moved"].inc()
@@ -70,3 +83,6 @@ class KvTransferMetrics:
     def failed(self, seconds: float) -> None:
         self._outcome["failed"].inc()
         self.seconds.observe(seconds)
+
+    def rebalanced(self, outcome: str) -> None:
+        self._rebalanced[outcome].inc()

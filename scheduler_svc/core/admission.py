@@ -21,7 +21,8 @@ prefix cache, so a prompt that was not evicted in the meantime is found there
 again), the worker drops the sequence, and the request goes back to the
 waiting queue with its output so far; when readmitted it is prefilled over its
 prompt plus that output and continues where it stopped. Its client never sees
-a token twice.
+a token twice. Where another worker has room, the victim moves there with its KV
+instead (core/rebalance.py): nothing is recomputed.
 
 Bounds (checked by the randomized simulation): a request is admitted with
 blocks for all its current tokens, so it needs no block until it samples; and
@@ -37,6 +38,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -46,6 +48,9 @@ from scheduler_svc.core.prefix_hash import adapter_root, extend_block_hashes
 from scheduler_svc.core.prompt_logprobs import wants_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestError, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
+
+if TYPE_CHECKING:
+    from scheduler_svc.core.rebalance import VictimMover
 
 # Whether a waiting request may join this step besides its blocks (LoRA adapters).
 Gate = Callable[[Request], bool]
@@ -70,6 +75,9 @@ class AdmissionQueue:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self._watermark_blocks = int(config.watermark * block_manager.num_blocks)
+        # Asked before a preemption for a block whether the victim may move to another
+        # worker with its KV instead (core/rebalance.py); None: always preempt.
+        self.mover: VictimMover | None = None
 
     def add_waiting(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -104,15 +112,19 @@ class AdmissionQueue:
         not fit even alone in the pool (False).
         """
         while not self.blocks.can_append_slots(request.seq_id, num_tokens):
+            if self.mover is not None and self.mover.moving():
+                return False  # a move off this worker gives blocks back soon: wait
             victim = self._victim()
             if victim is None or victim is request:
                 # (victim is None cannot happen: a request that needs a block has
                 # sampled since admission, so it is preemptible itself.)
                 if self.blocks.blocks_needed(num_tokens) > self.blocks.num_blocks:
                     self._fail(request, step, num_tokens)
-                else:
+                elif self.mover is None or not self.mover.offer(request):
                     self._preempt(request, step)
                 return False
+            if self.mover is not None and self.mover.offer(victim):
+                return False  # parked for a move (rebalance.py): its blocks come back
             self._preempt(victim, step)
         return True
 

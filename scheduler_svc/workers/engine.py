@@ -183,6 +183,7 @@ class WorkerEngine(EngineReadings, EngineMoves):
             kv_events=self.kv_events,
             adapters=adapter_residency(self.config.lora, description),
         )
+        self.scheduler.queue.mover = self.victim_mover  # rebalance (workers/rebalance.py)
         self._set_connected(True)
         self._comeback.connected()
         self._watch_for_shutdown()

@@ -70,6 +70,9 @@ class EngineMoves:
         self.on_shutting_down: Callable[[], None] | None = None
         self._shutdown_watch: asyncio.Task | None = None
         self._left_instance: str | None = None
+        # Offered a would-be victim of preemption, to move instead (workers/rebalance.py);
+        # put on every scheduler this engine builds. None: preemption only.
+        self.victim_mover = None
 
     def _watch_for_shutdown(self) -> None:
         """On every connect: a restarted worker (another instance) that a shutdown
@@ -156,6 +159,10 @@ class EngineMoves:
         parking.park(scheduler, request)
         self._parked[request_id] = request
         return True
+
+    def wake(self) -> None:
+        """Wakes an idle step loop: blocks came back here (a move ended)."""
+        self._loop.wakeup.set()
 
     def release_hold(self, detached: Detached) -> None:
         """Frees a detached request's blocks here (its transfer is over)."""

@@ -1,14 +1,13 @@
 """The scheduler's workers, which come and go: who is in the pool, and where a
 request goes (placement) or waits (the orphanage).
 
-Two kinds of worker, one engine each: static ones (--worker), connected in
-the background from the start on (the scheduler serves once one answers, see
-start) and reconnected forever when lost, and discovered ones
-(--worker-dns, see discovery), added and removed while the scheduler runs. A
-discovered worker is connected in the background, retrying until it answers
-or its address disappears, so the scheduler starts before any worker is up
-and becomes SERVING when the first one connects (`changed` is set on every
-connect and disconnect; the health status follows it).
+Two kinds of worker, one engine each: static ones (--worker), connected in the
+background from the start on (the scheduler serves once one answers, see start) and
+reconnected forever when lost, and discovered ones (--worker-dns, see discovery), added
+and removed while the scheduler runs. A discovered worker is connected in the
+background, retrying until it answers or its address disappears, so the scheduler
+starts before any worker is up and becomes SERVING when the first one connects
+(`changed` is set on every connect and disconnect; the health status follows it).
 
 Requests of a lost worker go to the orphanage, which queues them on a
 connected worker that can hold them, or keeps them until one connects (a lost
@@ -43,6 +42,7 @@ from scheduler_svc.workers.orphans import Orphanage
 from scheduler_svc.workers.placement import pick_for_new
 from scheduler_svc.workers.pool_adapters import PoolAdapters, open_registry
 from scheduler_svc.workers.prefill_split import PrefillSplit
+from scheduler_svc.workers.rebalance import mover_for
 from scheduler_svc.workers.startup_watch import NoWorkerReady, StartupWatch
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ class WorkerPool(PoolAdapters):
         engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
         engine.on_shutting_down = lambda: drain_in_background(engine, self)
         engine.after_step = self.split.after_step
+        engine.victim_mover = mover_for(engine, self)  # move instead of preempting
         self.engines[address] = engine
         return engine
 
