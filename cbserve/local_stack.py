@@ -95,6 +95,8 @@ class LocalStack:
     """Scheduler + workers; `with LocalStack(...) as stack:` starts and stops them."""
 
     num_workers: int = 1
+    # How many of the workers (the last ones) are --prefill-worker workers.
+    num_prefill_workers: int = 0
     scheduler_port: int = 0
     # Ports here are the stack's, not flags: None is off, 0 picks a free port.
     # Where the scheduler serves /metrics: a free port unless given.
@@ -196,8 +198,10 @@ class LocalStack:
         argv += ["--metrics-port", str(self.metrics_port or 0)]
         if self.http_port is not None:
             argv += ["--http-port", str(self.http_port)]
-        for port in self.worker_ports:
-            argv += ["--worker", f"{self.host}:{port}"]
+        first_prefill = len(self.worker_ports) - self.num_prefill_workers
+        for index, port in enumerate(self.worker_ports):
+            kind = "--prefill-worker" if index >= first_prefill else "--worker"
+            argv += [kind, f"{self.host}:{port}"]
         return argv + self._grace_args(self.scheduler_args) + self.scheduler_args
 
     def _grace_args(self, args: list[str]) -> list[str]:
