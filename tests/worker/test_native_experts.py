@@ -2,7 +2,8 @@
 forward's ExpertMlp on the same blocks: several sequences decoding in one step, whose
 rows choose overlapping experts while some expert is chosen by none; gpt-oss's router
 and experts (top-k logits then softmax, biased router and experts, clamped SwiGLU) put
-on a Qwen3-MoE model; and the top-k choice at ties, which must be torch.topk's own."""
+on a Qwen3-MoE model; Qwen2-MoE's shared expert, gated and not, on every kernel variant;
+and the top-k choice at ties, which must be torch.topk's own."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from common.defaults import converted_model_dir
 from tests.worker.architectures.checkpoints import write_checkpoint
 from tests.worker.native_step import TOLERANCES, assert_close_logits, decode_step, prefill
+from worker_svc.compute.qblock import supported_variants
 from worker_svc.model_loader import load_model
 from worker_svc.models.forward.experts import route
 from worker_svc.models.qblock.native import NativeDecode, load_decode_kernel
@@ -42,18 +44,20 @@ def mixtures(tmp_path_factory):
 
 
 def python_step(model, step) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The Python forward's logits of `step`, and each mixture layer's experts per row."""
+    """The Python forward's logits of `step`, and each mixture layer's experts per row
+    (Qwen2-MoE's layer 3 is dense: no experts)."""
     inputs: list[torch.Tensor] = []
+    sparse = [layer for layer in model.layers if layer.experts is not None]
     hooks = [
         layer.experts.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
-        for layer in model.layers
+        for layer in sparse
     ]
     try:
         with torch.inference_mode():
             logits = model(*step)
             choices = [
                 route(layer.experts.router(x), layer.experts.moe)[1]
-                for layer, x in zip(model.layers, inputs, strict=True)
+                for layer, x in zip(sparse, inputs, strict=True)
             ]
     finally:
         for hook in hooks:
@@ -61,11 +65,11 @@ def python_step(model, step) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return logits, choices
 
 
-def both_steps(loaded, runner_state, rows: int, model=None):
+def both_steps(loaded, runner_state, rows: int, model=None, variant: str = "auto"):
     """Logits and pools after one decode of sequences 0 .. rows - 1, by the Python
     forward and by the native step, each from the prefilled pool."""
     model = model or loaded.model
-    native = NativeDecode(model)
+    native = NativeDecode(model, variant=variant)
     runner, python = runner_state, copy.copy(model)
     python.native_decode = None
     before = runner.pool.cache.clone()
@@ -86,14 +90,17 @@ def expert_rows(choices, num_experts: int) -> list[torch.Tensor]:
 
 
 @pytest.mark.model
-@pytest.mark.parametrize(("name", "rows"), [("qwen3_moe", 3), ("qwen3_moe", 20), ("mixtral", 20)])
+@pytest.mark.parametrize(
+    ("name", "rows"),
+    [("qwen3_moe", 3), ("qwen3_moe", 20), ("mixtral", 20), ("qwen2_moe", 3), ("qwen2_moe", 20)],
+)
 def test_several_sequences_decode_as_the_python_forward(mixtures, name, rows):
     loaded, runner = mixtures(name)
     (got, got_pool), (want, want_pool), choices, native = both_steps(loaded, runner, rows)
     moe = loaded.model.spec.moe
     counts = expert_rows(choices, moe.num_experts)
     assert any(int(c.max()) > 1 for c in counts)  # rows share experts
-    if rows == 3:  # 6 choices of 8 experts: some expert no row picks
+    if name == "qwen3_moe" and rows == 3:  # 6 choices of 8 experts: some expert no row picks
         assert all(int((c == 0).sum()) > 0 for c in counts)
     # The attention's projections take VNNI from `rows`, an expert's from its own rows.
     most = max([rows, *(int(c.max()) for c in counts)])
@@ -151,6 +158,39 @@ def test_gpt_oss_router_and_experts(mixtures, rows):
     vnni = native.vnni_from_m > 0 and rows >= native.vnni_from_m
     assert_close_logits(got, want, vnni)
     torch.testing.assert_close(got_pool, want_pool, rtol=0, atol=TOLERANCES[vnni][1])
+
+
+def ungated_shared_expert(loaded):
+    """A copy of the model whose shared expert is added as is (no sigmoid gate)."""
+    model = copy.copy(loaded.model)
+    model._modules = dict(model._modules)
+    model.layers = copy.deepcopy(model.layers)
+    for layer in model.layers:
+        if layer.experts is not None:
+            layer.experts.shared_gate_inp = None
+    return model
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("variant", supported_variants())
+@pytest.mark.parametrize("rows", [1, 20])
+@pytest.mark.parametrize("gated", [True, False])
+def test_the_shared_expert_decodes_as_the_python_forward(mixtures, variant, rows, gated):
+    loaded, runner = mixtures("qwen2_moe")
+    model = loaded.model if gated else ungated_shared_expert(loaded)
+    assert model.spec.moe.shared_intermediate_size == 96  # 3 panels of 32 rows
+    (got, got_pool), (want, want_pool), _, native = both_steps(loaded, runner, rows, model, variant)
+    vnni = native.vnni_from_m > 0 and rows >= native.vnni_from_m
+    assert_close_logits(got, want, vnni)
+    torch.testing.assert_close(got_pool, want_pool, rtol=0, atol=TOLERANCES[vnni][1])
+    # Without its shared expert the step is far from the Python forward: it is computed.
+    native._struct.shared_intermediate = 0
+    ids, positions, context = decode_step(runner, list(range(rows)))
+    before = runner.pool.cache.clone()
+    with torch.inference_mode():
+        bare = native(ids, positions, context, torch.arange(rows))
+    runner.pool.cache.copy_(before)
+    assert not torch.allclose(bare, want, rtol=1e-2, atol=1e-2)
 
 
 def native_topk(values: torch.Tensor, k: int) -> list[int]:

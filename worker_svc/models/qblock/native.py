@@ -71,9 +71,10 @@ def load_decode_kernel() -> ctypes.CDLL:
 
 
 # What the step computes of what an architecture may declare (DecoderSpec.features):
-# everything Llama 3, Mistral, Qwen2, Qwen3, Gemma 3, Qwen3-MoE, Mixtral and gpt-oss
-# declare (experts: kernels/decode_experts.h; sinks: decode_attention.h). Soft-capping (Gemma 2)
-# is not written: such a model's decode steps would take the Python forward.
+# everything Llama 3, Mistral, Qwen2, Qwen3, Gemma 3, Qwen3-MoE, Qwen2-MoE, Mixtral and
+# gpt-oss declare (experts: kernels/decode_experts.h; sinks: decode_attention.h).
+# Soft-capping (Gemma 2) is not written: such a model's decode steps would take the
+# Python forward.
 NATIVE_FEATURES = frozenset(
     {
         "q/k/v biases",
@@ -91,6 +92,7 @@ NATIVE_FEATURES = frozenset(
         "clamped SwiGLU experts",
         "attention sinks",
         "an o_proj bias",
+        "a shared expert",  # Qwen2-MoE's, gated or not (kernels/decode_shared_expert.h)
     }
 )
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # decode_panels.h's ACTIVATION_*

@@ -1,7 +1,8 @@
 """A block model's mixture layers as the native step reads them (kernels/decode_experts.h):
-per layer, its router's float32 weight and bias and each expert's gate/up and down blocks
-with their biases, as struct moe_layer; the model-wide rule (k, the router, the
-activation) goes in DecodeModel's fields (native.py)."""
+per layer, its router's float32 weight and bias, each expert's gate/up and down blocks
+with their biases, and the shared expert's blocks and gate row (Qwen2-MoE), as struct
+moe_layer; the model-wide rule (k, the router, the activation, the shared expert's
+width) goes in DecodeModel's fields (native.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,17 @@ class ExpertTables:
     def _layer(self, experts) -> MoeLayer:
         router = experts.router
         gate_up, down = list(experts.gate_up_projs), list(experts.down_projs)
+        shared: dict = {}
+        if experts.shared_projs is not None:
+            shared_gate_up, shared_down = self._weights(list(experts.shared_projs))
+            shared = {
+                "shared_gate_up": ctypes.pointer(shared_gate_up),
+                "shared_down": ctypes.pointer(shared_down),
+            }
+            if experts.shared_gate_inp is not None:  # [1, hidden]: one float32 row
+                shared["shared_gate"] = self._keep(experts.shared_gate_inp.weight.data)
         return MoeLayer(
+            **shared,
             sparse=1,
             router=self._keep(router.weight.data),
             router_bias=0 if router.bias is None else self._keep(router.bias.data),
@@ -77,4 +88,5 @@ class ExpertTables:
             "expert_activation": EXPERT_ACTIVATIONS[moe.activation],
             "swiglu_alpha": moe.swiglu_alpha,
             "swiglu_limit": moe.swiglu_limit,
+            "shared_intermediate": moe.shared_intermediate_size or 0,
         }

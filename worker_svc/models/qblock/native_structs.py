@@ -55,6 +55,9 @@ class MoeLayer(ctypes.Structure):
         *((name, _PTR) for name in ("router", "router_bias")),
         *((name, ctypes.POINTER(BlockWeight)) for name in ("gate_up", "down")),
         *((name, _PTR) for name in ("gate_up_bias", "down_bias")),
+        # The shared expert (Qwen2-MoE): its blocks, NULL: none; its gate's float32 row.
+        *((name, ctypes.POINTER(BlockWeight)) for name in ("shared_gate_up", "shared_down")),
+        ("shared_gate", _PTR),
     ]
 
 
@@ -82,6 +85,7 @@ class DecodeModel(ctypes.Structure):
         *((name, _I64) for name in ("lora_rank", "lora_slots")),
         ("lora_ranks", _PTR),  # int32 [slots]: LoraSlots.ranks
         ("lora_bf16", _I64),  # 1: the store is bfloat16
+        ("shared_intermediate", _I64),  # a shared expert's width; 0: none
     ]
 
 

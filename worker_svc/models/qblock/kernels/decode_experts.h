@@ -16,7 +16,8 @@
  *    residual (or post-normed first).
  * So a step reads each chosen expert's blocks once, however many rows chose it, and no
  * other expert's. A projection takes the VNNI kernel by its own rows (the expert's
- * count), as each expert's QBlockLinear does in the Python forward. */
+ * count), as each expert's QBlockLinear does in the Python forward. A shared expert
+ * (Qwen2-MoE) rides on the same three loops (decode_shared_expert.h). */
 #ifndef CBSERVE_DECODE_EXPERTS_H
 #define CBSERVE_DECODE_EXPERTS_H
 
@@ -27,6 +28,7 @@
 #include "decode_model.h"
 #include "decode_panels.h"
 #include "decode_rows.h"
+#include "decode_shared_expert.h"
 #include "decode_topk.h"
 #include "step_team.h"
 
@@ -41,18 +43,18 @@ struct expert_scratch {
     int32_t *order;          /* [T * k]: grouped position -> choice (token * k + slot) */
     int64_t num_active;
     float *gathered;         /* [T, hidden]: one expert's input rows */
-    int16_t *qx;             /* [T * k, I]: act's rows as 16-bit blocks, where VNNI reads */
-    float *dx, *sx;          /* [T * k, I / 32] */
+    int16_t *qx;             /* [T * k, I] then [T, shared I]: act's 16-bit blocks (VNNI) */
+    float *dx, *sx;          /* [T * k, I / 32] then [T, shared I / 32] */
 };
 
 static int64_t expert_thread_floats(const struct decode_model *m, int64_t T)
 {
     const int64_t E = m->num_experts, choices = T * m->experts_per_token;
-    const int64_t I = m->expert_intermediate;
+    const int64_t acts = choices * m->expert_intermediate + T * m->shared_intermediate;
     if (E == 0)
         return 0;
     return round16(2 * E) + round16(E) + 4 * round16(E + 1) + round16(choices) +
-           round16(T * m->hidden) + round16(choices * I / 2) + 2 * round16(choices * I / 32);
+           round16(T * m->hidden) + round16(acts / 2) + 2 * round16(acts / 32);
 }
 
 /* The expert part sits at the end of each thread's slice of the step's scratch. */
@@ -60,7 +62,7 @@ static struct expert_scratch expert_thread_part(const struct decode_model *m,
                                                 const struct scratch *s, int64_t T)
 {
     const int64_t E = m->num_experts, choices = T * m->experts_per_token;
-    const int64_t I = m->expert_intermediate;
+    const int64_t acts = choices * m->expert_intermediate + T * m->shared_intermediate;
     float *at = s->thread_mem + s->per_thread * (omp_get_thread_num() + 1) -
                 expert_thread_floats(m, T);
     struct expert_scratch es = {0};
@@ -72,8 +74,8 @@ static struct expert_scratch expert_thread_part(const struct decode_model *m,
     es.cursor = (int32_t *)at, at += round16(E + 1);
     es.order = (int32_t *)at, at += round16(choices);
     es.gathered = at, at += round16(T * m->hidden);
-    es.qx = (int16_t *)at, at += round16(choices * I / 2);
-    es.dx = at, at += round16(choices * I / 32);
+    es.qx = (int16_t *)at, at += round16(acts / 2);
+    es.dx = at, at += round16(acts / 32);
     es.sx = at;
     return es;
 }
@@ -142,15 +144,6 @@ static void group_rows(const struct decode_model *m, int64_t T, const int32_t *c
     }
     for (int64_t c = 0; c < choices; c++)
         es->order[cursor[chosen[c]]++] = (int32_t)c;
-}
-
-/* The thread's scratch for a projection of `rows` rows: the VNNI kernel from
- * vnni_from_m rows, as QBlockLinear decides by its own M. */
-static struct thread_scratch rows_view(const struct thread_scratch *ts, int64_t rows)
-{
-    struct thread_scratch view = *ts;
-    view.vnni = ts->vnni_from_m > 0 && rows >= ts->vnni_from_m;
-    return view;
 }
 
 /* gpt-oss: (clamp(up, -limit, limit) + 1) * (g * sigmoid(alpha * g)), g = min(gate,
@@ -224,7 +217,8 @@ static void prepare_act(const struct decode_model *m, const struct moe_layer *la
 static void expert_down(const struct decode_model *m, const struct moe_layer *layer,
                         int variant, int64_t p, int64_t T, const float *act,
                         const float *weights, float *hidden, float *projected,
-                        const struct thread_scratch *ts, struct expert_scratch *es)
+                        const struct thread_scratch *ts, struct expert_scratch *es,
+                        const float *shared_act, const struct thread_scratch *shared_view)
 {
     const int64_t H = m->hidden, I = m->expert_intermediate, k = m->experts_per_token;
     const int64_t first = p * QBLOCK_PANEL_ROWS, rows = panel_rows(H, p);
@@ -247,6 +241,8 @@ static void expert_down(const struct decode_model *m, const struct moe_layer *la
                 into[r] += (bias ? y[r] + bias[first + r] : y[r]) * weight;
         }
     }
+    if (shared_act)
+        add_shared_down(m, layer, variant, p, T, shared_act, sum, shared_view);
     for (int64_t t = 0; t < T; t++) {
         const float *from = sum + t * QBLOCK_PANEL_ROWS;
         if (projected)
@@ -262,23 +258,44 @@ static void run_experts(const struct decode_model *m, const struct moe_layer *la
                         int variant, int64_t T, const float *post_norm, const struct scratch *s,
                         const struct thread_scratch *ts, struct member *me)
 {
-    const int64_t H = m->hidden, I = m->expert_intermediate;
+    const int64_t H = m->hidden, I = m->expert_intermediate, k = m->experts_per_token;
     struct expert_scratch es = expert_thread_part(m, s, T);
+    float *shared_act = has_shared_expert(m, layer) ? shared_act_of(m, s, T) : NULL;
+    float *gates = shared_act ? shared_gates_of(m, shared_act, T) : NULL;
     FOR_SHARED(t, T, me, 1)
-    route_row(m, layer, ts->normed + t * H, t, &es, s->chosen, s->route_weights);
+    {
+        route_row(m, layer, ts->normed + t * H, t, &es, s->chosen, s->route_weights);
+        if (gates)
+            shared_gate_row(m, layer, ts->normed + t * H, gates + t);
+    }
     share_end(me);
     group_rows(m, T, s->chosen, &es);
     int64_t gathered = -1;
-    FOR_SHARED(item, es.num_active * panels_of(I), me, me->dynamic)
-    expert_gate_up(m, layer, variant, item, ts->normed, s->expert_act, ts, &es, &gathered);
+    const int64_t routed = es.num_active * panels_of(I);
+    FOR_SHARED(item, routed + (shared_act ? panels_of(m->shared_intermediate) : 0), me,
+               me->dynamic)
+    {
+        if (item < routed)
+            expert_gate_up(m, layer, variant, item, ts->normed, s->expert_act, ts, &es,
+                           &gathered);
+        else
+            shared_gate_up(m, layer, variant, item - routed, T, ts->normed, shared_act, ts,
+                           &gathered);
+    }
     share_end(me);
     int prepared = 0;
+    struct thread_scratch shared_view = *ts;
     FOR_SHARED(p, panels_of(H), me, me->dynamic)
     {
-        if (!prepared)
+        if (!prepared) {
             prepare_act(m, layer, s->expert_act, ts, &es), prepared = 1;
+            if (shared_act)
+                shared_view = shared_down_view(layer, T, m->shared_intermediate, shared_act,
+                                               ts, es.qx + T * k * I, es.dx + T * k * I / 32,
+                                               es.sx + T * k * I / 32);
+        }
         expert_down(m, layer, variant, p, T, s->expert_act, s->route_weights, s->hidden,
-                    post_norm ? s->projected : NULL, ts, &es);
+                    post_norm ? s->projected : NULL, ts, &es, shared_act, &shared_view);
     }
     share_end(me);
     if (post_norm == NULL)

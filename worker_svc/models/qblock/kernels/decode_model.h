@@ -34,6 +34,11 @@ struct moe_layer {
     const struct block_weight *down;      /* [experts] */
     const int64_t *gate_up_bias;          /* [experts] addresses of float [2 I], 0: none */
     const int64_t *down_bias;             /* [experts] addresses of float [hidden], 0: none */
+    /* Qwen2-MoE's shared expert (decode_shared_expert.h), NULL: none; its gate/up
+     * [2 shared I, hidden], down [hidden, shared I], and its gate's float32 [hidden] row
+     * (NULL: added ungated). */
+    const struct block_weight *shared_gate_up, *shared_down;
+    const float *shared_gate;
 };
 enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
 
@@ -72,6 +77,7 @@ struct decode_model {
     int64_t lora_slots; /* slots in the store, the base's 0 included */
     const int32_t *lora_ranks; /* [slots] each slot's adapter rank (rows read per part) */
     int64_t lora_bf16;         /* 1: a and b are bfloat16, else float32 */
+    int64_t shared_intermediate; /* a shared expert's intermediate width; 0: none */
 };
 
 /* One step. */

@@ -183,12 +183,14 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     const int64_t qkv_width = (m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t q_width = m->num_heads * m->head_dim;
     const int64_t E = m->num_experts, k = m->experts_per_token, expert_I = m->expert_intermediate;
-    if (q_width % 32 ||
+    const int64_t shared_I = E > 0 ? m->shared_intermediate : 0;
+    if (q_width % 32 || shared_I % 32 || shared_I < 0 ||
         (E > 0 && (k < 1 || k > E || k > TOPK_MAX_K || expert_I % 32 || m->moe_layers == NULL)))
         return -2;
     const int threads = b->threads > 0 ? (int)b->threads : 1;
     int64_t max_k = I > q_width ? (I > H ? I : H) : (q_width > H ? q_width : H);
     max_k = expert_I > max_k ? expert_I : max_k;
+    max_k = shared_I > max_k ? shared_I : max_k;
     const int64_t group = m->num_heads / m->num_kv_heads;
     const int64_t rows = T > S ? T : S;
 
@@ -206,7 +208,8 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
                    expert_thread_floats(m, T);
     const int64_t choices = E > 0 ? T * k : 0;
     const int64_t shared = 2 * T * H + T * qkv_width + T * q_width + T * I +
-                           round16(choices) * 2 + choices * expert_I;
+                           round16(choices) * 2 + choices * expert_I +
+                           (E > 0 ? shared_team_floats(m, T) : 0);
     float *mem = aligned_alloc(64, sizeof(float) * (shared + s.per_thread * threads));
     struct step_team team = {.threads = threads, .spin = (int)b->spin};
     atomic_init(&team.arrived, 0);
