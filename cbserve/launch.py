@@ -45,6 +45,11 @@ class ServeConfig:
     port: int = flag(DEFAULT_SCHEDULER_PORT, help="scheduler port")
     worker_port: int = flag(DEFAULT_WORKER_PORT, help="first worker's port (others follow)")
     num_workers: int = flag(1, help="worker processes, each with the whole model")
+    num_prefill_workers: int = flag(
+        0,
+        help="of --num-workers, how many (the last ones) only run prompts (the scheduler's "
+        "--prefill-worker); the others decode. At most --num-workers - 1",
+    )
     # On by default here (unlike the bare scheduler): `cbserve serve` is how a person
     # meets the service, with curl or the openai SDK as often as with gRPC.
     http_port: int = flag(
@@ -60,6 +65,11 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if not 0 <= self.num_prefill_workers < self.num_workers:
+            raise ValueError(
+                f"num_prefill_workers must be in [0, num_workers - 1 = {self.num_workers - 1}], "
+                f"got {self.num_prefill_workers}"
+            )
         for name in ("http_port", "metrics_port"):
             object.__setattr__(self, name, port_or_off(name, getattr(self, name)))
 
@@ -124,6 +134,7 @@ def stack_from_args(args: argparse.Namespace) -> LocalStack:
     log_level = ["--log-level", where.log_level]
     return LocalStack(
         num_workers=where.num_workers,
+        num_prefill_workers=where.num_prefill_workers,
         scheduler_port=where.port,
         # LocalStack's None is off (its 0 picks a free port, for the tests).
         metrics_port=where.metrics_port or None,

@@ -119,9 +119,21 @@ def test_worker_flags_and_log_level_reach_every_process(monkeypatch):
     assert _scheduler(stack, monkeypatch).log_level == "debug"
 
 
+def test_num_prefill_workers_makes_the_last_workers_prefill_workers(monkeypatch):
+    stack = _stack(["--num-workers", "3", "--num-prefill-workers", "1", "--worker-port", "7100"])
+    scheduler = _scheduler(stack, monkeypatch)
+    assert scheduler.worker == ["127.0.0.1:7100", "127.0.0.1:7101"]
+    assert scheduler.prefill_worker == ["127.0.0.1:7102"]
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--http-port", "70000"], ["--metrics-port", "-2"], ["--log-level", "verbose"]],
+    [
+        ["--http-port", "70000"],
+        ["--metrics-port", "-2"],
+        ["--log-level", "verbose"],
+        ["--num-workers", "2", "--num-prefill-workers", "2"],
+    ],
 )
 def test_bad_values_are_refused_before_any_process_starts(argv):
     with pytest.raises((FlagError, SystemExit)):
