@@ -43,6 +43,9 @@ SUBCOMMANDS = {
     "lora-load-stall": Subcommand(
         "bench.lora_load_stall", "a LoRA adapter loaded at run time: the running streams' gap"
     ),
+    "prefill-split": Subcommand(
+        "bench.prefill_split", "long prompts beside 32 streams: prefill workers vs colocated"
+    ),
     "front": Subcommand(
         "bench.serving.front_overhead", "the OpenAI HTTP front against gRPC, same workload"
     ),
