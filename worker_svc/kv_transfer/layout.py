@@ -27,6 +27,11 @@ from worker_svc.kv_pool import KVPool, dtype_name
 # frame, a hop to a thread, a lock taken) is small beside its copy, small enough that the
 # copy holds a step for well under a millisecond, and far below the 16 MiB message limit.
 CHUNK_TARGET_BYTES = 2 * 1024 * 1024
+# Chunks copied under one hold of the runner's lock, at either end. Each hold waits for
+# the step running then to end (seconds, on a prefill worker's long prompt) and may lose
+# the lock to the next step: a hold per 2 MiB chunk made a 2,000-token transfer (46 MB)
+# wait for tens of steps, 14 s and more between one-thread workers; this waits for one.
+LOCK_BATCH_BYTES = 64 * 1024 * 1024
 # Room in a message for everything but the data (ids, slots, the layout).
 MESSAGE_OVERHEAD_BYTES = 64 * 1024
 

@@ -1,11 +1,11 @@
 """SendKv, the source's side: read the blocks a chunk at a time and stream them to the
 destination's ReceiveKv.
 
-Each chunk's blocks are copied out of the pool under the runner's lock (the lock every
-step holds), on a thread of their own: a step waits for at most one chunk's copy, and a
-transfer never waits for the forward thread's queue. Turning the copy into bytes, and
-sending it, happen outside the lock; gRPC's flow control paces the reads, so at most a
-chunk or two is held in memory at once.
+The chunks' blocks are copied out of the pool under the runner's lock (the lock every
+step holds), up to LOCK_BATCH_BYTES of chunks per hold, on a thread of their own: a step
+waits for at most one such copy, and a transfer never waits for the forward thread's
+queue. Turning the copy into bytes, and sending it, happen outside the lock; gRPC's flow
+control paces the reads, so at most a batch or two is held in memory at once.
 
 Worker-to-worker channels are plaintext, one per destination address, kept for the next
 transfer. A destination started with --tls-cert cannot be reached by them (the call fails
@@ -25,6 +25,7 @@ from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from common.grpc_options import channel_options
 from worker_svc.kv_pool import KVPool
 from worker_svc.kv_transfer.layout import (
+    LOCK_BATCH_BYTES,
     ChunkPlan,
     TransferError,
     blocks_to_bytes,
@@ -32,6 +33,7 @@ from worker_svc.kv_transfer.layout import (
     holds_memory,
     plan_chunks,
     pool_layout,
+    slot_bytes,
 )
 
 log = structlog.get_logger("worker_svc.kv_transfer")
@@ -67,13 +69,28 @@ class DestinationChannels:
             await channel.close()
 
 
-def read_chunk(pool: KVPool, plan: ChunkPlan, runner_lock: threading.Lock) -> bytes:
-    """One chunk's data: the copy under the lock, the bytes outside it (on a thread)."""
+def read_chunks(pool: KVPool, plans: list[ChunkPlan], runner_lock: threading.Lock) -> list[bytes]:
+    """Several chunks' data: their copies under one hold of the lock, bytes outside it."""
     if not holds_memory(pool):
-        return b""
+        return [b""] * len(plans)
     with runner_lock:
-        blocks = gather_blocks(pool, plan.source_block_ids)
-    return blocks_to_bytes(blocks, plan.filled_slots)
+        copies = [gather_blocks(pool, plan.source_block_ids) for plan in plans]
+    return [blocks_to_bytes(c, p.filled_slots) for c, p in zip(copies, plans, strict=True)]
+
+
+def lock_batches(pool: KVPool, plans: list[ChunkPlan]) -> list[list[ChunkPlan]]:
+    """The chunks in runs of up to LOCK_BATCH_BYTES, each read under one hold of the lock."""
+    block_bytes = pool.block_size * slot_bytes(pool) if holds_memory(pool) else 1
+    batches: list[list[ChunkPlan]] = []
+    size = LOCK_BATCH_BYTES
+    for plan in plans:
+        plan_bytes = len(plan.source_block_ids) * block_bytes
+        if size + plan_bytes > LOCK_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(plan)
+        size += plan_bytes
+    return batches
 
 
 class KvSender:
@@ -99,19 +116,20 @@ class KvSender:
         sent = {"bytes": 0, "chunks": 0}
 
         async def chunks():
-            for i, plan in enumerate(plans):
-                data = await asyncio.to_thread(read_chunk, pool, plan, self.runner_lock)
-                chunk = worker_pb2.KvChunk(
-                    transfer_id=request.transfer_id,
-                    destination_block_ids=plan.destination_block_ids,
-                    filled_slots=plan.filled_slots,
-                    data=data,
-                )
-                if i == 0:
-                    chunk.layout.CopyFrom(pool_layout(pool))
-                sent["bytes"] += len(data)
-                sent["chunks"] += 1
-                yield chunk
+            for batch in lock_batches(pool, plans):
+                datas = await asyncio.to_thread(read_chunks, pool, batch, self.runner_lock)
+                for plan, data in zip(batch, datas, strict=True):
+                    chunk = worker_pb2.KvChunk(
+                        transfer_id=request.transfer_id,
+                        destination_block_ids=plan.destination_block_ids,
+                        filled_slots=plan.filled_slots,
+                        data=data,
+                    )
+                    if sent["chunks"] == 0:
+                        chunk.layout.CopyFrom(pool_layout(pool))
+                    sent["bytes"] += len(data)
+                    sent["chunks"] += 1
+                    yield chunk
 
         stub = self.channels.stub(request.destination)
         try:
