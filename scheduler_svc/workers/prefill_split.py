@@ -118,12 +118,6 @@ class PrefillSplit:
         if not task.cancelled() and task.exception() is not None:
             log.error("prefill handoff failed", error=repr(task.exception()))
 
-    async def stop(self) -> None:
-        """Cancels the moves in progress (the scheduler is stopping)."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
 
 def _prefilled(request: Request) -> bool:
     """Its prompt's KV is computed and its first token sampled (a recompute's too: its
