@@ -5,8 +5,9 @@ the streams' P99 gap between tokens at most half, at no more than 10% less throu
 Two local stacks of two workers each (`--threads 1` each by default), one after the
 other: `colocated` (two --worker workers) and `split` (one --worker decode worker and one
 --prefill-worker). On each, N streams (short prompts, greedy, ignore_eos) start and
-decode; once every one has its first tokens, four prompts of 2,000 tokens (distinct
-token ids: no prefix hit) arrive at once, each for a few tokens. The window runs from
+decode; once every one has its first tokens, and --steady-s more seconds (the streams'
+throughput alone), four prompts of 2,000 tokens (distinct token ids: no prefix hit)
+arrive at once, each for a few tokens. The window runs from
 their arrival until the last of them ends (plus --tail-s); then the streams are
 cancelled. Printed per mode: the streams' P50/P99/max gap between tokens over the gaps
 ending in the window, the tokens per second of every request in the window, and the
@@ -66,6 +67,10 @@ async def _drive(address: str, args: argparse.Namespace) -> dict[str, float]:
             if any(task.done() for task in tasks):
                 raise SystemExit("a stream ended during the warm-up: raise --stream-max-tokens")
             await asyncio.sleep(0.05)
+        # The streams alone first: their steady throughput, before any long prompt.
+        steady_from = time.monotonic()
+        await asyncio.sleep(args.steady_s)
+        steady_to = time.monotonic()
         longs = [[] for _ in range(args.long_prompts)]
         start = time.monotonic()
         ttfts = await asyncio.gather(
@@ -88,12 +93,14 @@ async def _drive(address: str, args: argparse.Namespace) -> dict[str, float]:
         if start <= after <= stop and after > before
     ]
     tokens = sum(start <= t <= stop for times in (*streams, *longs) for t in times)
+    steady = sum(steady_from <= t <= steady_to for times in streams for t in times)
     return {
         "window_s": stop - start,
         "gap_p50_ms": statistics.median(gaps) * 1e3,
         "gap_p99_ms": _percentile(gaps, 0.99) * 1e3,
         "gap_max_ms": max(gaps) * 1e3,
         "tokens_per_s": tokens / (stop - start),
+        "steady_tokens_per_s": steady / (steady_to - steady_from),
         "long_ttft_max_s": max(ttfts),
     }
 
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--stream-max-tokens", type=int, default=2000)
     parser.add_argument("--warmup-tokens", type=int, default=4, help="each stream's, first")
+    parser.add_argument("--steady-s", type=float, default=5.0, help="streams alone, first")
     parser.add_argument("--long-prompts", type=int, default=4)
     parser.add_argument("--long-tokens", type=int, default=2000)
     parser.add_argument("--long-max-tokens", type=int, default=8)
@@ -131,9 +139,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         print(f"{mode}: {row} (load average {os.getloadavg()[0]:.2f})", flush=True)
     if {"colocated", "split"} <= results.keys():
         colocated, split = results["colocated"], results["split"]
+
+        def ratio(name: str) -> float:
+            return split[name] / colocated[name]
+
         print(
-            f"split / colocated: P99 gap {split['gap_p99_ms'] / colocated['gap_p99_ms']:.2f}x, "
-            f"throughput {split['tokens_per_s'] / colocated['tokens_per_s']:.2f}x"
+            f"split / colocated: P99 gap {ratio('gap_p99_ms'):.2f}x, throughput "
+            f"{ratio('tokens_per_s'):.2f}x (streams alone: {ratio('steady_tokens_per_s'):.2f}x)"
         )
 
 
