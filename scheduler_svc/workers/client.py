@@ -271,12 +271,22 @@ class WorkerClient:
         if self._stub is None:
             unavailable = grpc.StatusCode.UNAVAILABLE
             raise ServiceError(f"worker {self.address} is not connected", unavailable)
+        epoch = self.epoch
         try:
             return await getattr(self._stub, method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
             raise ServiceError(
                 f"worker {self.address} could not {what}: {error.details()}", error.code()
             ) from None
+        except asyncio.CancelledError:
+            # close() (the worker was lost) cancels the channel's calls, which raise
+            # CancelledError: this call failed. A cancel of this task is re-raised (on
+            # 3.10, without Task.cancelling, one that races a close is taken as that).
+            task = asyncio.current_task()
+            if self.epoch == epoch or (task is not None and _cancelling(task)):
+                raise
+            lost = f"worker {self.address} was lost: could not {what}"
+            raise ServiceError(lost, grpc.StatusCode.UNAVAILABLE) from None
 
     def _closed(self) -> WorkerLost:
         return WorkerLost(f"worker {self.address}: its Step stream was closed")
@@ -297,3 +307,8 @@ class WorkerClient:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+
+def _cancelling(task: asyncio.Task) -> bool:
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is not None and cancelling() > 0
