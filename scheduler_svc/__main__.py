@@ -30,6 +30,7 @@ from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import announce_ready, configure_logging
 from common.metrics_server import MetricsServer
+from scheduler_svc.api.admin import SERVICE_NAME as ADMIN_SERVICE_NAME
 from scheduler_svc.api.admin import add_admin_to_server
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
@@ -101,7 +102,7 @@ async def serve(args: argparse.Namespace) -> None:
             await metrics_server.start()
         except OSError as error:
             raise StartupError(f"metrics port {process.metrics_port}: {error.strerror}") from error
-    enable_reflection(server, [SERVICE_NAME])
+    enable_reflection(server, [SERVICE_NAME, ADMIN_SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
     # Before the workers, so that a port taken fails at once, without touching them.

@@ -65,7 +65,12 @@ class ReflectedServer:
 def test_scheduler_lists_its_services_and_their_methods(reflected_stack):
     with grpc.insecure_channel(reflected_stack.address) as channel:
         server = ReflectedServer(channel)
-        assert set(server.services()) == {"cbserve.v1.Generation", HEALTH, REFLECTION}
+        assert set(server.services()) == {
+            "cbserve.v1.Generation",
+            "cbserve.v1.AdminService",
+            HEALTH,
+            REFLECTION,
+        }
         assert server.methods("cbserve.v1.Generation") == ["Generate", "GetModelInfo"]
 
 
@@ -109,7 +114,14 @@ def test_worker_lists_and_describes_itself_through_reflection(reflected_stack):
     with grpc.insecure_channel(address) as channel:
         server = ReflectedServer(channel)
         assert set(server.services()) == {"cbserve.worker.v1.Worker", HEALTH, REFLECTION}
-        assert server.methods("cbserve.worker.v1.Worker") == ["Describe", "Step"]
+        assert server.methods("cbserve.worker.v1.Worker") == [
+            "Describe",
+            "Step",
+            "LoadAdapter",
+            "UnloadAdapter",
+            "SendKv",
+            "ReceiveKv",
+        ]
         (description,) = server.call("cbserve.worker.v1.Worker", "Describe", {})
         (health,) = server.call(HEALTH, "Check", {})
     assert int(description["numKvBlocks"]) == POOL_STACK_BLOCKS
