@@ -110,7 +110,7 @@ def test_a_worker_killed_mid_run_recomputes_adapter_requests_elsewhere(stack, al
         stack.address,
         _requests(),
         MAX_TOKENS,
-        lambda: stack.workers[0].process.kill(),
+        lambda: _busiest_worker(stack).process.kill(),
         after_tokens=2,
         logprobs=LOGPROBS,
     )
@@ -119,3 +119,19 @@ def test_a_worker_killed_mid_run_recomputes_adapter_requests_elsewhere(stack, al
         assert got.finish_reason, (prompt, name, got.code)
         assert_same_reply_up_to_a_near_tie(got, expected, f"{name or 'base'}: {prompt!r}")
     wait_until_idle(stack)
+
+
+def _busiest_worker(stack):
+    """The worker running the most requests now: placement may have put them all on
+    one, and killing an idle worker would recompute nothing."""
+    samples = stack.metrics()
+
+    def running(index: int) -> float:
+        address = f"{stack.host}:{stack.worker_ports[index]}"
+        return sum(
+            value
+            for name, value in samples.items()
+            if name.startswith("cbserve_worker_num_requests_running") and address in name
+        )
+
+    return stack.workers[max(range(len(stack.workers)), key=running)]
