@@ -71,6 +71,7 @@ def three_worker_stack():
     stop_stack(running)
 
 
+@pytest.mark.slow  # 15 s; the source-killed case below is the mid-stream one
 def test_transfers_into_a_stopped_then_killed_destination_recompute_and_lose_nothing(
     three_worker_stack,
 ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from cbserve.v1 import generation_pb2 as pb
 from cbserve.v1 import generation_pb2_grpc as pb_grpc
@@ -62,6 +63,7 @@ async def _run(address: str) -> list[list[int]]:
         return await asyncio.wait_for(asyncio.gather(*tasks), 300)
 
 
+@pytest.mark.slow  # 43 s on 2 cores: make test-slow
 def test_rebalance_under_small_pools_gives_the_replies_of_a_large_one():
     large = started_stack(num_workers=1, worker_args=WORKER_ARGS)
     try:
