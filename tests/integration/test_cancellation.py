@@ -27,7 +27,7 @@ BIG_MAX_TOKENS = 24
 LONG_MAX_TOKENS = 448
 # A request still waiting behind another must run at least this long after it is seen
 # waiting: it asks for so many tokens that the cancel reaches it first at any speed.
-WAITED_ON_TOKENS = 400
+WAITED_ON_TOKENS = 256
 DEADLINE_S = 120
 
 

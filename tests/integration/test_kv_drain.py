@@ -153,6 +153,7 @@ def shutdown_stack():
     stop_stack(running)
 
 
+@pytest.mark.slow  # 13 s: make test-slow; the drain itself is tested above
 def test_a_worker_stopped_gracefully_is_drained_with_its_kv_not_recomputed(shutdown_stack):
     stack = shutdown_stack
     reference, _, _ = asyncio.run(_run(stack.address, None))

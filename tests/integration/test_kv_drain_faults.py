@@ -46,6 +46,7 @@ def speculative_drain_stack():
     stop_stack(running)
 
 
+@pytest.mark.slow  # the plain drain test is in make test; this adds speculation
 def test_a_drain_with_speculation_on_keeps_every_stream_token_identical(
     speculative_drain_stack,
 ):
