@@ -203,6 +203,7 @@ def channel(hostile_stack):
         yield opened
 
 
+@pytest.mark.slow  # 17 s of generated requests; test_bad_input.py keeps the statuses
 @settings(
     # 40: the mix of statuses shows at that size; 100 cost 40 s more of make test.
     max_examples=40,

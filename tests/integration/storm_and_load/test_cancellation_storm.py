@@ -141,6 +141,7 @@ def _storm(storm_stack, tokenizer, num_requests: int, in_flight: int | None, see
     assert not bad, "\n".join(bad[:20])
 
 
+@pytest.mark.slow  # 16 s; test_cancellation.py keeps cancels in make test
 def test_cancellation_storm_leaks_nothing_and_others_get_their_tokens(storm_stack, tokenizer):
     # A third of the load test's clients (50 of them cancelled): the slow tier's long
     # storm below runs 2,000.
