@@ -28,10 +28,12 @@ off one worker.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from scheduler_svc.core.request import Request
-from scheduler_svc.core.scheduler import Scheduler
+
+if TYPE_CHECKING:  # annotations only: scheduler.py reaches this module through admission.py
+    from scheduler_svc.core.scheduler import Scheduler
 
 
 class VictimMover(Protocol):
