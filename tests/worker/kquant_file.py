@@ -70,6 +70,7 @@ WRITERS: dict[QTYPE, Callable[[np.ndarray], np.ndarray]] = {
     QTYPE.Q6_K: quantize_q6_k,
     QTYPE.Q5_0: lambda w: gguf.quants.quantize(w, QTYPE.Q5_0),
     QTYPE.Q8_0: lambda w: gguf.quants.quantize(w, QTYPE.Q8_0),
+    QTYPE.MXFP4: lambda w: gguf.quants.quantize(w, QTYPE.MXFP4),  # gpt-oss's experts
 }
 
 
@@ -92,7 +93,9 @@ def rewrite_gguf(source: Path, target: Path, choose: Callable[[str, int], QTYPE 
             writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
             continue
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1, k)
-        writer.add_tensor(tensor.name, WRITERS[qtype](weight), raw_dtype=qtype)
+        # The tensor's outer dimensions kept (a 3-D `*_exps` tensor stays 3-D).
+        rows = WRITERS[qtype](weight).reshape(*tensor.data.shape[:-1], -1)
+        writer.add_tensor(tensor.name, rows, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -20,6 +20,9 @@ permuted (the rotary reordering of q and k) without touching a block.
 - F16 and BF16: 16-bit floats (a file converted with --outtype f16 / bf16, or a
   bfloat16 checkpoint's own values), widened exactly to float32 in registers
   (kernels/qblock_float16.c); products are float32 weights times float32 activations.
+- MXFP4: 17 bytes per 32 weights (an E8M0 power of two, 16 bytes of 4-bit E2M1 codes;
+  kernels/qblock_mxfp4.h): gpt-oss's experts, read as stored (plain C, AVX2, AVX-512
+  and the VNNI kernel, whose int16 take the codes' integers exactly).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ PARTS = tuple(
         "qblock_kquants_avx2.c",
         "qblock_kquants_avx512.c",
         "qblock_float16.c",
+        "qblock_mxfp4.c",
     )
 )
 QK = 32
@@ -76,7 +80,8 @@ Q5_0 = BlockFormat("Q5_0", 5, 22, vnni=True)
 # 16-bit floats, 32 to a "block" of 64 bytes: a row is the file's K * 2 bytes.
 F16 = BlockFormat("F16", 6, 64)
 BF16 = BlockFormat("BF16", 7, 64)
-FORMATS = {f.name: f for f in (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, F16, BF16)}
+MXFP4 = BlockFormat("MXFP4", 8, 17, vnni=True)
+FORMATS = {f.name: f for f in (Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, Q5_0, F16, BF16, MXFP4)}
 # The kernel's variant argument; AUTO takes the best this CPU runs.
 VARIANTS = {"auto": 0, "plain": 1, "avx2": 2, "avx512": 3}
 
@@ -97,7 +102,7 @@ def load_qblock_kernel() -> ctypes.CDLL:
     return lib
 
 
-# The VNNI kernel's own objects: Q4_1 / Q8_0 (qblock_vnni.c), the K-quants' and Q5_0's
+# The VNNI kernel's own objects: Q4_1 / Q8_0 / MXFP4 (qblock_vnni.c), the K-quants' and Q5_0's
 # panel packing (qblock_kquants_vnni.c) and Q5_0's and Q4_K's small-M tiles
 # (qblock_kquants_small_vnni.c); linked with PARTS.
 VNNI_PARTS = tuple(
@@ -250,6 +255,7 @@ __all__ = [
     "BF16",
     "F16",
     "FORMATS",
+    "MXFP4",
     "Q4_1",
     "Q4_K",
     "Q5_0",

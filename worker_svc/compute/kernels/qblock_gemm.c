@@ -17,6 +17,7 @@
  *   qblock_kquants_avx2.c    the same with AVX2 (staged a group at a time)
  *   qblock_kquants_avx512.c  the same with AVX-512
  *   qblock_float16.c         F16 and BF16 widened (plain C, AVX2 with F16C, AVX-512)
+ *   qblock_mxfp4.c           MXFP4 (gpt-oss's experts) unpacked (plain C, AVX2, AVX-512)
  *   qblock_tiles.c           the float tiles every format's unpacked rows go through
  *   this file                the dispatch, the entry points and the half table
  * Only the unpacking of a block is per format.
@@ -32,6 +33,7 @@
 #include "qblock_gemm.h"
 #include "qblock_half.h"
 #include "qblock_kquants.h"
+#include "qblock_mxfp4.h"
 #include "qblock_q4q8.h"
 #include "qblock_tiles.h"
 
@@ -70,6 +72,10 @@ static void dequant(int variant, int format, const uint8_t *row, int64_t k, floa
         variant == VARIANT_AVX512 ? f16_dequant_avx512(format, row, k, out)
         : variant == VARIANT_AVX2 ? f16_dequant_avx2(format, row, k, out)
                                   : f16_dequant_plain(format, row, k, out);
+    else if (format == QBLOCK_FORMAT_MXFP4)
+        variant == VARIANT_AVX512 ? mxfp4_dequant_avx512(row, k, out)
+        : variant == VARIANT_AVX2 ? mxfp4_dequant_avx2(row, k, out)
+                                  : mxfp4_dequant_plain(row, k, out);
     else if (kq_is_kquant_format(format))
         variant == VARIANT_AVX512 ? kq_dequant_avx512(format, row, k, out)
         : variant == VARIANT_AVX2 ? kq_dequant_avx2(format, row, k, out)
@@ -107,10 +113,10 @@ int qblock_resolve_variant(int variant)
 }
 
 /* Weights and bytes of one block (or super-block) of each format, by code. */
-static const int64_t GROUP_WEIGHTS[QBLOCK_FORMATS] = {32, 32, 256, 256, 256, 32, 32, 32};
+static const int64_t GROUP_WEIGHTS[QBLOCK_FORMATS] = {32, 32, 256, 256, 256, 32, 32, 32, 32};
 static const int64_t GROUP_BYTES[QBLOCK_FORMATS] = {
     QBLOCK_Q4_1_BYTES, QBLOCK_Q8_0_BYTES, 144, 176, 210, 22, QBLOCK_FLOAT16_BYTES,
-    QBLOCK_FLOAT16_BYTES};
+    QBLOCK_FLOAT16_BYTES, QBLOCK_MXFP4_BYTES};
 
 int64_t qblock_row_bytes(int format, int64_t k)
 {
@@ -132,7 +138,11 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
      * BF16 widen in registers with AVX2 too (two instructions for 8 weights). */
     const int kquant = kq_is_kquant_format(format);
     const int float16 = f16_is_float16_format(format);
-    const int64_t small_m = kquant ? KQ_SMALL_M : float16 ? SMALL_M : Q4Q8_SMALL_M;
+    const int mxfp4 = format == QBLOCK_FORMAT_MXFP4; /* buffered on AVX2, as Q4_1 / Q8_0 */
+    const int64_t small_m = kquant    ? KQ_SMALL_M
+                            : float16 ? SMALL_M
+                            : mxfp4   ? MXFP4_SMALL_M
+                                      : Q4Q8_SMALL_M;
     /* Up to two tiles' rows of x: the blocks are unpacked once a tile, which still costs
      * less than dequantizing the panel into the buffer and reading it back (a verify
      * step of one sequence and 8 drafts is 9 rows), except for Q5_K and Q6_K, whose
@@ -145,6 +155,7 @@ void qblock_panel(int variant, int format, const uint8_t *w, int64_t first, int6
                       float *, int64_t) =
             float16  ? (variant == VARIANT_AVX512 ? f16_small_tile_avx512 : f16_small_tile_avx2)
             : kquant ? (variant == VARIANT_AVX512 ? kq_small_tile_avx512 : kq_small_tile_avx2)
+            : mxfp4  ? mxfp4_small_tile_avx512
                      : q4q8_small_tile_avx512;
         for (int64_t i = 0; i < m_count; i += small_m) {
             const int64_t chunk = m_count - i < small_m ? m_count - i : small_m;

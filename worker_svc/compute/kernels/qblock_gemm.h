@@ -9,7 +9,7 @@
 /* Format codes (compute/qblock.py's BlockFormat.code). Q4_1 and Q8_0 are blocks of 32
  * weights (this file); the K-quants are read by qblock_kquants*.c, Q4_K, Q5_K and Q6_K in
  * super-blocks of 256 (K a multiple of 256), Q5_0 in blocks of 32; F16 and BF16 by
- * qblock_float16.c, K a multiple of 32. */
+ * qblock_float16.c, K a multiple of 32; MXFP4 by qblock_mxfp4.c, in blocks of 32. */
 enum {
     QBLOCK_FORMAT_Q4_1 = 0,
     QBLOCK_FORMAT_Q8_0 = 1,
@@ -19,7 +19,8 @@ enum {
     QBLOCK_FORMAT_Q5_0 = 5,
     QBLOCK_FORMAT_F16 = 6,  /* 16-bit floats (qblock_float16.h), 32 a "block" */
     QBLOCK_FORMAT_BF16 = 7,
-    QBLOCK_FORMATS = 8
+    QBLOCK_FORMAT_MXFP4 = 8, /* gpt-oss's experts, 17 bytes per 32 (qblock_mxfp4.h) */
+    QBLOCK_FORMATS = 9
 };
 /* Variant codes (compute/qblock.py's VARIANTS): AUTO asks for the best this CPU runs;
  * the kernel's parts take only a resolved one. */

@@ -1,11 +1,12 @@
-/* y[M, N] = x[M, K] @ W[N, K]^T for large M, W in Q4_1 or Q8_0 blocks, in integer dot
+/* y[M, N] = x[M, K] @ W[N, K]^T for large M, W in Q4_1, Q8_0 or MXFP4 blocks, in integer dot
  * products (AVX-512 VNNI's vpdpwssd): llama.cpp's block arithmetic, 16-bit activations.
  * The K-quant formats and Q5_0 pack their panels in qblock_kquants_vnni.c (linked with
  * this file) and share the rest.
  *
  * x is quantized per row in blocks of 32: dx = max|x| / 32767, qx = round(x / dx) in
  * int16, sx = dx * sum(qx). A block's dot product is then exact integer work plus two
- * scalings:  sum_j (d q_j + m) x_j ~= d dx sum_j q_j qx_j + m sx   (Q8_0: m = 0, q signed).
+ * scalings:  sum_j (d q_j + m) x_j ~= d dx sum_j q_j qx_j + m sx   (Q8_0: m = 0, q signed;
+ * MXFP4: m = 0, q its codes' integers, d the block's power of two: qblock_mxfp4.h).
  * Why 16 bits, not llama.cpp's 8 (Q8_1, vpdpbusd, twice the products an instruction):
  * with 8-bit blocks the prefill of "What is the capital of France?" already turned
  * SmolLM2-135M's reply to French nonsense, as the int8 path's did; 16-bit activations
@@ -23,7 +24,9 @@
 
 #include <immintrin.h>
 
+#include "qblock_gemm.h"
 #include "qblock_kquants.h"
+#include "qblock_mxfp4.h"
 #include "qblock_vnni.h"
 #include "qblock_vnni_transpose.h"
 
@@ -31,7 +34,7 @@
 #define INLINE static inline __attribute__((always_inline))
 
 enum { QK = 32, Q4_1_BYTES = 20, Q8_0_BYTES = 34, LANES = 16, ROWS = 8 };
-enum { FORMAT_Q4_1 = 0, FORMAT_Q8_0 = 1 };
+enum { FORMAT_Q4_1 = 0, FORMAT_Q8_0 = 1, FORMAT_MXFP4 = QBLOCK_FORMAT_MXFP4 };
 
 int qblock_vnni_supported(void)
 {
@@ -62,6 +65,8 @@ VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_byt
                                    int64_t k, int16_t *tmp, int16_t *wq, float *wd, float *wm)
 {
     const __m128i low = _mm_set1_epi8(0x0f);
+    static const int8_t mxfp4_codes[16] = QBLOCK_MXFP4_CODES;
+    const __m128i codes = _mm_loadu_si128((const __m128i *)mxfp4_codes);
     for (int64_t r = 0; r < LANES; r++)
         for (int64_t b = 0; b < k / QK; b++) {
             int16_t *dst = tmp + r * k + b * QK;
@@ -80,6 +85,18 @@ VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_byt
                     _mm256_storeu_si256(
                         (__m256i *)(dst + 16 * h),
                         _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h))));
+                continue;
+            }
+            if (format == FORMAT_MXFP4) { /* nibbles -> their int8 values (pshufb), widened */
+                const uint8_t *blk = w + r * row_bytes + b * QBLOCK_MXFP4_BYTES;
+                wd[b * LANES + r] = qblock_e8m0_values[blk[0]];
+                wm[b * LANES + r] = 0.0f;
+                const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
+                const __m128i lo = _mm_shuffle_epi8(codes, _mm_and_si128(q, low));
+                const __m128i high = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+                const __m128i hi = _mm_shuffle_epi8(codes, high);
+                _mm256_storeu_si256((__m256i *)dst, _mm256_cvtepi8_epi16(lo));
+                _mm256_storeu_si256((__m256i *)(dst + 16), _mm256_cvtepi8_epi16(hi));
                 continue;
             }
             const uint8_t *blk = w + r * row_bytes + b * Q4_1_BYTES;
@@ -151,7 +168,7 @@ VNNI_TARGET void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, 
         return;
     }
     const int64_t blocks = k / QK;
-    const int64_t row_bytes = blocks * (format == FORMAT_Q8_0 ? Q8_0_BYTES : Q4_1_BYTES);
+    const int64_t row_bytes = qblock_row_bytes(format, k);
     int16_t *wq = tmp + LANES * k;
     float *wm = wd + LANES * blocks;
     pack_panel(format, w + first * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
@@ -210,7 +227,8 @@ int qblock_vnni_gemm(int format, const uint8_t *w, const float *x, float *y, int
     if (!qblock_vnni_supported())
         return -1;
     const int kquant = kq_is_kquant_format(format);
-    if ((format != FORMAT_Q4_1 && format != FORMAT_Q8_0 && !kquant) ||
+    const int reads = format == FORMAT_Q4_1 || format == FORMAT_Q8_0 || format == FORMAT_MXFP4;
+    if ((!reads && !kquant) ||
         k % (kquant ? kq_group_weights(format) : QK) != 0)
         return -2;
     return gemm(format, w, x, y, m_count, n, k, threads);

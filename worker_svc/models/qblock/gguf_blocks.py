@@ -6,8 +6,8 @@ Rows of a block format are independent (blocks run along K), so the fused QKV an
 gate/up are the byte rows of their parts stacked, and the rotary reordering of q and
 k (checkpoint.weights.undo_rope_permute, llama only) is a permutation of byte rows.
 Q4_1, Q8_0, Q4_K, Q5_K, Q6_K and Q5_0 tensors (what llama.cpp's Q4_K_M and its kin
-hold), and F16 and BF16 ones (a converter's --outtype f16 / bf16), are kept as the file
-stores them; tensors in a format the kernel has no code for
+hold), F16 and BF16 ones (a converter's --outtype f16 / bf16) and MXFP4 ones (gpt-oss's
+experts) are kept as the file stores them; tensors in a format the kernel has no code for
 are read dequantized and requantized to Q8_0 at load. A fused weight whose parts the
 file stores in different formats (a Q4_K_M file's Q6_K attn_v beside Q4_K q and k) is
 kept as runs of rows, one per format (compute/qblock_stack.py), so that it too
@@ -30,8 +30,6 @@ from worker_svc.compute.qblock import FORMATS, Q8_0, BlockFormat, dequantize, qu
 from worker_svc.models.checkpoint.gguf_index import GgufIndex, TensorInfo, read_index
 from worker_svc.models.checkpoint.weights import undo_rope_permute
 from worker_svc.models.declaration import Architecture
-from worker_svc.models.qblock.mxfp4 import BLOCK as MXFP4_BLOCK
-from worker_svc.models.qblock.mxfp4 import MXFP4_BYTES, MXFP4_TYPE, mxfp4_as_q8_0
 
 # One weight as the kernel takes it: (blocks [N, bytes], format, K).
 Blocks = tuple[torch.Tensor, BlockFormat, int]
@@ -67,6 +65,7 @@ _GGML_TYPES = {
     6: "Q5_0",
     1: "F16",  # llama.cpp's converter with --outtype f16
     30: "BF16",  # and with --outtype bf16
+    39: "MXFP4",  # gpt-oss's experts (its released files, llama-quantize's MXFP4_MOE)
 }
 
 
@@ -78,9 +77,6 @@ def _tensor_blocks(index: GgufIndex, info: TensorInfo) -> Blocks:
         # Copied out of the memory map, so that the file's pages are not kept resident.
         raw = np.array(index.raw(info, n * fmt.row_bytes(k)))
         return torch.from_numpy(raw.reshape(n, -1)), fmt, k
-    if info.ggml_type == MXFP4_TYPE and k % MXFP4_BLOCK == 0:
-        raw = np.array(index.raw(info, n * k // MXFP4_BLOCK * MXFP4_BYTES))
-        return torch.from_numpy(mxfp4_as_q8_0(raw, n, k)), Q8_0, k
     import gguf
 
     kind = gguf.GGMLQuantizationType(info.ggml_type)

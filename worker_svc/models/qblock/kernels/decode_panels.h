@@ -118,14 +118,15 @@ static void prepare_input(const struct thread_scratch *ts, const struct block_we
 
 /* Output rows first .. first + rows - 1 (rows <= QBLOCK_PANEL_ROWS) of y = x @ W^T, by
  * the kernel this step uses; with VNNI, x is what prepare_input was given. The VNNI
- * kernel reads Q4_1, Q8_0, the K-quants and Q5_0 (BlockFormat.vnni, QBlockLinear's rule
+ * kernel reads Q4_1, Q8_0, the K-quants, Q5_0 and MXFP4 (BlockFormat.vnni, QBlockLinear's rule
  * too): a file's other formats have their panels on the float block kernel in the same
  * step. */
 static void project(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
                     const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
                     const struct thread_scratch *ts)
 {
-    const int vnni_reads = format >= QBLOCK_FORMAT_Q4_1 && format <= QBLOCK_FORMAT_Q5_0;
+    const int vnni_reads = (format >= QBLOCK_FORMAT_Q4_1 && format <= QBLOCK_FORMAT_Q5_0) ||
+                           format == QBLOCK_FORMAT_MXFP4;
     const int small = kq_small_vnni_reads(format) && small_vnni_rows(ts, m);
     if (!small && (!ts->vnni || !vnni_reads)) {
         qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
