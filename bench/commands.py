@@ -46,6 +46,9 @@ SUBCOMMANDS = {
     "prefill-split": Subcommand(
         "bench.prefill_split", "long prompts beside 32 streams: prefill workers vs colocated"
     ),
+    "drain": Subcommand(
+        "bench.drain", "16 streams' pause while their worker is drained, beside one recompute"
+    ),
     "front": Subcommand(
         "bench.serving.front_overhead", "the OpenAI HTTP front against gRPC, same workload"
     ),
