@@ -84,9 +84,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # Held by every step, wherever it runs, and by a LoRA slot's write (lora/loading.py).
         self.runner_lock = threading.Lock()
         self.adapters = AdapterService(self.executor, self.runner_lock)
-        # KV copies hold the same lock, for one chunk each (kv_transfer/).
-        self.kv_sender = KvSender(self.runner_lock)
-        self.kv_receiver = KvReceiver(self.runner_lock)
+        # KV copies run beside the steps, without the lock (kv_transfer/ says why).
+        self.kv_sender = KvSender()
+        self.kv_receiver = KvReceiver()
         self._worker: Worker | None = None
         # Event-loop side: the newest stream's number and its "superseded" signal.
         self._latest_stream = 0
@@ -212,7 +212,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             # Masks for a plan queued or running: its sampler may wait
                             # on them now, so they go straight to it (no result).
                             worker.runner.mailbox.post(stream, plan)
-                        elif runs_inline(plan, len(queued)):
+                        elif runs_inline(plan, len(queued)) and not self._moving_kv():
                             queued.append((plan, self._execute_inline(worker, stream, plan)))
                         else:
                             future = loop.run_in_executor(
@@ -234,6 +234,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 next_plan.cancel()
             for _, future in queued:
                 future.cancel()
+
+    def _moving_kv(self) -> bool:
+        """A KV transfer in or out needs this loop for each chunk: no step runs on it then."""
+        return self.kv_sender.active > 0 or self.kv_receiver.active > 0
 
     async def _result_or_abort(self, context, stream: int, plan, future: asyncio.Future):
         """The executed plan's result; a refused or failed plan ends the stream."""

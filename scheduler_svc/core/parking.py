@@ -19,6 +19,12 @@ On the destination:
 4. `reserve`: blocks for all its tokens (the KV that moves, then the next token),
    under its seq_id, out of every other sequence's reach; no room (beyond the
    watermark, or the running cap reached): None, and it is recomputed instead.
+   Done as soon as the request is parked on the source: its num_computed_tokens is
+   final then (what the plans in flight compute counts as computed already). A block
+   freed while a plan in flight still wrote its old owner's KV may be among those
+   reserved, so nothing is written into them until `answered_through(scheduler,
+   last_plan_sent(...) at the reservation)`: that wait and the source's settling
+   overlap.
 5. `adopt_with_kv` once the transfer has written them: it enters as running with
    num_computed_tokens = the tokens moved. Its next plan carries it as a NewSequence
    over prompt + output with those tokens computed, as a prefix-cache hit is: the
@@ -116,6 +122,24 @@ def reserve(scheduler: Scheduler, request: Request, num_tokens: int) -> list[int
         return None
     table = manager.allocate(request.seq_id, request.num_tokens)
     return table[: manager.blocks_needed(num_tokens)]
+
+
+def last_plan_sent(scheduler: Scheduler) -> int:
+    """The step id of the newest plan sent to the worker (0: none yet)."""
+    return scheduler._in_flight._next_step_id - 1
+
+
+def answered_through(scheduler: Scheduler, step_id: int) -> bool:
+    """Whether every plan up to step_id has answered: none of them writes KV any more."""
+    oldest = next(iter(scheduler._in_flight._plans), None)
+    return oldest is None or oldest > step_id
+
+
+def limit_lookahead(scheduler: Scheduler, plans: int) -> None:
+    """At most `plans` plans in flight from now on (async scheduling keeps two). With one,
+    a request adopted while a plan runs is in the very next plan the worker runs, not
+    behind one queued already: a moved request's pause is a step shorter."""
+    scheduler._in_flight.max_in_flight = plans
 
 
 def release_reservation(scheduler: Scheduler, request: Request) -> None:

@@ -96,7 +96,7 @@ async def drain_engine(
 
     async def move(request_id: str) -> None:
         async with gate:
-            counts.add(await moves.move(engine, request_id, destinations()))
+            counts.add(await moves.move(engine, request_id, destinations(), hold_lookahead=True))
 
     for _ in range(MAX_ROUNDS):
         scheduler = engine.scheduler

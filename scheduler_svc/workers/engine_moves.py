@@ -48,10 +48,15 @@ class Detached:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Blocks a destination engine's scheduler set aside for a request's KV."""
+    """Blocks a destination engine's scheduler set aside for num_tokens of a request's
+    KV; writable once the plans sent up to after_step have answered (core/parking.py)."""
 
     block_ids: tuple[int, ...]
+    num_tokens: int
     scheduler: Scheduler
+    after_step: int
+    # Whether the engine plans one step ahead at most until it is adopted or cancelled.
+    holds_lookahead: bool = False
 
 
 class EngineMoves:
@@ -70,6 +75,8 @@ class EngineMoves:
         self.on_shutting_down: Callable[[], None] | None = None
         self._shutdown_watch: asyncio.Task | None = None
         self._left_instance: str | None = None
+        # Reservations here that keep the lookahead at one plan (reserve_kv).
+        self._incoming = 0
         # Offered a would-be victim of preemption, to move instead (workers/rebalance.py);
         # put on every scheduler this engine builds. None: preemption only.
         self.victim_mover = None
@@ -147,6 +154,14 @@ class EngineMoves:
         self._loop.wakeup.set()  # the worker is told to drop the sequence
         return Detached(request, handle, hold.block_ids, hold.num_tokens, scheduler)
 
+    def parked_for_move(self, request_id: str) -> Request | None:
+        """The running request, parked now if it was not already (its detach follows);
+        None if it is not running here."""
+        parked = self._parked.get(request_id)
+        if parked is not None:
+            return parked
+        return self._parked[request_id] if self.park_now(request_id) else None
+
     def park_now(self, request_id: str) -> bool:
         """Parks a running request at once, so that no plan from now on includes it
         (its detach follows); whether it did."""
@@ -184,17 +199,50 @@ class EngineMoves:
 
     # -- the destination's side -----------------------------------------------------------
 
-    def reserve_kv(self, request: Request, num_tokens: int) -> Reservation | None:
-        """Blocks here for num_tokens of the request's KV; None where it cannot go."""
+    def reserve_kv(
+        self, request: Request, num_tokens: int, hold_lookahead: bool = False
+    ) -> Reservation | None:
+        """Blocks here for num_tokens of the request's KV; None where it cannot go. With
+        hold_lookahead, this engine plans one step ahead at most until the request is
+        adopted or the reservation cancelled (parking.limit_lookahead: its first token
+        here comes a step sooner; the other requests here lose the overlap of the
+        scheduler's work with the worker's meanwhile, a few milliseconds a step)."""
         scheduler = self.scheduler
         if not self.connected or self.draining or scheduler is None:
             return None
         block_ids = parking.reserve(scheduler, request, num_tokens)
         if block_ids is None:
             return None
-        return Reservation(tuple(block_ids), scheduler)
+        if hold_lookahead:
+            self._incoming += 1
+            parking.limit_lookahead(scheduler, 1)
+        after_step = parking.last_plan_sent(scheduler)
+        return Reservation(tuple(block_ids), num_tokens, scheduler, after_step, hold_lookahead)
+
+    def _end_reservation(self, reservation: Reservation) -> None:
+        if not reservation.holds_lookahead:
+            return
+        self._incoming -= 1
+        if self._incoming == 0 and self.scheduler is not None:
+            parking.limit_lookahead(self.scheduler, self.config.max_steps_in_flight)
+            self._loop.wakeup.set()
+
+    async def until_writable(
+        self, reservation: Reservation, timeout_s: float = SETTLE_TIMEOUT_S
+    ) -> bool:
+        """Waits until no plan sent before the reservation may still write its blocks;
+        False if this worker was lost meanwhile (or hangs: liveness finds it lost)."""
+        deadline = time.monotonic() + timeout_s
+        while self.scheduler is reservation.scheduler:
+            if parking.answered_through(reservation.scheduler, reservation.after_step):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await set_within(self._answered, remaining):
+                return False
+        return False
 
     def cancel_reservation(self, reservation: Reservation, request: Request) -> None:
+        self._end_reservation(reservation)
         if self.scheduler is reservation.scheduler:
             parking.release_reservation(reservation.scheduler, request)
 
@@ -207,6 +255,7 @@ class EngineMoves:
         if not self.connected or scheduler is not reservation.scheduler:
             return False
         parking.adopt_with_kv(scheduler, request, num_tokens)
+        self._end_reservation(reservation)
         handle.holder = self
         self._handles.add(handle)
         self.adapter_loads.kick(scheduler)  # its adapter, if it has one and none is loaded

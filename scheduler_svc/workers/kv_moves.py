@@ -20,6 +20,7 @@ noted, and the move ends with the request dropped on both sides.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import itertools
 import time
@@ -35,8 +36,10 @@ from scheduler_svc.workers.handle import Migrant
 from scheduler_svc.workers.liveness import WorkerLost
 
 if TYPE_CHECKING:
+    from scheduler_svc.core.request import Request
     from scheduler_svc.kv_metrics import KvTransferMetrics
     from scheduler_svc.workers.engine import WorkerEngine
+    from scheduler_svc.workers.engine_moves import Reservation
     from scheduler_svc.workers.orphans import Orphanage
 
 log = structlog.get_logger("scheduler.kv_moves")
@@ -84,24 +87,54 @@ class KvMoves:
         self.metrics = metrics
 
     async def move(
-        self, source: WorkerEngine, request_id: str, destinations: Sequence[WorkerEngine]
+        self,
+        source: WorkerEngine,
+        request_id: str,
+        destinations: Sequence[WorkerEngine],
+        hold_lookahead: bool = False,
     ) -> MoveResult:
-        """Moves the request off `source` to one of `destinations` (see the module doc)."""
-        detached = await source.detach(request_id)
-        if detached is None:
+        """Moves the request off `source` to one of `destinations` (see the module doc);
+        hold_lookahead: the destination plans one step ahead at most until it takes the
+        request in (engine_moves.reserve_kv: the request's pause is a step shorter)."""
+        parked_at = time.monotonic()
+        request = source.parked_for_move(request_id)
+        if request is None:
             return MoveResult(MoveOutcome.GONE)
-        request, handle = detached.request, detached.handle
-        destination, reservation = None, None
-        for candidate in sorted(destinations, key=lambda engine: engine.load):
-            reservation = candidate.reserve_kv(request, detached.num_tokens)
-            if reservation is not None:
-                destination = candidate
-                break
+        # Reserved now, while the source settles: the KV's size is final at parking, and
+        # the destination's plans in flight answer meanwhile (parking.py).
+        destination, reservation = self._reserve(
+            request, request.num_computed_tokens, destinations, hold_lookahead
+        )
         if destination is None:
-            source.release_hold(detached)
-            log.info("no room for a request's KV elsewhere; recomputing it", request_id=request_id)
-            self._recompute(request, handle)
-            return MoveResult(MoveOutcome.RECOMPUTED)
+            detached, writable = await source.detach(request_id), False
+        else:
+            detached, writable = await asyncio.gather(
+                source.detach(request_id), destination.until_writable(reservation)
+            )
+        if detached is None:
+            if destination is not None:
+                destination.cancel_reservation(reservation, request)
+            return MoveResult(MoveOutcome.GONE)
+        handle = detached.handle
+        if destination is not None and (
+            not writable or detached.num_tokens > reservation.num_tokens
+        ):
+            destination.cancel_reservation(reservation, request)
+            destination = None
+        if destination is None:
+            # No room before it settled (or that destination went): a place now, if any.
+            destination, reservation = self._reserve(
+                request, detached.num_tokens, destinations, hold_lookahead
+            )
+            if destination is None or not await destination.until_writable(reservation):
+                if destination is not None:
+                    destination.cancel_reservation(reservation, request)
+                source.release_hold(detached)
+                log.info(
+                    "no room for a request's KV elsewhere; recomputing it", request_id=request_id
+                )
+                self._recompute(request, handle)
+                return MoveResult(MoveOutcome.RECOMPUTED)
         holder = _InTransfer(source.address)
         handle.holder = holder
         transfer_id = next(_transfer_ids)
@@ -114,13 +147,16 @@ class KvMoves:
                 transfer_id,
                 destination.address,
                 list(detached.block_ids),
-                list(reservation.block_ids),
+                # Fewer tokens settled than were reserved for (drafts rejected): the
+                # reservation's first blocks.
+                list(reservation.block_ids[: len(detached.block_ids)]),
                 detached.num_tokens,
                 timeout_s,
             )
         except (ServiceError, WorkerLost) as failure:
             error = failure
-        seconds = time.monotonic() - started
+        sent_at = time.monotonic()
+        seconds = sent_at - started
         source.release_hold(detached)
         if holder.aborted:
             destination.cancel_reservation(reservation, request)
@@ -141,6 +177,12 @@ class KvMoves:
                 tokens=detached.num_tokens,
                 bytes=reply.bytes_sent,
                 seconds=round(seconds, 4),
+                # Where the request's pause went (bench/drain.py reads these): the wait
+                # for its plans in flight, then the transfer; adopted_at is monotonic,
+                # to be compared with its next token's arrival on the same host.
+                park_wait_s=round(started - parked_at, 4),
+                send_s=round(seconds, 4),
+                adopted_at=round(time.monotonic(), 6),
             )
             return MoveResult(MoveOutcome.MOVED, num_blocks, reply.bytes_sent, detached.num_tokens)
         destination.cancel_reservation(reservation, request)
@@ -156,6 +198,20 @@ class KvMoves:
         )
         self._recompute(request, handle)
         return MoveResult(MoveOutcome.RECOMPUTED)
+
+    @staticmethod
+    def _reserve(
+        request: Request,
+        num_tokens: int,
+        destinations: Sequence[WorkerEngine],
+        hold_lookahead: bool,
+    ) -> tuple[WorkerEngine | None, Reservation | None]:
+        """The least loaded destination with room for num_tokens of the request's KV."""
+        for candidate in sorted(destinations, key=lambda engine: engine.load):
+            reservation = candidate.reserve_kv(request, num_tokens, hold_lookahead)
+            if reservation is not None:
+                return candidate, reservation
+        return None, None
 
     def _recompute(self, request, handle) -> None:
         handover.reset_for_recompute(request)

@@ -24,14 +24,9 @@ from common.grpc_options import MAX_MESSAGE_BYTES
 from worker_svc.kv_pool import KVPool, dtype_name
 
 # About what each KvChunk carries: big enough that a chunk's per-message cost (a gRPC
-# frame, a hop to a thread, a lock taken) is small beside its copy, small enough that the
-# copy holds a step for well under a millisecond, and far below the 16 MiB message limit.
+# frame, a hop to a thread) is small beside its copy, small enough that little is held
+# in memory at once, and far below the 16 MiB message limit.
 CHUNK_TARGET_BYTES = 2 * 1024 * 1024
-# Chunks copied under one hold of the runner's lock, at either end. Each hold waits for
-# the step running then to end (seconds, on a prefill worker's long prompt) and may lose
-# the lock to the next step: a hold per 2 MiB chunk made a 2,000-token transfer (46 MB)
-# wait for tens of steps, 14 s and more between one-thread workers; this waits for one.
-LOCK_BATCH_BYTES = 64 * 1024 * 1024
 # Room in a message for everything but the data (ids, slots, the layout).
 MESSAGE_OVERHEAD_BYTES = 64 * 1024
 
@@ -137,8 +132,8 @@ def plan_chunks(
 
 
 def gather_blocks(pool: KVPool, block_ids: tuple[int, ...]) -> torch.Tensor:
-    """A copy of the blocks, `[layers, 2, blocks, block_size, heads, dim]`, on the CPU:
-    the part of a send that must not overlap a step (the caller holds the runner's lock)."""
+    """A copy of the blocks, `[layers, 2, blocks, block_size, heads, dim]`, on the CPU
+    (blocks that nothing writes while they are read: sender.py)."""
     index = torch.tensor(block_ids, dtype=torch.long, device=pool.cache.device)
     return pool.cache.index_select(2, index).cpu()
 
@@ -181,8 +176,7 @@ def check_chunk(pool: KVPool, chunk: worker_pb2.KvChunk) -> None:
 
 
 def bytes_to_slots(pool: KVPool, chunk: worker_pb2.KvChunk) -> torch.Tensor:
-    """A checked chunk's data as `[layers, 2, slots, heads, dim]` on the pool's device
-    (done apart from the step: only write_blocks holds one)."""
+    """A checked chunk's data as `[layers, 2, slots, heads, dim]` on the pool's device."""
     spec = pool.spec
     flat = torch.frombuffer(bytearray(chunk.data), dtype=torch.uint8).view(spec.dtype)
     shape = (spec.num_layers, 2, sum(chunk.filled_slots), spec.num_kv_heads, spec.head_dim)
@@ -190,7 +184,8 @@ def bytes_to_slots(pool: KVPool, chunk: worker_pb2.KvChunk) -> torch.Tensor:
 
 
 def write_blocks(pool: KVPool, block_ids: tuple[int, ...], slots: torch.Tensor) -> None:
-    """bytes_to_slots' tensor into the blocks (the caller holds the runner's lock)."""
+    """bytes_to_slots' tensor into the blocks (blocks that no step reads or writes while
+    they are written: receiver.py)."""
     block_size = pool.block_size
     used = slots.shape[2]
     full = used // block_size

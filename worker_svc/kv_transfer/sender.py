@@ -1,11 +1,14 @@
 """SendKv, the source's side: read the blocks a chunk at a time and stream them to the
 destination's ReceiveKv.
 
-The chunks' blocks are copied out of the pool under the runner's lock (the lock every
-step holds), up to LOCK_BATCH_BYTES of chunks per hold, on a thread of their own: a step
-waits for at most one such copy, and a transfer never waits for the forward thread's
-queue. Turning the copy into bytes, and sending it, happen outside the lock; gRPC's flow
-control paces the reads, so at most a batch or two is held in memory at once.
+Each chunk's blocks are copied out of the pool on a thread of their own, beside the
+steps and without the runner's lock: the scheduler sends only the blocks of a request
+it has parked and settled (no plan in flight or to come writes them until SendKv has
+answered), and a block it shares with other requests is a full prefix block, which
+nobody writes. A step thus never waits for a send, nor a send for a step (it did, for a
+whole step at each end, when the copies took the lock). Turning the copy into bytes, and
+sending it, happen on the same thread hop; gRPC's flow control paces the reads, so about
+one chunk is held in memory at once.
 
 Worker-to-worker channels are plaintext, one per destination address, kept for the next
 transfer. A destination started with --tls-cert cannot be reached by them (the call fails
@@ -15,7 +18,6 @@ with UNAVAILABLE naming the address): TLS between workers is not supported yet.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
 import grpc
@@ -25,7 +27,6 @@ from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from common.grpc_options import channel_options
 from worker_svc.kv_pool import KVPool
 from worker_svc.kv_transfer.layout import (
-    LOCK_BATCH_BYTES,
     ChunkPlan,
     TransferError,
     blocks_to_bytes,
@@ -33,7 +34,6 @@ from worker_svc.kv_transfer.layout import (
     holds_memory,
     plan_chunks,
     pool_layout,
-    slot_bytes,
 )
 
 log = structlog.get_logger("worker_svc.kv_transfer")
@@ -69,36 +69,30 @@ class DestinationChannels:
             await channel.close()
 
 
-def read_chunks(pool: KVPool, plans: list[ChunkPlan], runner_lock: threading.Lock) -> list[bytes]:
-    """Several chunks' data: their copies under one hold of the lock, bytes outside it."""
+def read_chunk(pool: KVPool, plan: ChunkPlan) -> bytes:
+    """One chunk's data (a thread's work): its blocks copied out of the pool, as bytes."""
     if not holds_memory(pool):
-        return [b""] * len(plans)
-    with runner_lock:
-        copies = [gather_blocks(pool, plan.source_block_ids) for plan in plans]
-    return [blocks_to_bytes(c, p.filled_slots) for c, p in zip(copies, plans, strict=True)]
-
-
-def lock_batches(pool: KVPool, plans: list[ChunkPlan]) -> list[list[ChunkPlan]]:
-    """The chunks in runs of up to LOCK_BATCH_BYTES, each read under one hold of the lock."""
-    block_bytes = pool.block_size * slot_bytes(pool) if holds_memory(pool) else 1
-    batches: list[list[ChunkPlan]] = []
-    size = LOCK_BATCH_BYTES
-    for plan in plans:
-        plan_bytes = len(plan.source_block_ids) * block_bytes
-        if size + plan_bytes > LOCK_BATCH_BYTES:
-            batches.append([])
-            size = 0
-        batches[-1].append(plan)
-        size += plan_bytes
-    return batches
+        return b""
+    return blocks_to_bytes(gather_blocks(pool, plan.source_block_ids), plan.filled_slots)
 
 
 class KvSender:
-    def __init__(self, runner_lock: threading.Lock) -> None:
-        self.runner_lock = runner_lock
+    def __init__(self) -> None:
         self.channels = DestinationChannels()
+        # Sends in progress: while any is, the servicer runs no step on the event loop,
+        # which would hold each chunk for a whole step (servicer.runs_inline).
+        self.active = 0
 
     async def send(
+        self, pool: KVPool, request: worker_pb2.SendKvRequest, context
+    ) -> worker_pb2.SendKvReply:
+        self.active += 1
+        try:
+            return await self._send(pool, request, context)
+        finally:
+            self.active -= 1
+
+    async def _send(
         self, pool: KVPool, request: worker_pb2.SendKvRequest, context
     ) -> worker_pb2.SendKvReply:
         started = time.perf_counter()
@@ -116,20 +110,19 @@ class KvSender:
         sent = {"bytes": 0, "chunks": 0}
 
         async def chunks():
-            for batch in lock_batches(pool, plans):
-                datas = await asyncio.to_thread(read_chunks, pool, batch, self.runner_lock)
-                for plan, data in zip(batch, datas, strict=True):
-                    chunk = worker_pb2.KvChunk(
-                        transfer_id=request.transfer_id,
-                        destination_block_ids=plan.destination_block_ids,
-                        filled_slots=plan.filled_slots,
-                        data=data,
-                    )
-                    if sent["chunks"] == 0:
-                        chunk.layout.CopyFrom(pool_layout(pool))
-                    sent["bytes"] += len(data)
-                    sent["chunks"] += 1
-                    yield chunk
+            for plan in plans:
+                data = await asyncio.to_thread(read_chunk, pool, plan)
+                chunk = worker_pb2.KvChunk(
+                    transfer_id=request.transfer_id,
+                    destination_block_ids=plan.destination_block_ids,
+                    filled_slots=plan.filled_slots,
+                    data=data,
+                )
+                if sent["chunks"] == 0:
+                    chunk.layout.CopyFrom(pool_layout(pool))
+                sent["bytes"] += len(data)
+                sent["chunks"] += 1
+                yield chunk
 
         stub = self.channels.stub(request.destination)
         try:
