@@ -4,9 +4,8 @@ Served on the scheduler's gRPC port beside Generation, so the server's intercept
 (API keys, grpc_auth.py) guard it as they guard Generation: with --api-key set, a
 call without a valid key is refused UNAUTHENTICATED before it reaches here.
 
-With --api-processes N the gRPC port is the API processes', whose pool is a view of
-the core's: they do not serve it (UNIMPLEMENTED); run without --api-processes, or
-drain through a one-process scheduler.
+With --api-processes N the gRPC port is the API processes': their pool (a view of the
+core's, split/remote_pool.py) forwards the drain to the core, whose pool does it.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import structlog
 from cbserve.v1 import admin_pb2 as apb
 from cbserve.v1 import admin_pb2_grpc as apb_grpc
 from common.errors import ServiceError
-from scheduler_svc.workers.pool import WorkerPool
 
 log = structlog.get_logger("scheduler.admin")
 
@@ -25,7 +23,7 @@ SERVICE_NAME = apb.DESCRIPTOR.services_by_name["AdminService"].full_name
 
 
 class AdminService(apb_grpc.AdminServiceServicer):
-    def __init__(self, pool: WorkerPool) -> None:
+    def __init__(self, pool) -> None:  # WorkerPool, or an API process's RemotePool
         self.pool = pool
 
     async def DrainWorker(  # noqa: N802 (gRPC method name)
@@ -49,5 +47,5 @@ class AdminService(apb_grpc.AdminServiceServicer):
         )
 
 
-def add_admin_to_server(pool: WorkerPool, server: grpc.aio.Server) -> None:
+def add_admin_to_server(pool, server: grpc.aio.Server) -> None:
     apb_grpc.add_AdminServiceServicer_to_server(AdminService(pool), server)

@@ -23,6 +23,8 @@ from common.defaults import default_model_path
 from common.errors import StartupError
 from common.grpc_server import PortUnavailable, create_server, enable_reflection, set_serving
 from common.logging import configure_logging
+from scheduler_svc.api.admin import SERVICE_NAME as ADMIN_SERVICE_NAME
+from scheduler_svc.api.admin import add_admin_to_server
 from scheduler_svc.api.server import GenerationService
 from scheduler_svc.api.serving_status import follow_workers
 from scheduler_svc.api.tokenizer import Tokenizer
@@ -64,7 +66,9 @@ async def serve(args, socket_path: str, index: int) -> None:
         remote_exposition=pool.metrics,
     )
     add_to_server(service, server)
-    enable_reflection(server, [SERVICE_NAME])
+    # cbserve drain: forwarded to the core, whose pool holds the workers.
+    add_admin_to_server(pool, server)
+    enable_reflection(server, [SERVICE_NAME, ADMIN_SERVICE_NAME])
     await set_serving(health, [SERVICE_NAME], serving=False)
     await server.start()
     http_front = await start_http(service, edge, process.host, server, reuse_port=True)

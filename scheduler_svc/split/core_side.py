@@ -117,7 +117,7 @@ class EdgeHub:
         # Set once every API process has said HELLO.
         self.ready = asyncio.Event()
         self._snapshots: asyncio.Task | None = None
-        self._adapter_calls: set[asyncio.Task] = set()
+        self._pool_calls: set[asyncio.Task] = set()
 
     @property
     def num_live(self) -> int:
@@ -164,10 +164,10 @@ class EdgeHub:
             _, nonce, accept = message
             body, content_type = exposition(self._registry, accept)
             edge.channel.send((m.METRICS, nonce, body, content_type))
-        elif kind in (m.LOAD_ADAPTER, m.UNLOAD_ADAPTER):
-            task = asyncio.create_task(self._adapter_call(edge, message))
-            self._adapter_calls.add(task)
-            task.add_done_callback(self._adapter_calls.discard)
+        elif kind in m.POOL_CALLS:
+            task = asyncio.create_task(self._pool_call(edge, message))
+            self._pool_calls.add(task)
+            task.add_done_callback(self._pool_calls.discard)
         else:
             log.error("unknown message from an API process", kind=kind, api_process=edge.index)
 
@@ -203,21 +203,25 @@ class EdgeHub:
         self._live[request_id] = (edge, handle)
         edge.request_ids.add(request_id)
 
-    async def _adapter_call(self, edge: _Edge, message: tuple) -> None:
-        """A LoRA load or unload from an API process: done by the pool (the registry is
-        the core's); every API process gets the new list before the caller's answer."""
+    async def _pool_call(self, edge: _Edge, message: tuple) -> None:
+        """A LoRA load or unload, or a drain, from an API process: done by the pool (the
+        registry and the workers are the core's); after an adapter call every API process
+        gets the new list before the caller's answer."""
         kind, nonce, *arguments = message
-        info, error = None, None
+        result, error = None, None
         try:
             if kind == m.LOAD_ADAPTER:
-                info = await self._pool.load_adapter(*arguments)
-            else:
+                result = await self._pool.load_adapter(*arguments)
+            elif kind == m.UNLOAD_ADAPTER:
                 await self._pool.unload_adapter(*arguments)
+            else:
+                result = await self._pool.drain(*arguments)
         except ServiceError as refused:
             error = m.encode_error(refused)
-        self._broadcast_snapshot()
+        if kind != m.DRAIN_WORKER:
+            self._broadcast_snapshot()
         with contextlib.suppress(ChannelClosed):
-            edge.channel.send((m.ADAPTER_REPLY, nonce, info, error))
+            edge.channel.send((m.CALL_REPLY, nonce, result, error))
 
     def _broadcast_snapshot(self) -> None:
         snapshot = self.snapshot()

@@ -3,9 +3,9 @@ per-step outputs, which are most of the traffic.
 
 API process -> core: HELLO once; SUBMIT per request; ABORT when a client leaves or a
 stop string ends a request; METRICS when someone scrapes the API process's /metrics;
-LOAD_ADAPTER / UNLOAD_ADAPTER (LoRA). Core -> API process: SNAPSHOT (the pool as
-placement and health see it, the LoRA adapters too) on every change of workers or
-adapters and a few times a second; ADAPTER_REPLY; OUTPUTS once per step with every output
+LOAD_ADAPTER / UNLOAD_ADAPTER (LoRA); DRAIN_WORKER (AdminService). Core -> API process:
+SNAPSHOT (the pool as placement and health see it, the LoRA adapters too) on every change
+of workers or adapters and a few times a second; CALL_REPLY; OUTPUTS once per step with every output
 and failure of that step for the requests the API process owns; METRICS answers.
 
 An output crosses as a plain tuple, not as the dataclass: pickling a tuple of ints,
@@ -29,10 +29,13 @@ HELLO, SUBMIT, ABORT, METRICS, SNAPSHOT, OUTPUTS = (
     "snapshot",
     "outputs",
 )
-# LoRA: API process -> core LOAD_ADAPTER / UNLOAD_ADAPTER (a nonce and the arguments),
-# core -> API process ADAPTER_REPLY (the nonce, the AdapterInfo or None, an error or
-# None), after a SNAPSHOT with the new list to every API process.
-LOAD_ADAPTER, UNLOAD_ADAPTER, ADAPTER_REPLY = "load_adapter", "unload_adapter", "adapter_reply"
+# Calls on the core's pool, API process -> core: LOAD_ADAPTER / UNLOAD_ADAPTER (LoRA)
+# and DRAIN_WORKER (`cbserve drain`), each a nonce and the arguments; core -> API
+# process CALL_REPLY (the nonce, the result or None, an error or None). An adapter
+# call's reply comes after a SNAPSHOT with the new list to every API process.
+LOAD_ADAPTER, UNLOAD_ADAPTER, DRAIN_WORKER = "load_adapter", "unload_adapter", "drain_worker"
+CALL_REPLY = "call_reply"
+POOL_CALLS = (LOAD_ADAPTER, UNLOAD_ADAPTER, DRAIN_WORKER)
 
 _FINISH_BY_VALUE = {reason.value: reason for reason in FinishReason}
 

@@ -27,12 +27,17 @@ from scheduler_svc.core.request import Request
 from scheduler_svc.lora.registry import AdapterInfo
 from scheduler_svc.split import messages as m
 from scheduler_svc.split.channel import Channel, ChannelClosed
+from scheduler_svc.workers.drain import DrainCounts
 from scheduler_svc.workers.handle import StreamItem
 
 log = structlog.get_logger("scheduler.api_process")
 
 # A load reads the adapter's files, here and on a worker: a few seconds at most.
 ADAPTER_CALL_TIMEOUT_S = 120.0
+# A drain moves every running request of a worker with its KV: seconds, a minute for a
+# full pool over a slow network. Past this the caller hears DEADLINE_EXCEEDED; the core
+# goes on with the drain.
+DRAIN_CALL_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class RemotePool:
         self._engines: list[RemoteEngine] = []
         self._handles: dict[str, RemoteHandle] = {}
         self._metrics_replies: dict[int, asyncio.Future] = {}
-        self._adapter_replies: dict[int, asyncio.Future] = {}
+        self._call_replies: dict[int, asyncio.Future] = {}
         self._adapters: dict[str, AdapterInfo] = {}
         self._nonces = itertools.count()
         # Set when the set of connected workers changes (the health status follows it).
@@ -165,26 +170,36 @@ class RemotePool:
     async def load_adapter(
         self, name: str, path: str, base_model_name: str | None = None
     ) -> AdapterInfo:
-        return await self._adapter_call(m.LOAD_ADAPTER, name, path, base_model_name)
+        return await self._call(m.LOAD_ADAPTER, ADAPTER_CALL_TIMEOUT_S, name, path, base_model_name)
 
     async def unload_adapter(self, name: str) -> None:
-        await self._adapter_call(m.UNLOAD_ADAPTER, name)
+        await self._call(m.UNLOAD_ADAPTER, ADAPTER_CALL_TIMEOUT_S, name)
 
-    async def _adapter_call(self, kind: str, *arguments):
-        """Forwarded to the core; its snapshot with the new list arrives before the answer."""
+    async def drain(self, address: str) -> DrainCounts:
+        """AdminService.DrainWorker through the core, whose pool moves the requests."""
+        return await self._call(m.DRAIN_WORKER, DRAIN_CALL_TIMEOUT_S, address)
+
+    async def _call(self, kind: str, timeout_s: float, *arguments):
+        """Forwarded to the core's pool; after an adapter call, its snapshot with the new
+        list arrives before the answer."""
         nonce = next(self._nonces)
-        reply = self._adapter_replies[nonce] = asyncio.get_running_loop().create_future()
+        reply = self._call_replies[nonce] = asyncio.get_running_loop().create_future()
         self._send((kind, nonce, *arguments))
         try:
-            info, error = await asyncio.wait_for(reply, ADAPTER_CALL_TIMEOUT_S)
+            result, error = await asyncio.wait_for(reply, timeout_s)
         except ChannelClosed:
             unavailable = grpc.StatusCode.UNAVAILABLE
             raise ServiceError("the scheduler's core process is gone", unavailable) from None
+        except TimeoutError:
+            raise ServiceError(
+                f"the scheduler's core did not answer {kind} within {timeout_s:.0f} s",
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ) from None
         finally:
-            self._adapter_replies.pop(nonce, None)
+            self._call_replies.pop(nonce, None)
         if error is not None:
             raise m.decode_error(error)
-        return info
+        return result
 
     async def metrics(self, accept: str) -> tuple[bytes, str]:
         """The core's whole registry (its own series and every API process's)."""
@@ -213,11 +228,11 @@ class RemotePool:
                     reply = self._metrics_replies.get(nonce)
                     if reply is not None and not reply.done():
                         reply.set_result((body, content_type))
-                elif kind == m.ADAPTER_REPLY:
-                    _, nonce, info, error = message
-                    reply = self._adapter_replies.get(nonce)
+                elif kind == m.CALL_REPLY:
+                    _, nonce, result, error = message
+                    reply = self._call_replies.get(nonce)
                     if reply is not None and not reply.done():
-                        reply.set_result((info, error))
+                        reply.set_result((result, error))
         finally:
             self._fail_all()
 
@@ -267,6 +282,6 @@ class RemotePool:
         for handle in self._handles.values():
             handle.fail(error)
         self._handles.clear()
-        for reply in (*self._metrics_replies.values(), *self._adapter_replies.values()):
+        for reply in (*self._metrics_replies.values(), *self._call_replies.values()):
             if not reply.done():
                 reply.set_exception(ChannelClosed("the core is gone"))

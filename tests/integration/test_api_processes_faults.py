@@ -148,3 +148,39 @@ def test_a_worker_killed_mid_run_loses_no_request(stack_factory):
     assert metrics["cbserve_requests_recomputed_total"] > 0
     assert metrics["cbserve_workers_connected"] == 1
     assert set(served_by(stack, request_ids)) == set(range(API_PROCESSES))
+
+
+def test_cbserve_drain_through_an_api_process_is_done_by_the_core(stack_factory, capsys):
+    """AdminService on the API processes' port: forwarded to the core, whose pool drains
+    the worker (null workers hold no KV to send: their requests are handed over by
+    recompute, still losing nothing); its refusals come back with their status."""
+    from cbserve import cli
+
+    stack = stack_factory(num_workers=2)
+    first, second = (f"127.0.0.1:{port}" for port in stack.worker_ports)
+    request_ids = [f"drained-{i}" for i in range(8)]
+    streams = [
+        Stream(stack.address, request_id=rid, max_tokens=150, ignore_eos=True)
+        for rid in request_ids
+    ]
+
+    def drain(worker: str) -> int:
+        return cli.main(["drain", "--worker", worker, "--server", stack.address])
+
+    async def scenario():
+        tasks = [asyncio.create_task(stream.run()) for stream in streams]
+        for stream in streams:
+            await stream.started.wait()
+        assert await asyncio.to_thread(drain, "nowhere:1") == 1
+        assert "NOT_FOUND" in capsys.readouterr().err
+        assert await asyncio.to_thread(drain, first) == 0
+        assert f"drained {first}" in capsys.readouterr().out
+        assert await asyncio.to_thread(drain, second) == 1
+        assert "FAILED_PRECONDITION" in capsys.readouterr().err
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    for stream in streams:
+        assert stream.code == grpc.StatusCode.OK, stream.details
+        assert len(stream.tokens) == 150
+    assert stack.metrics()["cbserve_requests_drained_total"] >= 1
