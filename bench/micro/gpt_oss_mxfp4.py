@@ -3,14 +3,20 @@ released gpt-oss files store them, for timing the MXFP4 kernels
 (compute/kernels/qblock_mxfp4.c) with bench.micro.step_compare:
 
     .venv/bin/python -m bench.micro.gpt_oss_mxfp4            # prints the file's path
-    .venv/bin/python -m bench.micro.step_compare --dtypes q4_1@$(that path) --batches 1,16
+    .venv/bin/python -m bench.micro.step_compare --batches 1,16 \
+        --dtypes q4_1@<the MXFP4 file>,q4_1@<its Q8_0 twin>
 
 The checkpoint is written by transformers with random weights (bench/peers/random_weights.py)
 and the default model's tokenizer, converted to F16 by llama.cpp's `convert_hf_to_gguf.py`,
 then quantized by `llama-quantize ... MXFP4_MOE` (from `make bench-peers`): experts MXFP4,
 the rest Q8_0, as llama.cpp makes an MXFP4 file from float weights. Everything stays in the
 peers' cache (`<cache>/gguf-files/`), made once. The expert bytes a token reads, per
-format, are printed beside the path.
+format, are printed beside the paths.
+
+Its Q8_0 twin holds the very same expert weights as Q8_0 blocks (scale the block's power
+of two in float16, int8 the codes' integers: what the loader made of MXFP4 before the
+MXFP4 kernels, 34 bytes a block where MXFP4 reads 17), so that one step_compare run
+times the two formats interleaved.
 """
 
 from __future__ import annotations
@@ -76,6 +82,44 @@ def make(threads: int = 2) -> Path:
     return quantize(f16, out, "MXFP4_MOE", threads)
 
 
+def q8_0_twin(mxfp4_file: Path) -> Path:
+    """`mxfp4_file` with each MXFP4 tensor rewritten as Q8_0 blocks of the same values."""
+    import gguf
+    import numpy as np
+
+    out = mxfp4_file.with_name(mxfp4_file.stem + ".experts-q8_0.gguf")
+    if out.is_file():
+        return out
+    codes = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+    reader = gguf.GGUFReader(str(mxfp4_file))
+    partial = out.with_name(out.name + ".partial")
+    writer = gguf.GGUFWriter(str(partial), str(reader.fields["general.architecture"].contents()))
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
+    for tensor in reader.tensors:
+        if tensor.tensor_type != gguf.GGMLQuantizationType.MXFP4:
+            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+            continue
+        blocks = tensor.data.reshape(-1, 17)
+        q8 = np.empty((len(blocks), 34), np.uint8)
+        scale = np.ldexp(np.float32(1), blocks[:, 0].astype(np.int32) - 128).astype(np.float16)
+        q8[:, :2] = scale.view(np.uint8).reshape(-1, 2)
+        q8[:, 2:18] = codes[blocks[:, 1:] & 0x0F].view(np.uint8)
+        q8[:, 18:] = codes[blocks[:, 1:] >> 4].view(np.uint8)
+        rows = q8.reshape(*tensor.data.shape[:-1], -1)
+        writer.add_tensor(tensor.name, rows, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.replace(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.micro.gpt_oss_mxfp4")
     parser.add_argument("--threads", type=int, default=2)
@@ -84,6 +128,7 @@ def main() -> None:
     for name, block in (("MXFP4 as stored", 17), ("as Q8_0", 34)):
         print(f"# experts read per token, {name}: {expert_bytes_per_token(block) / 1e6:.2f} MB")
     print(path)
+    print(q8_0_twin(path))
 
 
 if __name__ == "__main__":

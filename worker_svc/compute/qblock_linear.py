@@ -36,7 +36,7 @@ from worker_svc.compute.qblock import (
 # - from `dense_from_m`, W dequantized in cache-sized chunks into torch's float32 GEMM.
 # The LM head, 30 MB of Q8_0, never takes the dense chunks (dense_from_m=None): they
 # would stream 113 MB of float32 through the caches a call. CBSERVE_QBLOCK_VNNI=0
-# turns the VNNI kernel off. It reads Q4_1, Q8_0, the K-quants and Q5_0 (BlockFormat.vnni;
+# turns the VNNI kernel off. It reads Q4_1, Q8_0, the K-quants, Q5_0 and MXFP4 (BlockFormat.vnni;
 # K-quants: kernels/qblock_kquants_vnni.c, ~1.8x their float kernel at M = 64 on Zen 4);
 # a format without it takes the float block kernel or the dense chunks from any M.
 # - from `bf16_gemm_from_m`, BF16 rows (a bfloat16 checkpoint on bfloat16-weights, a
