@@ -116,11 +116,14 @@ def reserve(scheduler: Scheduler, request: Request, num_tokens: int) -> list[int
         return None
     if len(scheduler.queue.running) >= scheduler.config.max_running_seqs:
         return None
+    # Reserved while the source settles, num_tokens may pass the tokens known yet (a
+    # plan in flight computes the KV of a token still being sampled).
+    slots = max(request.num_tokens, num_tokens)
     # The room admission keeps beside running requests for their next decodes.
     watermark = int(scheduler.config.watermark * manager.num_blocks) * manager.block_size
-    if not manager.can_allocate(request.num_tokens + watermark):
+    if not manager.can_allocate(slots + watermark):
         return None
-    table = manager.allocate(request.seq_id, request.num_tokens)
+    table = manager.allocate(request.seq_id, slots)
     return table[: manager.blocks_needed(num_tokens)]
 
 
