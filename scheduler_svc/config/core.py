@@ -48,6 +48,14 @@ class SchedulerConfig:
         help="decode steps one plan may cover when every running request is decoding "
         "(1: a plan per token)",
     )
+    # Rebalance (workers/rebalance.py): a worker that must preempt moves the victim, with
+    # its KV, to a worker with room instead of recomputing it later. Off: it preempts.
+    kv_rebalance: bool = flag(
+        True,
+        forwarded_by=(SERVE,),
+        help="a worker that must preempt moves the request, with its KV, to a worker with "
+        "room instead (off: it preempts, the request is recomputed later)",
+    )
     # Only full KV blocks are shared.
     enable_prefix_caching: bool = flag(
         True,

@@ -113,7 +113,8 @@ class WorkerPool(PoolAdapters):
         engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
         engine.on_shutting_down = lambda: drain_in_background(engine, self)
         engine.after_step = self.split.after_step
-        engine.victim_mover = mover_for(engine, self)  # move instead of preempting
+        if self.config.kv_rebalance:  # move instead of preempting
+            engine.victim_mover = mover_for(engine, self)
         self.engines[address] = engine
         return engine
 

@@ -28,7 +28,7 @@ def _sample(metrics: SchedulerMetrics, name: str, **labels) -> float:
     return value or 0.0
 
 
-async def _run_full_worker(num_workers: int):
+async def _run_full_worker(num_workers: int, config: SchedulerConfig | None = None):
     """Every request on the first worker, which must make room; the streams' tokens,
     each worker's preemptions, the metrics and the workers' fakes."""
     workers = [await GrpcFakeWorker().start() for _ in range(num_workers)]
@@ -37,7 +37,7 @@ async def _run_full_worker(num_workers: int):
         worker.peers = peers
         worker.delay_s = 0.005
     metrics = SchedulerMetrics("fake", requests=False)
-    pool = WorkerPool(SchedulerConfig(), load_tokenizer(), metrics=metrics)
+    pool = WorkerPool(config or SchedulerConfig(), load_tokenizer(), metrics=metrics)
     await pool.start([worker.address for worker in workers], 5.0)
     full = pool.engines[workers[0].address]
     requests = [
@@ -77,6 +77,16 @@ def test_alone_the_full_worker_preempts_as_before():
     assert preemptions[0] > 0
     assert _sample(metrics, "cbserve_kv_rebalances_total", outcome="moved") == 0
     assert used == [0]
+
+
+def test_with_rebalance_off_the_full_worker_preempts_beside_one_with_room():
+    config = SchedulerConfig(kv_rebalance=False)
+    results, preemptions, used, metrics, workers = asyncio.run(_run_full_worker(2, config))
+    assert all(tokens == [THE] * MAX_TOKENS for tokens in results)
+    assert preemptions[0] > 0
+    assert _sample(metrics, "cbserve_kv_rebalances_total", outcome="moved") == 0
+    assert workers[0].transfers == 0
+    assert used == [0, 0]
 
 
 def test_the_rule_moves_requests_of_a_few_blocks_to_a_worker_with_room():
