@@ -113,8 +113,7 @@ class WorkerPool(PoolAdapters):
         engine.on_requests_lost = lambda migrants: self._requests_lost(engine, migrants)
         engine.on_shutting_down = lambda: drain_in_background(engine, self)
         engine.after_step = self.split.after_step
-        if self.config.kv_rebalance:  # move instead of preempting
-            engine.victim_mover = mover_for(engine, self)
+        engine.victim_mover = mover_for(engine, self)  # move instead of preempting
         self.engines[address] = engine
         return engine
 

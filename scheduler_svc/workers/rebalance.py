@@ -53,8 +53,11 @@ class MoveCounts:
             self._counts.popitem(last=False)
 
 
-def mover_for(engine: WorkerEngine, pool: WorkerPool) -> EngineMover:
-    """The engine's mover in the pool: to the decode workers, with the pool's metrics."""
+def mover_for(engine: WorkerEngine, pool: WorkerPool) -> EngineMover | None:
+    """The engine's mover in the pool: to the decode workers, with the pool's metrics;
+    None with --no-kv-rebalance (the engine preempts)."""
+    if not pool.config.kv_rebalance:
+        return None
     metrics = getattr(pool.metrics, "kv_transfers", None)
     return EngineMover(engine, pool.split.decode_engines, lambda: pool.kv_moves, metrics)
 
