@@ -22,6 +22,7 @@
 #include "qblock_kquants.h"
 #include "qblock_kquants_stage.h"
 #include "qblock_vnni.h"
+#include "qblock_vnni_dot.h"
 #include "qblock_vnni_transpose.h"
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
@@ -106,13 +107,11 @@ VNNI_TARGET INLINE void panel_rows(const int16_t *wq, const float *wd, const flo
         __m512i dot[ROWS];
         for (int i = 0; i < MM; i++)
             dot[i] = _mm512_setzero_si512();
+#pragma GCC unroll 16
         for (int s = 0; s < QB / 2; s++) {
             __m512i wv = _mm512_loadu_si512(wq + (b * (QB / 2) + s) * 32);
-            for (int i = 0; i < MM; i++) {
-                int32_t pair;
-                memcpy(&pair, qx + i * k + b * QB + 2 * s, 4);
-                dot[i] = _mm512_dpwssd_epi32(dot[i], wv, _mm512_set1_epi32(pair));
-            }
+            for (int i = 0; i < MM; i++)
+                DPWSSD_BROADCAST(dot[i], wv, qx + i * k + b * QB + 2 * s);
         }
         const int64_t xb = b * QB / QK;
         __m512 d = _mm512_loadu_ps(wd + b * LANES);
