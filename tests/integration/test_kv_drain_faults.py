@@ -113,11 +113,13 @@ def test_transfers_into_a_stopped_then_killed_destination_recompute_and_lose_not
 
 
 # The source killed mid-transfer: few requests with long prompts, whose KV (about 35 MB
-# each in float32) takes a few tenths of a second to stream beside the steps (the
-# drain's settling first: a couple of steps); the source dies within.
+# each in float32, 17 chunks) the source sends with CHUNK_PAUSE_S before each chunk, so
+# that a transfer lasts well over KILL_AFTER_S on any machine (the drain's settling
+# first: a couple of steps); the source dies within.
 LONG_PROMPT_NUMBERS = 150
 LONG_MAX_TOKENS = 16
-KILL_AFTER_S = 0.4
+CHUNK_PAUSE_S = 0.1
+KILL_AFTER_S = 0.6
 
 
 def _long_requests() -> list[pb.GenerateRequest]:
@@ -161,8 +163,13 @@ async def _run_long(address: str, drained: str | None = None, kill=None):
 
 @pytest.fixture(scope="module")
 def source_kill_stack():
-    """Its own stack: its first worker is killed mid-drain and not brought back."""
-    running = started_stack(num_workers=2, worker_args=WORKER_ARGS)
+    """Its own stack: its first worker is killed mid-drain and not brought back; its
+    workers pause before each chunk they send (worker_svc/kv_transfer/sender.py)."""
+    os.environ["CBSERVE_KV_CHUNK_PAUSE_S"] = str(CHUNK_PAUSE_S)
+    try:
+        running = started_stack(num_workers=2, worker_args=WORKER_ARGS)
+    finally:
+        del os.environ["CBSERVE_KV_CHUNK_PAUSE_S"]
     yield running
     stop_stack(running)
 

@@ -18,6 +18,7 @@ with UNAVAILABLE naming the address): TLS between workers is not supported yet.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import grpc
@@ -48,6 +49,10 @@ RECONNECT_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+# For fault tests only: each chunk waits this long before it goes, so that a test can kill
+# either end mid-transfer however fast the machine is (0, the default: no wait).
+CHUNK_PAUSE_S = float(os.environ.get("CBSERVE_KV_CHUNK_PAUSE_S", "0"))
 
 
 class DestinationChannels:
@@ -111,6 +116,8 @@ class KvSender:
 
         async def chunks():
             for plan in plans:
+                if CHUNK_PAUSE_S:
+                    await asyncio.sleep(CHUNK_PAUSE_S)
                 data = await asyncio.to_thread(read_chunk, pool, plan)
                 chunk = worker_pb2.KvChunk(
                     transfer_id=request.transfer_id,
