@@ -59,6 +59,12 @@ SCHEDULES = {"dynamic": 0, "static": 1}
 # Pauses a thread spins at one of the step's barriers before it sleeps on a futex
 # (kernels/step_team.h); picked by bench/native_policy.py.
 BARRIER_SPIN = 2000
+# From how many rows the step's BF16 projections take the vdpbf16ps panels (bfloat16
+# activations, compute/kernels/qblock_bf16_panel.c) instead of the float block kernel:
+# Zen 4, 2 threads, [3072, 512] and [512, 1536]: 0.089 / 0.044 ms float against 0.102 /
+# 0.054 ms at M = 4, 0.163 / 0.079 against 0.099 / 0.054 at M = 8 (the panels' transpose
+# is paid every call; ~400 GFLOP/s at M = 64, torch's bf16 GEMM ~320-350).
+BF16_PANEL_FROM_M = 8
 
 
 @functools.cache
@@ -121,6 +127,7 @@ class NativeDecode:
         variant: str = "auto",
         schedule: str = "dynamic",
         barrier_spin: int = BARRIER_SPIN,
+        bf16_panels: bool | None = None,
     ):
         spec = model.spec
         if (
@@ -145,11 +152,19 @@ class NativeDecode:
         vnni = [run for p in every for run in block_runs(p) if run.vnni]
         self.vnni_from_m = vnni[0].vnni_from_m if vnni else 0
         flat = [p for row in projections for p in row]
-        # Steps of bf16_gemm_from_m rows or more are left to the Python forward, whose
-        # BF16 projections then take torch's bfloat16 GEMM (compute/qblock_linear.py):
-        # only where every layer projection does (BF16 rows, bf16 dot products).
+        # Where every layer projection takes bfloat16 activations from some M (BF16 rows,
+        # bf16 dot products: QBlockLinear's bf16_gemm_from_m), the step's BF16 rows take
+        # the bf16 panels from BF16_PANEL_FROM_M rows (or the projections' own threshold,
+        # if lower). Without the panels (`bf16_panels` False, a CPU without AVX-512 BF16,
+        # a mixture's experts, which the panels do not read) steps of bf16_gemm_from_m
+        # rows or more are left to the Python forward and its torch bfloat16 GEMM.
         bf16 = [run.bf16_gemm_from_m for p in flat if p for run in block_runs(p)]
-        self.bf16_gemm_from_m = max(bf16) if bf16 and None not in bf16 else 0
+        bf16_from_m = max(bf16) if bf16 and None not in bf16 else 0
+        if bf16_panels is None:
+            bf16_panels = bool(load_decode_kernel().qblock_bf16_supported())
+        panels = bf16_panels and bf16_from_m > 0 and not experts
+        self.bf16_from_m = min(bf16_from_m, BF16_PANEL_FROM_M) if panels else 0
+        self.bf16_gemm_from_m = 0 if panels else bf16_from_m
         self._weights = (BlockWeight * len(flat))(
             *(BlockWeight() if p is None else BlockWeight.of(p) for p in flat)
         )
@@ -227,6 +242,7 @@ class NativeDecode:
             spin=self.barrier_spin,
             chained=int(_shares_sequences(tables, decodes.block_tables.shape[0])),
             row_slots=0 if row_slots is None else row_slots.data_ptr(),
+            bf16_from_m=self.bf16_from_m,
         )
         status = load_decode_kernel().decode_step(ctypes.byref(self._struct), ctypes.byref(batch))
         if status == -4:

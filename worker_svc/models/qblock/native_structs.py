@@ -107,4 +107,5 @@ class DecodeBatch(ctypes.Structure):
         *((name, _I64) for name in ("threads", "variant", "schedule", "vnni_from_m", "spin")),
         ("chained", _I64),
         ("row_slots", _PTR),  # int32 [T]; 0 (NULL): every row is the base
+        ("bf16_from_m", _I64),  # BF16 rows take the bf16 panels from it; 0: never
     ]

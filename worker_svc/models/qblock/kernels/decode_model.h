@@ -98,6 +98,7 @@ struct decode_batch {
     int64_t spin;        /* pauses a thread spins at a barrier before it sleeps */
     int64_t chained;     /* 1: some rows share a sequence (drafts): K/V first, then attend */
     const int32_t *row_slots; /* [T] each row's adapter slot, 0: the base; NULL: all base */
+    int64_t bf16_from_m; /* rows from which BF16 rows take the bf16 panels; 0: never */
 };
 
 #endif

@@ -1,6 +1,7 @@
 /* The native decode step's projections (decode_step.c): a thread's scratch, and its
  * share of a projection, one panel of QBLOCK_PANEL_ROWS output rows at a time, by the
- * block kernel (float activations) or the VNNI kernel (16-bit activation blocks), with
+ * block kernel (float activations), the VNNI kernel (16-bit activation blocks) or, for
+ * BF16 rows, the bf16 panels (bfloat16 activations, qblock_bf16_panel.c), with
  * the residual add or SwiGLU applied to the panel while it is in cache, and the adapter
  * rows' LoRA delta (decode_lora.h) added to the panel before either. */
 #ifndef CBSERVE_DECODE_PANELS_H
@@ -9,6 +10,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "../../../compute/kernels/qblock_bf16_panel.h"
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_kquants.h"
 #include "../../../compute/kernels/qblock_vnni.h"
@@ -49,12 +51,14 @@ struct thread_scratch {
     float *vnni_scales;   /* and its scales, 2 * 16 * max K / 32 */
     int16_t *qx;          /* [T, max K]: this thread's activation blocks (VNNI) */
     float *dx, *sx;       /* [T, max K / 32] each */
+    uint16_t *xb;         /* [T, max K]: the input in bfloat16 (bf16 panels) */
     float *normed;        /* [T, hidden]: this thread's copy of the normed rows */
     float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
     float *scores;        /* group * longest context */
     int vnni;             /* this step's projections take the VNNI kernel */
     int small_vnni;       /* below vnni_from_m: Q5_0 and Q4_K take their small VNNI tiles */
     int64_t vnni_from_m;  /* rows from which a projection takes the VNNI kernel; 0: never */
+    int bf16;             /* this step's BF16 rows take the bf16 panels (bf16_panel_rows) */
 };
 
 /* Floats of one thread's scratch; each part a multiple of 16 floats (64 bytes). */
@@ -66,7 +70,7 @@ static int64_t round16(int64_t floats)
 static int64_t thread_floats(int64_t tokens, int64_t hidden, int64_t max_k, int64_t scores)
 {
     return round16(QBLOCK_PANEL_ROWS * max_k) + round16(QBLOCK_VNNI_PANEL_ROWS * max_k) +
-           round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16) + round16(tokens * max_k / 2) +
+           round16(QBLOCK_VNNI_PANEL_ROWS * max_k / 16) + 2 * round16(tokens * max_k / 2) +
            2 * round16(tokens * max_k / 32) + round16(tokens * hidden) +
            2 * round16(tokens * QBLOCK_PANEL_ROWS) + round16(scores);
 }
@@ -82,13 +86,22 @@ static struct thread_scratch thread_part(const struct scratch *s, int64_t tokens
     out.qx = (int16_t *)at, at += round16(tokens * max_k / 2);
     out.dx = at, at += round16(tokens * max_k / 32);
     out.sx = at, at += round16(tokens * max_k / 32);
+    out.xb = (uint16_t *)at, at += round16(tokens * max_k / 2);
     out.normed = at, at += round16(tokens * hidden);
     out.out_a = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
     out.out_b = at, at += round16(tokens * QBLOCK_PANEL_ROWS);
     out.scores = at;
     out.vnni = vnni;
     out.small_vnni = small_vnni;
+    out.bf16 = 0;
     return out;
+}
+
+/* Whether BF16 rows take the bf16 panels at m rows: from the batch's bf16_from_m (the
+ * Python side's measured threshold, models/qblock/native.py), where the CPU has them. */
+static int bf16_panel_rows(const struct decode_batch *b, int64_t m)
+{
+    return b->bf16_from_m > 0 && m >= b->bf16_from_m && qblock_bf16_supported();
 }
 
 /* Whether Q5_0's and Q4_K's rows take the VNNI kernel's small tiles (16-bit activation
@@ -107,13 +120,23 @@ static int has_small_vnni_run(const struct block_weight *w)
     return 0;
 }
 
+static int has_bf16_run(const struct block_weight *w)
+{
+    for (int64_t run = 0; run < w->runs; run++)
+        if (w->format[run] == QBLOCK_FORMAT_BF16)
+            return 1;
+    return 0;
+}
+
 /* Before a projection's panels: its input's activation blocks, where a VNNI kernel
- * reads some of the weight's rows. */
+ * reads some of the weight's rows, and its bfloat16 copy where the bf16 panels do. */
 static void prepare_input(const struct thread_scratch *ts, const struct block_weight *w,
                           const float *x, int64_t m, int64_t k)
 {
     if (ts->vnni || (small_vnni_rows(ts, m) && has_small_vnni_run(w)))
         qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
+    if (ts->bf16 && has_bf16_run(w))
+        qblock_bf16_convert_rows(x, m, k, ts->xb);
 }
 
 /* Output rows first .. first + rows - 1 (rows <= QBLOCK_PANEL_ROWS) of y = x @ W^T, by
@@ -128,6 +151,13 @@ static void project(int variant, int format, const uint8_t *w, int64_t first, in
     const int vnni_reads = (format >= QBLOCK_FORMAT_Q4_1 && format <= QBLOCK_FORMAT_Q5_0) ||
                            format == QBLOCK_FORMAT_MXFP4;
     const int small = kq_small_vnni_reads(format) && small_vnni_rows(ts, m);
+    if (ts->bf16 && format == QBLOCK_FORMAT_BF16) { /* x's bfloat16 copy is ts->xb */
+        for (int64_t r = 0; r < rows; r += QBLOCK_BF16_PANEL_ROWS)
+            qblock_bf16_panel(w, first + r,
+                              rows - r < QBLOCK_BF16_PANEL_ROWS ? rows - r : QBLOCK_BF16_PANEL_ROWS,
+                              k, ts->xb, m, y, ldy, 1, (uint16_t *)ts->vnni_tmp);
+        return;
+    }
     if (!small && (!ts->vnni || !vnni_reads)) {
         qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
         return;

@@ -32,6 +32,9 @@
  * From `vnni_from_m` tokens, where the CPU has AVX-512 VNNI, the projections take the
  * 16-bit activation blocks and integer dot products of compute/kernels/qblock_vnni.c,
  * as QBlockLinear does from the same number of rows: the Python path's arithmetic.
+ * From `bf16_from_m` tokens, BF16 rows take the vdpbf16ps panels of
+ * compute/kernels/qblock_bf16_panel.c: the activations rounded to bfloat16, as the Python
+ * path's torch bfloat16 GEMM rounds them (models/qblock/native.py says from which M).
  *
  * Threads share out each projection's panels of output rows and the attention's
  * (token, kv head) items; five barriers a layer, the step's own (step_team.h), so that
@@ -156,11 +159,13 @@ static void run_step(const struct decode_model *m, const struct decode_batch *b,
                         .loop = 0};
     struct thread_scratch ts = thread_part(s, rows, H, max_k, layers_vnni, small_vnni);
     ts.vnni_from_m = vnni_from_m; /* experts decide by their own rows (decode_experts.h) */
+    ts.bf16 = bf16_panel_rows(b, b->num_tokens);
     for (int64_t layer = 0; layer < m->num_layers; layer++)
         run_layer(m, b, variant, layer, s, split, lora, &ts, &me);
     /* The head, for the sampled rows only; the region's end is its barrier. */
     rms_norm_rows(s->hidden, b->sample_rows, S, m->final_norm, H, (float)m->eps, ts.normed);
     ts.vnni = head_vnni;
+    ts.bf16 = bf16_panel_rows(b, S);
     prepare_input(&ts, m->lm_head, ts.normed, S, H);
     FOR_SHARED(p, panels_of(m->vocab), &me, me.dynamic)
     project_rows(variant, m->lm_head, p * QBLOCK_PANEL_ROWS, panel_rows(m->vocab, p), ts.normed,
