@@ -187,6 +187,9 @@ class WorkerConfig:
         "be closed by its scheduler before the worker ends it and exits",
     )
     log_level: str = flag("info", help="debug, info, warning, error")
+    kv_transfer_shm: bool = flag(
+        True, help="KV moved to a worker on this host goes through shared memory (kv_transfer/)"
+    )
     # TLS on the worker's port, so that a port reachable on a network is not an open
     # door: the scheduler checks the worker's certificate (its --worker-tls-ca), and
     # with --tls-client-ca the worker checks the scheduler's (mutual TLS).

@@ -64,7 +64,9 @@ async def serve(
         raise StartupError(str(exc)) from None
     # Labelled with the name Describe will report (model_loader: the path's last part),
     # known before the model loads.
-    servicer = WorkerServicer(WorkerMetrics(model_name=Path(config.model).name))
+    servicer = WorkerServicer(
+        WorkerMetrics(model_name=Path(config.model).name), kv_transfer_shm=config.kv_transfer_shm
+    )
     metrics_server = None
     if metrics_port:
         metrics_server = MetricsServer(servicer.metrics.registry, config.host, metrics_port)

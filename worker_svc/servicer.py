@@ -78,15 +78,15 @@ class _Superseded(Exception):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, metrics: WorkerMetrics) -> None:
+    def __init__(self, metrics: WorkerMetrics, kv_transfer_shm: bool = True) -> None:
         self.metrics = metrics
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
         # Held by every step, wherever it runs, and by a LoRA slot's write (lora/loading.py).
         self.runner_lock = threading.Lock()
         self.adapters = AdapterService(self.executor, self.runner_lock)
         # KV copies run beside the steps, without the lock (kv_transfer/ says why).
-        self.kv_sender = KvSender()
-        self.kv_receiver = KvReceiver()
+        self.kv_sender = KvSender(shm=kv_transfer_shm)
+        self.kv_receiver = KvReceiver(shm=kv_transfer_shm)
         self._worker: Worker | None = None
         # Event-loop side: the newest stream's number and its "superseded" signal.
         self._latest_stream = 0

@@ -1,7 +1,10 @@
 """How fast KV moves between two workers on one host (issue 46): SendKv of a sequence's
-blocks from one worker process to another, beside the loopback gRPC stream it runs on,
-measured bare (the same bytes in the same message sizes to a server that only counts
-them). The KV moved is whatever the blocks hold: the bytes are the same.
+blocks from one worker process to another, through shared memory (the default on one
+host) and in the gRPC stream's messages (to a destination started with
+--no-kv-transfer-shm), beside their references: the loopback gRPC stream measured bare
+(the same bytes in the same message sizes to a server that only counts them), and a
+plain memcpy of the same bytes (numpy, one buffer into another, both already faulted
+in). The KV moved is whatever the blocks hold: the bytes are the same.
 
     .venv/bin/python -m bench.micro.kv_transfer [--tokens 2000] [--dtype auto] [--runs 5]
 """
@@ -16,6 +19,7 @@ import sys
 import time
 
 import grpc
+import numpy as np
 
 from cbserve.ports import free_port
 from cbserve.worker.v1 import worker_pb2 as pb
@@ -27,9 +31,9 @@ BLOCK_SIZE = 16
 SINK_METHOD = "/bench.Sink/Take"
 
 
-def start_worker(port: int, dtype: str, num_blocks: int) -> subprocess.Popen:
+def start_worker(port: int, dtype: str, num_blocks: int, *extra: str) -> subprocess.Popen:
     args = ["--host", "127.0.0.1", "--port", str(port), "--threads", "1", "--dtype", dtype]
-    args += ["--num-kv-blocks", str(num_blocks)]
+    args += ["--num-kv-blocks", str(num_blocks), *extra]
     return subprocess.Popen(
         [sys.executable, "-m", "worker_svc", *args],
         stdout=subprocess.PIPE,
@@ -80,6 +84,29 @@ async def stream_seconds(port: int, total_bytes: int) -> float:
         return time.perf_counter() - started
 
 
+def memcpy_seconds(total_bytes: int, runs: int) -> float:
+    """Median seconds of one numpy copy of total_bytes into a buffer already faulted in."""
+    source = np.ones(total_bytes, dtype=np.uint8)
+    target = np.zeros_like(source)
+    times = []
+    for _ in range(runs + 1):  # the first faults nothing in any more, but warms caches
+        started = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[1:])
+
+
+def timed_sends(stub, request: pb.SendKvRequest, runs: int) -> tuple[float, pb.SendKvReply]:
+    """Median seconds of SendKv over runs, after one that dials (and settles the path)."""
+    replies = []
+    for run in range(runs + 1):
+        request.transfer_id = run
+        started = time.perf_counter()
+        reply = stub.SendKv(request, timeout=120)
+        replies.append((time.perf_counter() - started, reply))
+    return statistics.median(s for s, _ in replies[1:]), replies[-1][1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=2000)
@@ -91,43 +118,47 @@ def main() -> None:
         asyncio.run(serve_sink(args.sink))
         return
     blocks = -(-args.tokens // BLOCK_SIZE)
-    ports = [free_port(), free_port(), free_port()]
-    procs = [start_worker(port, args.dtype, blocks + 1) for port in ports[:2]]
+    ports = [free_port() for _ in range(4)]
+    procs = [
+        start_worker(ports[0], args.dtype, blocks + 1),
+        start_worker(ports[1], args.dtype, blocks + 1),
+        start_worker(ports[2], args.dtype, blocks + 1, "--no-kv-transfer-shm"),
+    ]
     sink = subprocess.Popen(
-        [sys.executable, "-m", "bench.micro.kv_transfer", "--sink", str(ports[2])]
+        [sys.executable, "-m", "bench.micro.kv_transfer", "--sink", str(ports[3])]
     )
     try:
         ready = [wait_ready(proc) for proc in procs]
         print(ready[0])
         stub = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(f"127.0.0.1:{ports[0]}"))
         ids = list(range(blocks))
-        request = pb.SendKvRequest(
-            destination=f"127.0.0.1:{ports[1]}",
-            source_block_ids=ids,
-            destination_block_ids=ids,
-            num_tokens=args.tokens,
-        )
-        replies = []
-        for run in range(args.runs + 1):  # the first dials the destination: not counted
-            request.transfer_id = run
-            started = time.perf_counter()
-            reply = stub.SendKv(request, timeout=120)
-            replies.append((time.perf_counter() - started, reply))
-        seconds = statistics.median(s for s, _ in replies[1:])
-        sent = replies[-1][1]
+        measured = {}
+        for path, port in (("shared memory", ports[1]), ("gRPC bytes", ports[2])):
+            request = pb.SendKvRequest(
+                destination=f"127.0.0.1:{port}",
+                source_block_ids=ids,
+                destination_block_ids=ids,
+                num_tokens=args.tokens,
+            )
+            measured[path] = timed_sends(stub, request, args.runs)
+        sent = measured["gRPC bytes"][1]
         bare = statistics.median(
-            asyncio.run(stream_seconds(ports[2], sent.bytes_sent)) for _ in range(args.runs)
+            asyncio.run(stream_seconds(ports[3], sent.bytes_sent)) for _ in range(args.runs)
         )
+        memcpy = memcpy_seconds(sent.bytes_sent, args.runs)
         mib = sent.bytes_sent / 2**20
         print(
             f"SendKv {args.tokens} tokens ({blocks} blocks): {mib:.1f} MiB in "
-            f"{sent.num_chunks} chunks, median {seconds * 1000:.1f} ms over {args.runs} runs "
-            f"= {mib / seconds:.0f} MiB/s (the source's own count: {sent.seconds * 1000:.1f} ms)"
+            f"{sent.num_chunks} chunks, medians over {args.runs} runs"
         )
-        print(
-            f"bare loopback gRPC stream, same bytes and message size: {bare * 1000:.1f} ms "
-            f"= {mib / bare:.0f} MiB/s; SendKv reaches {bare / seconds:.0%} of it"
-        )
+        for path, (seconds, reply) in measured.items():
+            print(
+                f"  {path:14s} {seconds * 1000:7.1f} ms = {mib / seconds:6.0f} MiB/s "
+                f"(the source's own count: {reply.seconds * 1000:.1f} ms); "
+                f"{bare / seconds:.0%} of the bare stream, {memcpy / seconds:.0%} of memcpy"
+            )
+        print(f"  {'bare gRPC':14s} {bare * 1000:7.1f} ms = {mib / bare:6.0f} MiB/s")
+        print(f"  {'memcpy':14s} {memcpy * 1000:7.1f} ms = {mib / memcpy:6.0f} MiB/s")
     finally:
         for proc in [*procs, sink]:
             proc.kill()

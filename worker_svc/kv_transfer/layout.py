@@ -5,9 +5,9 @@ A chunk's data is the pool's own layout `[layers, 2 (K, V), blocks, slots, kv_he
 head_dim]` for the chunk's blocks, with only the filled slots of the transfer's last
 block: so for each layer, K of each block, then V of each block. A run of blocks is read
 out of the pool with one gather (the copy that holds a step) and turned into bytes apart
-from it; written back with one scatter per run of full blocks and one slice copy for a
-partly filled last block. Little-endian, as the pool holds it on every machine this runs
-on (x86-64 and aarch64 Linux).
+from it (or, for shared memory, gathered straight into the segment's slot: gather_into);
+written back with one copy per run of consecutive block ids. Little-endian, as the pool
+holds it on every machine this runs on (x86-64 and aarch64 Linux).
 
 A pool with no memory behind it (the null worker's: num_bytes 0) sends chunks without
 data and accepts only those, so that a scheduler on null workers moves "KV" as well.
@@ -152,6 +152,26 @@ def _as_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.view(torch.uint8).numpy().tobytes()
 
 
+def chunk_bytes(pool: KVPool, plan: ChunkPlan) -> int:
+    return sum(plan.filled_slots) * slot_bytes(pool)
+
+
+def _slots(pool: KVPool, num_slots: int, flat: torch.Tensor) -> torch.Tensor:
+    """A chunk's uint8 bytes viewed as `[layers, 2, slots, heads, dim]` of the pool's dtype."""
+    spec = pool.spec
+    shape = (spec.num_layers, 2, num_slots, spec.num_kv_heads, spec.head_dim)
+    return flat.view(spec.dtype).view(shape)
+
+
+def gather_into(pool: KVPool, plan: ChunkPlan, out: torch.Tensor) -> None:
+    """gather_blocks and blocks_to_bytes in one copy: the plan's filled slots written
+    straight into out (uint8, chunk_bytes long: a shared-memory slot), one copy per run
+    of consecutive block ids (a run's slots are one strided view of the pool)."""
+    slots = _slots(pool, sum(plan.filled_slots), out)
+    for first, end, at, count in _runs(plan.source_block_ids, plan.filled_slots):
+        slots[:, :, at : at + count].copy_(pool.cache[:, :, first:end].flatten(2, 3)[:, :, :count])
+
+
 def check_chunk(pool: KVPool, chunk: worker_pb2.KvChunk) -> None:
     """TransferError where a chunk names blocks or slots this pool has not, or carries
     other than the bytes its slots take."""
@@ -170,31 +190,48 @@ def check_chunk(pool: KVPool, chunk: worker_pb2.KvChunk) -> None:
         )
     if any(n != pool.block_size for n in chunk.filled_slots[:-1]):
         raise TransferError("only a chunk's last block may be partly filled")
+    if chunk.shm_name and chunk.data:
+        raise TransferError("a chunk carries data and names a shared-memory segment: one of them")
     expected = sum(chunk.filled_slots) * slot_bytes(pool) if holds_memory(pool) else 0
-    if len(chunk.data) != expected:
-        raise TransferError(f"a chunk of {len(chunk.data)} bytes; its slots take {expected}")
+    if payload_bytes(chunk) != expected:
+        raise TransferError(f"a chunk of {payload_bytes(chunk)} bytes; its slots take {expected}")
+
+
+def payload_bytes(chunk: worker_pb2.KvChunk) -> int:
+    """The chunk's bytes, in its message or in shared memory."""
+    return chunk.shm_bytes if chunk.shm_name else len(chunk.data)
 
 
 def bytes_to_slots(pool: KVPool, chunk: worker_pb2.KvChunk) -> torch.Tensor:
     """A checked chunk's data as `[layers, 2, slots, heads, dim]` on the pool's device."""
-    spec = pool.spec
-    flat = torch.frombuffer(bytearray(chunk.data), dtype=torch.uint8).view(spec.dtype)
-    shape = (spec.num_layers, 2, sum(chunk.filled_slots), spec.num_kv_heads, spec.head_dim)
-    return flat.view(shape).to(pool.cache.device)
+    return view_slots(pool, chunk, torch.frombuffer(bytearray(chunk.data), dtype=torch.uint8))
+
+
+def view_slots(pool: KVPool, chunk: worker_pb2.KvChunk, flat: torch.Tensor) -> torch.Tensor:
+    """A checked chunk's bytes, given as a uint8 tensor (a shared-memory view), as
+    bytes_to_slots' tensor: no copy on a CPU pool."""
+    return _slots(pool, sum(chunk.filled_slots), flat).to(pool.cache.device)
 
 
 def write_blocks(pool: KVPool, block_ids: tuple[int, ...], slots: torch.Tensor) -> None:
     """bytes_to_slots' tensor into the blocks (blocks that no step reads or writes while
-    they are written: receiver.py)."""
-    block_size = pool.block_size
+    they are written: receiver.py), one copy per run of consecutive block ids: on a CPU
+    about twice as fast as one index_copy_ of the full blocks (44 MiB: 5 ms against 9-15)."""
     used = slots.shape[2]
-    full = used // block_size
-    cache = pool.cache
-    if full:
-        index = torch.tensor(block_ids[:full], dtype=torch.long, device=cache.device)
-        runs = slots[:, :, : full * block_size].reshape(
-            *slots.shape[:2], full, block_size, *slots.shape[3:]
-        )
-        cache.index_copy_(2, index, runs)
-    if used > full * block_size:
-        cache[:, :, block_ids[full], : used - full * block_size] = slots[:, :, full * block_size :]
+    block_size = pool.block_size
+    filled = [block_size] * (len(block_ids) - 1) + [used - (len(block_ids) - 1) * block_size]
+    for first, end, at, count in _runs(block_ids, filled):
+        pool.cache[:, :, first:end].flatten(2, 3)[:, :, :count].copy_(slots[:, :, at : at + count])
+
+
+def _runs(block_ids, filled_slots):
+    """(first id, last id + 1, first slot in the chunk, slots) of each run of consecutive
+    block ids: a run's slots are one strided view of the pool (dims 2 and 3 flattened)."""
+    at, i = 0, 0
+    while i < len(block_ids):
+        end = i + 1
+        while end < len(block_ids) and block_ids[end] == block_ids[end - 1] + 1:
+            end += 1
+        count = sum(filled_slots[i:end])
+        yield block_ids[i], block_ids[end - 1] + 1, at, count
+        at, i = at + count, end

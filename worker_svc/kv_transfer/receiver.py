@@ -10,6 +10,14 @@ block freed meanwhile). So a step never waits for a chunk, nor a chunk for a ste
 did, for a whole step, when the writes took the lock). Nothing outside the named
 blocks is touched: a stream cut midway leaves those blocks' contents undefined and
 everything else as it was (the scheduler then frees them and recomputes).
+
+A source on this host may offer a shared-memory segment (shm.py): the destination maps
+it and unlinks its name before the first chunk, and answers "ok" in its initial
+metadata, or "no: REASON" (--no-kv-transfer-shm, another host's segment) and the
+chunks carry bytes. A chunk in a segment is written from a view of the mapping, with no
+copy before the pool's own, and then counted in the segment's header so that the source
+may reuse its slot. A chunk naming a segment that was not mapped fails the transfer
+with FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -30,10 +38,17 @@ from worker_svc.kv_transfer.layout import (
     check_chunk,
     check_layout,
     holds_memory,
+    payload_bytes,
+    view_slots,
     write_blocks,
 )
+from worker_svc.kv_transfer.shm import ACCEPTED, HANDSHAKE_KEY, Segment, parse_offer
 
 log = structlog.get_logger("worker_svc.kv_transfer")
+
+
+class SegmentUnavailable(Exception):
+    """A chunk in a shared-memory segment this worker has not mapped: FAILED_PRECONDITION."""
 
 
 def write_chunk(pool: KVPool, chunk: worker_pb2.KvChunk) -> None:
@@ -43,27 +58,72 @@ def write_chunk(pool: KVPool, chunk: worker_pb2.KvChunk) -> None:
         write_blocks(pool, tuple(chunk.destination_block_ids), bytes_to_slots(pool, chunk))
 
 
+def write_shm_chunk(pool: KVPool, chunk: worker_pb2.KvChunk, segment: Segment, index: int):
+    """A chunk in the segment checked, written from it, and counted (a thread's work)."""
+    check_chunk(pool, chunk)
+    try:
+        view = segment.view(chunk.shm_offset, chunk.shm_bytes)
+    except ValueError as exc:
+        raise TransferError(str(exc)) from None
+    write_blocks(pool, tuple(chunk.destination_block_ids), view_slots(pool, chunk, view))
+    del view  # the mapping may be closed once the last view is gone
+    segment.count_consumed(index + 1)
+
+
 class KvReceiver:
-    def __init__(self) -> None:
+    def __init__(self, shm: bool = True) -> None:
+        self.shm = shm
         # Transfers in progress: while any is, the servicer runs no step on the event
         # loop, which would hold each chunk for a whole step (servicer.runs_inline).
         self.active = 0
+        # Chunks written from shared memory since start (tests: the path the bytes took).
+        self.shm_chunks = 0
 
     async def receive(
         self, pool: KVPool, chunks: AsyncIterator[worker_pb2.KvChunk], context
     ) -> worker_pb2.ReceiveKvReply:
         self.active += 1
+        segment = None
         try:
-            return await self._receive(pool, chunks, context)
+            segment, refusal = await self._answer_offer(pool, context)
+            return await self._receive(pool, chunks, context, segment, refusal)
         finally:
             self.active -= 1
+            if segment is not None:
+                segment.close()
+
+    async def _answer_offer(self, pool: KVPool, context) -> tuple[Segment | None, str]:
+        """The source's shared-memory offer mapped and answered: the segment, or None and
+        why not (for a chunk that names one anyway)."""
+        offer = dict(context.invocation_metadata() or ()).get(HANDSHAKE_KEY)
+        if offer is None:
+            return None, "the source offered no shared memory"
+        segment, refusal = None, ""
+        if not self.shm:
+            refusal = "shared memory is off on the destination (--no-kv-transfer-shm)"
+        elif not holds_memory(pool):
+            refusal = "the destination's pool holds no memory"
+        else:
+            try:
+                segment = Segment.attach(*parse_offer(offer))
+            except (OSError, ValueError) as exc:
+                refusal = f"the destination could not map it: {exc}"
+        await context.send_initial_metadata(
+            ((HANDSHAKE_KEY, ACCEPTED if segment else f"no: {refusal}"),)
+        )
+        return segment, refusal
 
     async def _receive(
-        self, pool: KVPool, chunks: AsyncIterator[worker_pb2.KvChunk], context
+        self,
+        pool: KVPool,
+        chunks: AsyncIterator[worker_pb2.KvChunk],
+        context,
+        segment: Segment | None,
+        refusal: str,
     ) -> worker_pb2.ReceiveKvReply:
         started = time.perf_counter()
         transfer_id = None
-        received_bytes = received_blocks = 0
+        received_bytes = received_blocks = chunks_seen = 0
         try:
             async for chunk in chunks:
                 if transfer_id is None:
@@ -75,10 +135,20 @@ class KvReceiver:
                     raise TransferError(
                         f"chunk of transfer {chunk.transfer_id} in transfer {transfer_id}"
                     )
-                await asyncio.to_thread(write_chunk, pool, chunk)
-                received_bytes += len(chunk.data)
+                if not chunk.shm_name:
+                    await asyncio.to_thread(write_chunk, pool, chunk)
+                elif segment is None or chunk.shm_name != segment.name:
+                    raise SegmentUnavailable(
+                        f"a chunk in shared-memory segment {chunk.shm_name!r}, which this "
+                        f"worker has not mapped: {refusal or 'the source offered another'}"
+                    )
+                else:
+                    await asyncio.to_thread(write_shm_chunk, pool, chunk, segment, chunks_seen)
+                    self.shm_chunks += 1
+                chunks_seen += 1
+                received_bytes += payload_bytes(chunk)
                 received_blocks += len(chunk.destination_block_ids)
-        except LayoutMismatch as exc:
+        except (LayoutMismatch, SegmentUnavailable) as exc:
             log.warning("kv_receive_refused", transfer_id=transfer_id, error=str(exc))
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except TransferError as exc:

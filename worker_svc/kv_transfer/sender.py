@@ -6,9 +6,14 @@ steps and without the runner's lock: the scheduler sends only the blocks of a re
 it has parked and settled (no plan in flight or to come writes them until SendKv has
 answered), and a block it shares with other requests is a full prefix block, which
 nobody writes. A step thus never waits for a send, nor a send for a step (it did, for a
-whole step at each end, when the copies took the lock). Turning the copy into bytes, and
-sending it, happen on the same thread hop; gRPC's flow control paces the reads, so about
-one chunk is held in memory at once.
+whole step at each end, when the copies took the lock).
+
+Where the bytes go, decided per transfer: into a shared-memory segment when the
+destination is on this host and says it can map it (shm.py: the handshake, the ring of
+chunk slots that bounds what is in memory), else into the messages themselves, where
+turning the copy into bytes and sending it happen on the same thread hop and gRPC's
+flow control paces the reads. --no-kv-transfer-shm sends bytes always; a segment this
+worker cannot make (/dev/shm missing or full) sends bytes too, logged once.
 
 Worker-to-worker channels are plaintext, one per destination address, kept for the next
 transfer. A destination started with --tls-cert cannot be reached by them (the call fails
@@ -18,8 +23,10 @@ with UNAVAILABLE naming the address): TLS between workers is not supported yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -31,11 +38,14 @@ from worker_svc.kv_transfer.layout import (
     ChunkPlan,
     TransferError,
     blocks_to_bytes,
+    chunk_bytes,
     gather_blocks,
+    gather_into,
     holds_memory,
     plan_chunks,
     pool_layout,
 )
+from worker_svc.kv_transfer.shm import ACCEPTED, HANDSHAKE_KEY, Ring, TransferEnded
 
 log = structlog.get_logger("worker_svc.kv_transfer")
 
@@ -53,6 +63,12 @@ RECONNECT_OPTIONS = [
 # For fault tests only: each chunk waits this long before it goes, so that a test can kill
 # either end mid-transfer however fast the machine is (0, the default: no wait).
 CHUNK_PAUSE_S = float(os.environ.get("CBSERVE_KV_CHUNK_PAUSE_S", "0"))
+# The destination's answer to a shared-memory offer comes within this long, or the
+# transfer sends bytes (a destination too old to answer answers only at the end).
+HANDSHAKE_TIMEOUT_S = 5.0
+# A destination that declined shared memory (another host) is not offered it again
+# for this long: each offer costs a segment and a round trip.
+DECLINED_RETRY_S = 60.0
 
 
 class DestinationChannels:
@@ -81,12 +97,32 @@ def read_chunk(pool: KVPool, plan: ChunkPlan) -> bytes:
     return blocks_to_bytes(gather_blocks(pool, plan.source_block_ids), plan.filled_slots)
 
 
+def fill_slot(pool: KVPool, plan: ChunkPlan, ring: Ring, index: int) -> tuple[int, int]:
+    """One chunk gathered into its ring slot once that is free (a thread's work): its
+    offset and length in the segment."""
+    nbytes = chunk_bytes(pool, plan)
+    offset, view = ring.slot(index, nbytes)
+    gather_into(pool, plan, view)
+    return offset, nbytes
+
+
+@dataclass
+class SendCounts:
+    bytes: int = 0
+    chunks: int = 0
+    path: str = "grpc"
+
+
 class KvSender:
-    def __init__(self) -> None:
+    def __init__(self, shm: bool = True) -> None:
         self.channels = DestinationChannels()
+        self.shm = shm
         # Sends in progress: while any is, the servicer runs no step on the event loop,
         # which would hold each chunk for a whole step (servicer.runs_inline).
         self.active = 0
+        self.transfers_by_path: dict[str, int] = {"shm": 0, "grpc": 0}
+        self._declined: dict[str, float] = {}  # destination -> when it declined
+        self._shm_failed_logged = False
 
     async def send(
         self, pool: KVPool, request: worker_pb2.SendKvRequest, context
@@ -112,44 +148,102 @@ class KvSender:
             )
         except TransferError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        sent = {"bytes": 0, "chunks": 0}
-
-        async def chunks():
-            for plan in plans:
-                if CHUNK_PAUSE_S:
-                    await asyncio.sleep(CHUNK_PAUSE_S)
-                data = await asyncio.to_thread(read_chunk, pool, plan)
-                chunk = worker_pb2.KvChunk(
-                    transfer_id=request.transfer_id,
-                    destination_block_ids=plan.destination_block_ids,
-                    filled_slots=plan.filled_slots,
-                    data=data,
-                )
-                if sent["chunks"] == 0:
-                    chunk.layout.CopyFrom(pool_layout(pool))
-                sent["bytes"] += len(data)
-                sent["chunks"] += 1
-                yield chunk
-
+        sent = SendCounts()
+        ring = self._ring(pool, plans, request.destination)
         stub = self.channels.stub(request.destination)
+        call = stub.ReceiveKv(
+            timeout=context.time_remaining(), metadata=ring.offer() if ring else None
+        )
         try:
-            await stub.ReceiveKv(chunks(), timeout=context.time_remaining())
+            if ring is not None:
+                ended = ring.ended
+                call.add_done_callback(lambda _call: ended.set())
+                if not await self._accepted(call, request.destination):
+                    ring.release()
+                    ring = None
+            sent.path = "shm" if ring else "grpc"
+            # The call may end early (InvalidStateError, TransferEnded): awaiting it
+            # below raises its status.
+            with contextlib.suppress(asyncio.InvalidStateError, TransferEnded):
+                await self._stream(call, pool, request, plans, ring, sent)
+            await call
         except grpc.aio.AioRpcError as exc:
             await self._failed(request, exc, context)
+        finally:
+            if ring is not None:
+                ring.release()
+            if not call.done():
+                call.cancel()
         seconds = time.perf_counter() - started
+        self.transfers_by_path[sent.path] += 1
         log.info(
             "kv_sent",
             transfer_id=request.transfer_id,
             destination=request.destination,
+            path=sent.path,
             blocks=sum(len(p.source_block_ids) for p in plans),
             tokens=request.num_tokens,
-            bytes=sent["bytes"],
-            chunks=sent["chunks"],
+            bytes=sent.bytes,
+            chunks=sent.chunks,
             seconds=round(seconds, 4),
         )
         return worker_pb2.SendKvReply(
-            bytes_sent=sent["bytes"], num_chunks=sent["chunks"], seconds=seconds
+            bytes_sent=sent.bytes, num_chunks=sent.chunks, seconds=seconds
         )
+
+    async def _stream(self, call, pool, request, plans, ring: Ring | None, sent) -> None:
+        for index, plan in enumerate(plans):
+            if CHUNK_PAUSE_S:
+                await asyncio.sleep(CHUNK_PAUSE_S)
+            chunk = worker_pb2.KvChunk(
+                transfer_id=request.transfer_id,
+                destination_block_ids=plan.destination_block_ids,
+                filled_slots=plan.filled_slots,
+            )
+            if ring is not None:
+                offset, nbytes = await asyncio.to_thread(fill_slot, pool, plan, ring, index)
+                chunk.shm_name, chunk.shm_offset, chunk.shm_bytes = ring.name, offset, nbytes
+            else:
+                chunk.data = await asyncio.to_thread(read_chunk, pool, plan)
+                nbytes = len(chunk.data)
+            if index == 0:
+                chunk.layout.CopyFrom(pool_layout(pool))
+            await call.write(chunk)
+            sent.bytes += nbytes
+            sent.chunks += 1
+        await call.done_writing()
+
+    def _ring(self, pool: KVPool, plans: list[ChunkPlan], destination: str) -> Ring | None:
+        """A segment to offer the destination, or None: bytes in the messages."""
+        if not self.shm or not holds_memory(pool):
+            return None
+        declined = self._declined.get(destination)
+        if declined is not None and time.monotonic() - declined < DECLINED_RETRY_S:
+            return None
+        try:
+            return Ring([chunk_bytes(pool, plan) for plan in plans])
+        except OSError as exc:
+            if not self._shm_failed_logged:
+                self._shm_failed_logged = True
+                log.warning("kv_shm_unavailable", error=str(exc), fallback="grpc bytes")
+            return None
+
+    async def _accepted(self, call, destination: str) -> bool:
+        """The destination's answer to the offer: True where it mapped the segment."""
+        try:
+            metadata = await asyncio.wait_for(call.initial_metadata(), HANDSHAKE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            metadata = None
+        answer = dict(metadata or ()).get(HANDSHAKE_KEY, "no answer")
+        if answer == ACCEPTED:
+            self._declined.pop(destination, None)
+            return True
+        if call.done():
+            return False  # it failed: its status says why, and it is no answer
+        if destination not in self._declined:
+            log.info("kv_shm_declined", destination=destination, answer=answer)
+        self._declined[destination] = time.monotonic()
+        return False
 
     @staticmethod
     async def _failed(request, exc: grpc.aio.AioRpcError, context) -> None:
