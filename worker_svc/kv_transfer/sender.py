@@ -106,6 +106,39 @@ def fill_slot(pool: KVPool, plan: ChunkPlan, ring: Ring, index: int) -> tuple[in
     return offset, nbytes
 
 
+class fill_ahead:  # noqa: N801 (used as a function)
+    """The ring's slots filled one chunk after another on a thread of their own, ahead of
+    the messages that name them (as far as the ring's free slots allow): no chunk's
+    gather waits for the event loop to send the one before. next() answers each chunk's
+    (offset, bytes) in order, or raises what ended the filling (TransferEnded)."""
+
+    def __init__(self, pool: KVPool, plans: list[ChunkPlan], ring: Ring) -> None:
+        loop = asyncio.get_running_loop()
+        self._filled: asyncio.Queue = asyncio.Queue()
+
+        def fill_all() -> None:
+            for index, plan in enumerate(plans):
+                if CHUNK_PAUSE_S:
+                    time.sleep(CHUNK_PAUSE_S)
+                loop.call_soon_threadsafe(
+                    self._filled.put_nowait, fill_slot(pool, plan, ring, index)
+                )
+
+        self._filling = asyncio.ensure_future(asyncio.to_thread(fill_all))
+        # Retrieved here: a transfer that failed may never ask for the next chunk.
+        self._filling.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def next(self) -> tuple[int, int]:
+        if not self._filled.empty():
+            return self._filled.get_nowait()
+        getter = asyncio.ensure_future(self._filled.get())
+        await asyncio.wait((getter, self._filling), return_when=asyncio.FIRST_COMPLETED)
+        if getter.done() or self._filling.exception() is None:
+            return await getter
+        getter.cancel()
+        raise self._filling.exception()
+
+
 @dataclass
 class SendCounts:
     bytes: int = 0
@@ -192,18 +225,19 @@ class KvSender:
         )
 
     async def _stream(self, call, pool, request, plans, ring: Ring | None, sent) -> None:
+        filled = fill_ahead(pool, plans, ring) if ring is not None else None
         for index, plan in enumerate(plans):
-            if CHUNK_PAUSE_S:
-                await asyncio.sleep(CHUNK_PAUSE_S)
             chunk = worker_pb2.KvChunk(
                 transfer_id=request.transfer_id,
                 destination_block_ids=plan.destination_block_ids,
                 filled_slots=plan.filled_slots,
             )
-            if ring is not None:
-                offset, nbytes = await asyncio.to_thread(fill_slot, pool, plan, ring, index)
+            if filled is not None:
+                offset, nbytes = await filled.next()
                 chunk.shm_name, chunk.shm_offset, chunk.shm_bytes = ring.name, offset, nbytes
             else:
+                if CHUNK_PAUSE_S:
+                    await asyncio.sleep(CHUNK_PAUSE_S)
                 chunk.data = await asyncio.to_thread(read_chunk, pool, plan)
                 nbytes = len(chunk.data)
             if index == 0:

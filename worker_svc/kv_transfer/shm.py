@@ -160,9 +160,16 @@ class Ring:
         """Chunk index's offset and view, once the destination has consumed the chunk
         that was there before (a thread's wait: TransferEnded when the call ended)."""
         wait = _FIRST_WAIT_S
-        while self.segment.consumed < index - self.num_slots + 1:
+        # The second chunk waits for the first to be written, which is when the
+        # destination has checked the layout: a refusal then ends the call before more
+        # is written into it (a write racing the end hides the destination's status
+        # behind INTERNAL, grpc/grpc#36066).
+        needed = 1 if index == 1 else index - self.num_slots + 1
+        while True:
             if self.ended.is_set():
                 raise TransferEnded
+            if self.segment.consumed >= needed:
+                break
             time.sleep(wait)
             wait = min(2 * wait, _LONGEST_WAIT_S)
         offset = HEADER_BYTES + (index % self.num_slots) * self.slot_stride
