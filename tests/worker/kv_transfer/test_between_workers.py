@@ -1,10 +1,13 @@
 """SendKv and ReceiveKv between real worker processes on loopback, driven with Step plans
 as a scheduler would: KV prefilled on one worker and moved decodes on the other as it
 would have on the first; a layout of another dtype, bad block ids, an unreachable or
-killed destination are refused with their statuses, and the source keeps serving."""
+killed destination are refused with their statuses, and the source keeps serving. The
+workers share a host, so the bytes go through shared memory (kv_transfer/shm.py): no
+segment is left in /dev/shm when either end is killed mid-transfer."""
 
 from __future__ import annotations
 
+import glob
 import itertools
 import signal
 import subprocess
@@ -19,6 +22,7 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from cbserve.worker.v1 import worker_pb2_grpc
 from tests.worker.test_worker_server import PlanFeed, start_worker, wait_ready
 from worker_svc.kv_transfer.layout import CHUNK_TARGET_BYTES
+from worker_svc.kv_transfer.shm import NAME_PREFIX, SHM_DIR
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
 
@@ -81,6 +85,10 @@ def workers():
 @pytest.fixture(scope="module")
 def prompt(tokenizer) -> list[int]:
     return tokenizer.encode(PROMPT_TEXT)
+
+
+def segments_of(worker: WorkerHandle) -> list[str]:
+    return glob.glob(f"{SHM_DIR}/{NAME_PREFIX}{worker.proc.pid}-*")
 
 
 def sampled(result: pb.StepResult, seq_id: int) -> tuple[int, float]:
@@ -199,6 +207,8 @@ def test_a_destination_killed_mid_transfer_fails_it_and_the_source_serves_on(wor
             transfer = pool.submit(send_kv, source, doomed.address, ids, ids, 120 * 16)
             time.sleep(1.5)
             assert not transfer.done()
+            # Offered, and not mapped by the stopped destination: the source unlinks it.
+            assert segments_of(source)
             doomed.proc.kill()
             with pytest.raises(grpc.RpcError) as failed:
                 transfer.result(timeout=60)
@@ -209,6 +219,7 @@ def test_a_destination_killed_mid_transfer_fails_it_and_the_source_serves_on(wor
         doomed.channel.close()
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
     assert doomed.address in failed.value.details()
+    assert not segments_of(source)
     new = pb.NewSequence(
         seq_id=9,
         prompt_token_ids=prompt,
@@ -219,3 +230,31 @@ def test_a_destination_killed_mid_transfer_fails_it_and_the_source_serves_on(wor
     token, _ = sampled(source.step(new_sequences=[new]), 9)
     assert token >= 0
     source.step(finished_seq_ids=[9])
+
+
+def test_a_source_killed_mid_transfer_leaves_no_segment(workers, monkeypatch):
+    destination = workers["float32_b"]
+    monkeypatch.setenv("CBSERVE_KV_CHUNK_PAUSE_S", "0.1")  # 20 chunks: about 2 s
+    (doomed,) = start_workers(("--dtype", "float32"))
+    try:
+        ids = list(range(NUM_BLOCKS - 40, NUM_BLOCKS))
+        with ThreadPoolExecutor(1) as pool:
+            transfer = pool.submit(send_kv, doomed, destination.address, ids, ids, 40 * 16)
+            time.sleep(0.8)
+            assert not transfer.done()
+            # The destination has the source's segment mapped (its name already unlinked).
+            with open(f"/proc/{destination.proc.pid}/maps") as maps:
+                assert f"{NAME_PREFIX}{doomed.proc.pid}-" in maps.read()
+            doomed.proc.kill()
+            with pytest.raises(grpc.RpcError):
+                transfer.result(timeout=60)
+        doomed.proc.wait(timeout=30)
+        assert not segments_of(doomed)
+    finally:
+        doomed.proc.kill()
+        doomed.proc.wait(timeout=30)
+        doomed.feed.close()
+        doomed.channel.close()
+    # The destination serves on: a transfer into the same blocks goes through.
+    source = workers["float32_a"]
+    assert send_kv(source, destination.address, ids, ids, 40 * 16).num_chunks == 20
