@@ -93,6 +93,9 @@ async def _cancel_while_waiting(stack) -> tuple[int, int]:
         return len(tokens), len(after.token_ids)
 
 
+# 23 s: make test-slow; the scheduler's own test of it stays in make test
+# (tests/scheduler/test_scheduler_abort.py::test_abort_while_waiting_never_reaches_the_worker).
+@pytest.mark.slow
 def test_cancel_while_waiting(small_pool_stack):
     assert asyncio.run(_cancel_while_waiting(small_pool_stack)) == (
         WAITED_ON_TOKENS,
