@@ -71,6 +71,9 @@ class ModelRunner:
         # LoRA adapters' slots (--enable-lora), written between steps (lora/loading.py).
         self.lora_slots = lora_slots
         self.reader = PlanReader(loaded.vocab_size, loaded.max_model_len, pool, lora_slots)
+        # Called with each step before it runs: the KV receiver takes the blocks it
+        # assigns from transfers still landing (kv_transfer/landing.py).
+        self.before_step = None
         # Deferred masks as the Step stream reads them (the servicer posts them).
         self.mailbox = MaskMailbox()
         # Prompt chunks as decode rows (step/flat_batch.py), where a native step runs
@@ -86,7 +89,10 @@ class ModelRunner:
     def execute(self, plan: worker_pb2.StepPlan) -> worker_pb2.StepResult:
         """Reads the plan (PlanError, and nothing changed, if it is refused) and runs it."""
         started = time.perf_counter()
-        result = self.run(self.reader.read(plan, self.sequences))
+        step = self.reader.read(plan, self.sequences)
+        if self.before_step is not None:
+            self.before_step(step)
+        result = self.run(step)
         result.forward_seconds = time.perf_counter() - started
         return result
 

@@ -119,6 +119,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def set_ready(self, worker: Worker) -> None:
         self._worker = worker
+        worker.runner.before_step = self.kv_receiver.landings.take_step_blocks
 
     async def _require_worker(self, context: grpc.aio.ServicerContext) -> Worker:
         if self._worker is None:

@@ -23,6 +23,7 @@ with FAILED_PRECONDITION.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -31,6 +32,7 @@ import structlog
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.kv_pool import KVPool
+from worker_svc.kv_transfer.landing import Landing, Landings
 from worker_svc.kv_transfer.layout import (
     LayoutMismatch,
     TransferError,
@@ -78,6 +80,8 @@ class KvReceiver:
         self.active = 0
         # Chunks written from shared memory since start (tests: the path the bytes took).
         self.shm_chunks = 0
+        # Each transfer's blocks against those the steps take (landing.py).
+        self.landings = Landings()
 
     async def receive(
         self, pool: KVPool, chunks: AsyncIterator[worker_pb2.KvChunk], context
@@ -124,6 +128,7 @@ class KvReceiver:
         started = time.perf_counter()
         transfer_id = None
         received_bytes = received_blocks = chunks_seen = 0
+        landing = self.landings.open()
         try:
             async for chunk in chunks:
                 if transfer_id is None:
@@ -135,15 +140,17 @@ class KvReceiver:
                     raise TransferError(
                         f"chunk of transfer {chunk.transfer_id} in transfer {transfer_id}"
                     )
+                blocks = tuple(chunk.destination_block_ids)
                 if not chunk.shm_name:
-                    await asyncio.to_thread(write_chunk, pool, chunk)
+                    await _land(landing, blocks, functools.partial(write_chunk, pool, chunk))
                 elif segment is None or chunk.shm_name != segment.name:
                     raise SegmentUnavailable(
                         f"a chunk in shared-memory segment {chunk.shm_name!r}, which this "
                         f"worker has not mapped: {refusal or 'the source offered another'}"
                     )
                 else:
-                    await asyncio.to_thread(write_shm_chunk, pool, chunk, segment, chunks_seen)
+                    write = functools.partial(write_shm_chunk, pool, chunk, segment, chunks_seen)
+                    await _land(landing, blocks, write)
                     self.shm_chunks += 1
                 chunks_seen += 1
                 received_bytes += payload_bytes(chunk)
@@ -154,6 +161,12 @@ class KvReceiver:
         except TransferError as exc:
             log.warning("kv_receive_refused", transfer_id=transfer_id, error=str(exc))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            # A cut stream cancels this call, not the write in its thread: it ends first
+            # (the segment it may read is closed after, and steps wait for it: landing.py).
+            if landing.pending is not None and not landing.pending.done():
+                await asyncio.wait({landing.pending})
+            self.landings.close(landing)
         if transfer_id is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a transfer without chunks")
         log.info(
@@ -165,3 +178,11 @@ class KvReceiver:
             seconds=round(time.perf_counter() - started, 4),
         )
         return worker_pb2.ReceiveKvReply(bytes_received=received_bytes, num_blocks=received_blocks)
+
+
+async def _land(landing: Landing, block_ids: tuple[int, ...], write) -> None:
+    """write() on a thread, through the landing (TransferError if a step took a block)."""
+    landing.pending = asyncio.get_running_loop().run_in_executor(
+        None, landing.write, block_ids, write
+    )
+    await landing.pending
