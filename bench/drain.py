@@ -82,7 +82,7 @@ def stream_rows(
             adopted = move["adopted_at"]
             next_token = min((t for t in after.arrivals if t >= adopted), default=None)
             row["park_wait_ms"] = move["park_wait_s"] * 1e3
-            row["send_ms"] = move["send_s"] * 1e3
+            row["send_ms"] = move["seconds"] * 1e3
             row["first_step_ms"] = (next_token - adopted) * 1e3 if next_token else None
         rows.append(row)
     return rows

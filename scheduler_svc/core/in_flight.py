@@ -60,6 +60,15 @@ class PlansInFlight:
         planned = self._plans.pop(plan.step_id)
         return planned, self._pending_masks.missing(plan, result)
 
+    def last_sent(self) -> int:
+        """The step id of the newest plan sent (0: none yet)."""
+        return self._next_step_id - 1
+
+    def answered_through(self, step_id: int) -> bool:
+        """Whether every plan up to step_id has answered: none of them writes KV any more."""
+        oldest = next(iter(self._plans), None)
+        return oldest is None or oldest > step_id
+
     def includes(self, request: Request) -> bool:
         """Whether a plan in flight computes or samples for the request (a move waits
         until none does: parking.py)."""

@@ -129,13 +129,12 @@ def reserve(scheduler: Scheduler, request: Request, num_tokens: int) -> list[int
 
 def last_plan_sent(scheduler: Scheduler) -> int:
     """The step id of the newest plan sent to the worker (0: none yet)."""
-    return scheduler._in_flight._next_step_id - 1
+    return scheduler._in_flight.last_sent()
 
 
 def answered_through(scheduler: Scheduler, step_id: int) -> bool:
     """Whether every plan up to step_id has answered: none of them writes KV any more."""
-    oldest = next(iter(scheduler._in_flight._plans), None)
-    return oldest is None or oldest > step_id
+    return scheduler._in_flight.answered_through(step_id)
 
 
 def limit_lookahead(scheduler: Scheduler, plans: int) -> None:

@@ -155,8 +155,7 @@ class KvMoves:
             )
         except (ServiceError, WorkerLost) as failure:
             error = failure
-        sent_at = time.monotonic()
-        seconds = sent_at - started
+        seconds = time.monotonic() - started
         source.release_hold(detached)
         if holder.aborted:
             destination.cancel_reservation(reservation, request)
@@ -178,10 +177,9 @@ class KvMoves:
                 bytes=reply.bytes_sent,
                 seconds=round(seconds, 4),
                 # Where the request's pause went (bench/drain.py reads these): the wait
-                # for its plans in flight, then the transfer; adopted_at is monotonic,
-                # to be compared with its next token's arrival on the same host.
+                # for its plans in flight, then the transfer (`seconds`); adopted_at is
+                # monotonic, to be compared with its next token's arrival on this host.
                 park_wait_s=round(started - parked_at, 4),
-                send_s=round(seconds, 4),
                 adopted_at=round(time.monotonic(), 6),
             )
             return MoveResult(MoveOutcome.MOVED, num_blocks, reply.bytes_sent, detached.num_tokens)

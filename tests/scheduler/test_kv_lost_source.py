@@ -23,13 +23,19 @@ class HangingSendKv(GrpcFakeWorker):
         await asyncio.sleep(60)
 
 
+async def _send_under_way() -> tuple[HangingSendKv, WorkerClient, asyncio.Task]:
+    """A worker whose SendKv hangs, a client to it, and a send_kv call under way."""
+    worker = await HangingSendKv().start()
+    client = WorkerClient(worker.address)
+    await client.connect(5.0)
+    send = asyncio.create_task(client.send_kv(1, "127.0.0.1:1", [0], [0], 4, 30.0))
+    await asyncio.sleep(0.2)
+    return worker, client, send
+
+
 def test_a_send_kv_cut_by_the_channel_closing_fails_unavailable():
     async def scenario():
-        worker = await HangingSendKv().start()
-        client = WorkerClient(worker.address)
-        await client.connect(5.0)
-        send = asyncio.create_task(client.send_kv(1, "127.0.0.1:1", [0], [0], 4, 30.0))
-        await asyncio.sleep(0.2)
+        worker, client, send = await _send_under_way()
         await client.close()  # what the engine's recovery does
         with pytest.raises(ServiceError) as caught:
             await asyncio.wait_for(send, 5.0)
@@ -41,11 +47,7 @@ def test_a_send_kv_cut_by_the_channel_closing_fails_unavailable():
 
 def test_a_cancel_of_the_caller_is_still_a_cancel():
     async def scenario():
-        worker = await HangingSendKv().start()
-        client = WorkerClient(worker.address)
-        await client.connect(5.0)
-        send = asyncio.create_task(client.send_kv(1, "127.0.0.1:1", [0], [0], 4, 30.0))
-        await asyncio.sleep(0.2)
+        worker, client, send = await _send_under_way()
         send.cancel()
         with pytest.raises(asyncio.CancelledError):
             await send

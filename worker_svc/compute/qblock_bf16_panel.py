@@ -10,20 +10,16 @@ import functools
 
 import torch
 
-from worker_svc.compute.qblock import COMPILE_FLAGS, KERNELS, LINK_FLAGS
-from worker_svc.native_build import KernelUnavailableError, build_and_load_parts
-
-SOURCE = KERNELS / "qblock_bf16_panel.c"
+from worker_svc.compute.qblock import load_vnni_kernel
 
 
 @functools.cache
 def load_bf16_panel_kernel() -> ctypes.CDLL | None:
-    """The kernel, or None where the CPU has no AVX-512 BF16 or it cannot be built."""
-    try:
-        lib = build_and_load_parts("qblock_bf16_panel", ((SOURCE, COMPILE_FLAGS),), LINK_FLAGS)
-    except KernelUnavailableError:
-        return None
-    if not lib.qblock_bf16_supported():
+    """The kernel, or None where the CPU has no AVX-512 BF16 or it cannot be built: one
+    of the VNNI library's parts (qblock.VNNI_PARTS), as in the native step, so it is
+    not built twice (every CPU with AVX-512 BF16 has VNNI)."""
+    lib = load_vnni_kernel()
+    if lib is None or not lib.qblock_bf16_supported():
         return None
     lib.qblock_bf16_gemm.restype = ctypes.c_int
     lib.qblock_bf16_gemm.argtypes = (

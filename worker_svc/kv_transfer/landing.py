@@ -36,7 +36,18 @@ class Landing:
         self.taken: set[int] = set()
         self.abandoned = False
         # The write in its thread, if any: a cancelled receive leaves it running.
-        self.pending: asyncio.Future | None = None
+        self._pending: asyncio.Future | None = None
+
+    async def land(self, block_ids: tuple[int, ...], write: Callable[[], None]) -> None:
+        """write() on a thread, through self.write (TransferError if a step took a block)."""
+        loop = asyncio.get_running_loop()
+        self._pending = loop.run_in_executor(None, self.write, block_ids, write)
+        await self._pending
+
+    async def settled(self) -> None:
+        """Once no write of it runs: a cut stream cancels the receive, not its thread."""
+        if self._pending is not None and not self._pending.done():
+            await asyncio.wait({self._pending})
 
     def write(self, block_ids: Iterable[int], write: Callable[[], None]) -> None:
         """Runs write() for these blocks unless a step took one (a thread's work)."""
@@ -69,11 +80,8 @@ class Landings:
         return landing
 
     def close(self, landing: Landing) -> None:
-        """Forgotten once no write of it can still run."""
-        if landing.pending is None or landing.pending.done():
-            self._live.pop(id(landing), None)
-        else:
-            landing.pending.add_done_callback(lambda _: self._live.pop(id(landing), None))
+        """Forgotten (after landing.settled(): no write of it runs any more)."""
+        self._live.pop(id(landing), None)
 
     def take_step_blocks(self, step: Step) -> None:
         """Before a step runs (the forward thread): the blocks it newly assigns taken from

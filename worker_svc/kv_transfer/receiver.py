@@ -22,7 +22,6 @@ with FAILED_PRECONDITION.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import AsyncIterator
@@ -32,7 +31,7 @@ import structlog
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.kv_pool import KVPool
-from worker_svc.kv_transfer.landing import Landing, Landings
+from worker_svc.kv_transfer.landing import Landings
 from worker_svc.kv_transfer.layout import (
     LayoutMismatch,
     TransferError,
@@ -142,7 +141,7 @@ class KvReceiver:
                     )
                 blocks = tuple(chunk.destination_block_ids)
                 if not chunk.shm_name:
-                    await _land(landing, blocks, functools.partial(write_chunk, pool, chunk))
+                    await landing.land(blocks, functools.partial(write_chunk, pool, chunk))
                 elif segment is None or chunk.shm_name != segment.name:
                     raise SegmentUnavailable(
                         f"a chunk in shared-memory segment {chunk.shm_name!r}, which this "
@@ -150,7 +149,7 @@ class KvReceiver:
                     )
                 else:
                     write = functools.partial(write_shm_chunk, pool, chunk, segment, chunks_seen)
-                    await _land(landing, blocks, write)
+                    await landing.land(blocks, write)
                     self.shm_chunks += 1
                 chunks_seen += 1
                 received_bytes += payload_bytes(chunk)
@@ -164,8 +163,7 @@ class KvReceiver:
         finally:
             # A cut stream cancels this call, not the write in its thread: it ends first
             # (the segment it may read is closed after, and steps wait for it: landing.py).
-            if landing.pending is not None and not landing.pending.done():
-                await asyncio.wait({landing.pending})
+            await landing.settled()
             self.landings.close(landing)
         if transfer_id is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a transfer without chunks")
@@ -178,11 +176,3 @@ class KvReceiver:
             seconds=round(time.perf_counter() - started, 4),
         )
         return worker_pb2.ReceiveKvReply(bytes_received=received_bytes, num_blocks=received_blocks)
-
-
-async def _land(landing: Landing, block_ids: tuple[int, ...], write) -> None:
-    """write() on a thread, through the landing (TransferError if a step took a block)."""
-    landing.pending = asyncio.get_running_loop().run_in_executor(
-        None, landing.write, block_ids, write
-    )
-    await landing.pending

@@ -118,8 +118,6 @@ class fill_ahead:  # noqa: N801 (used as a function)
 
         def fill_all() -> None:
             for index, plan in enumerate(plans):
-                if CHUNK_PAUSE_S:
-                    time.sleep(CHUNK_PAUSE_S)
                 loop.call_soon_threadsafe(
                     self._filled.put_nowait, fill_slot(pool, plan, ring, index)
                 )
@@ -227,6 +225,8 @@ class KvSender:
     async def _stream(self, call, pool, request, plans, ring: Ring | None, sent) -> None:
         filled = fill_ahead(pool, plans, ring) if ring is not None else None
         for index, plan in enumerate(plans):
+            if CHUNK_PAUSE_S:  # before each message, either path (the ring fills ahead)
+                await asyncio.sleep(CHUNK_PAUSE_S)
             chunk = worker_pb2.KvChunk(
                 transfer_id=request.transfer_id,
                 destination_block_ids=plan.destination_block_ids,
@@ -236,8 +236,6 @@ class KvSender:
                 offset, nbytes = await filled.next()
                 chunk.shm_name, chunk.shm_offset, chunk.shm_bytes = ring.name, offset, nbytes
             else:
-                if CHUNK_PAUSE_S:
-                    await asyncio.sleep(CHUNK_PAUSE_S)
                 chunk.data = await asyncio.to_thread(read_chunk, pool, plan)
                 nbytes = len(chunk.data)
             if index == 0:
