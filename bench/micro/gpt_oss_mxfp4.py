@@ -87,36 +87,25 @@ def q8_0_twin(mxfp4_file: Path) -> Path:
     import gguf
     import numpy as np
 
+    from bench.peers.gguf_rewrite import rewrite_gguf_tensors
+
     out = mxfp4_file.with_name(mxfp4_file.stem + ".experts-q8_0.gguf")
     if out.is_file():
         return out
     codes = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
-    reader = gguf.GGUFReader(str(mxfp4_file))
-    partial = out.with_name(out.name + ".partial")
-    writer = gguf.GGUFWriter(str(partial), str(reader.fields["general.architecture"].contents()))
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
-    for tensor in reader.tensors:
+
+    def as_q8_0(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, gguf.GGMLQuantizationType] | None:
         if tensor.tensor_type != gguf.GGMLQuantizationType.MXFP4:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-            continue
+            return None
         blocks = tensor.data.reshape(-1, 17)
         q8 = np.empty((len(blocks), 34), np.uint8)
         scale = np.ldexp(np.float32(1), blocks[:, 0].astype(np.int32) - 128).astype(np.float16)
         q8[:, :2] = scale.view(np.uint8).reshape(-1, 2)
         q8[:, 2:18] = codes[blocks[:, 1:] & 0x0F].view(np.uint8)
         q8[:, 18:] = codes[blocks[:, 1:] >> 4].view(np.uint8)
-        rows = q8.reshape(*tensor.data.shape[:-1], -1)
-        writer.add_tensor(tensor.name, rows, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.replace(out)
+        return q8.reshape(*tensor.data.shape[:-1], -1), gguf.GGMLQuantizationType.Q8_0
+
+    rewrite_gguf_tensors(mxfp4_file, out, as_q8_0)
     return out
 
 

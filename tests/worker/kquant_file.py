@@ -13,6 +13,7 @@ import gguf
 import numpy as np
 
 from bench.micro.qblock_formats import random_blocks  # noqa: F401  (re-exported)
+from bench.peers.gguf_rewrite import rewrite_gguf_tensors
 
 QTYPE = gguf.GGMLQuantizationType
 
@@ -77,26 +78,14 @@ WRITERS: dict[QTYPE, Callable[[np.ndarray], np.ndarray]] = {
 def rewrite_gguf(source: Path, target: Path, choose: Callable[[str, int], QTYPE | None]) -> None:
     """`source` copied to `target` with each tensor that `choose(name, K)` names requantized
     (from its dequantized values) to that type; metadata and other tensors as they are."""
-    reader = gguf.GGUFReader(str(source))
-    arch = str(reader.fields["general.architecture"].contents())
-    writer = gguf.GGUFWriter(str(target), arch)
-    for field in reader.fields.values():
-        if field.name == "general.architecture" or field.name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub)
-    for tensor in reader.tensors:
+
+    def requantize(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, QTYPE] | None:
         k = int(tensor.shape[0])
         qtype = choose(tensor.name, k) if tensor.tensor_type != QTYPE.F32 else None
         if qtype is None:
-            writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-            continue
+            return None
         weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1, k)
         # The tensor's outer dimensions kept (a 3-D `*_exps` tensor stays 3-D).
-        rows = WRITERS[qtype](weight).reshape(*tensor.data.shape[:-1], -1)
-        writer.add_tensor(tensor.name, rows, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        return WRITERS[qtype](weight).reshape(*tensor.data.shape[:-1], -1), qtype
+
+    rewrite_gguf_tensors(source, target, requantize)
