@@ -190,6 +190,13 @@ class WorkerConfig:
     kv_transfer_shm: bool = flag(
         True, help="KV moved to a worker on this host goes through shared memory (kv_transfer/)"
     )
+    # Opt-in: a shared pool gets no 2 MiB pages where shmem THP is off, the usual
+    # default (worker_svc/shared_kv_memory.py, bench/micro/shared_pool_ab.py).
+    kv_pool_shared: bool = flag(
+        False,
+        help="the CPU KV pool in shared memory, so that a worker on this host copies moved "
+        "KV straight out of it (one copy; needs --kv-transfer-shm)",
+    )
     # TLS on the worker's port, so that a port reachable on a network is not an open
     # door: the scheduler checks the worker's certificate (its --worker-tls-ca), and
     # with --tls-client-ca the worker checks the scheduler's (mutual TLS).

@@ -14,12 +14,14 @@ convert K/V to it when they write and back to the query's dtype when they read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from worker_svc.huge_pages import advise_huge_pages
+from worker_svc.shared_kv_memory import SharedPoolMemory
 
 # --kv-cache-dtype's explicit choices (worker_svc/config.py KV_CACHE_DTYPES, less "auto").
 KV_CACHE_TORCH_DTYPES = {
@@ -73,9 +75,12 @@ class KVPoolSpec:
             raise ValueError(f"the KV pool holds floating-point values, not {self.dtype}")
 
     @property
+    def bytes_per_element(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
     def bytes_per_block(self) -> int:
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        per_layer = 2 * self.block_size * self.num_kv_heads * self.head_dim * element_size
+        per_layer = 2 * self.block_size * self.num_kv_heads * self.head_dim * self.bytes_per_element
         return self.num_layers * per_layer
 
     def blocks_for_memory(self, memory_bytes: int) -> int:
@@ -92,7 +97,15 @@ class KVPoolSpec:
 
 
 class KVPool:
-    def __init__(self, spec: KVPoolSpec, num_blocks: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        spec: KVPoolSpec,
+        num_blocks: int,
+        device: torch.device | str = "cpu",
+        shared: bool = False,
+    ):
+        """shared: a CPU pool in shared memory that a worker on this host can copy moved
+        blocks out of (shared_kv_memory.py); ignored on other devices."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.spec = spec
@@ -105,9 +118,14 @@ class KVPool:
             spec.num_kv_heads,
             spec.head_dim,
         )
-        self.cache = torch.empty(shape, dtype=spec.dtype, device=device)
-        # Huge pages before the first write (huge_pages.py): blocks are read scattered.
-        self.huge_pages = advise_huge_pages(self.cache)
+        self.shared_memory: SharedPoolMemory | None = None
+        if shared and torch.device(device).type == "cpu":
+            self.shared_memory = SharedPoolMemory(math.prod(shape) * spec.bytes_per_element)
+            self.cache, self.huge_pages = self.shared_memory.tensor(shape, spec.dtype)
+        else:
+            self.cache = torch.empty(shape, dtype=spec.dtype, device=device)
+            # Huge pages before the first write (huge_pages.py): blocks are read scattered.
+            self.huge_pages = advise_huge_pages(self.cache)
         # Zeros, not garbage: attention multiplies masked-out slots by a zero weight,
         # and uninitialised memory may hold NaN, which survives that.
         self.cache.zero_()

@@ -81,7 +81,8 @@ def build_worker(config: WorkerConfig) -> Worker:
         block_size=config.block_size,
         dtype=kv_dtype,
     )
-    pool = KVPool(spec, pool_blocks(config, spec), device)
+    shared = config.kv_pool_shared and config.kv_transfer_shm
+    pool = KVPool(spec, pool_blocks(config, spec), device, shared=shared)
     log.info(
         "worker_built",
         model=loaded.name,
@@ -99,6 +100,8 @@ def build_worker(config: WorkerConfig) -> Worker:
         backend_choice=why,
         kv_blocks=pool.num_blocks,
         kv_bytes=pool.num_bytes,
+        kv_pool_shared=pool.shared_memory is not None,
+        kv_pool_huge_pages=pool.huge_pages,
         kv_cache_dtype=dtype_name(kv_dtype),
         openmp_wait_policy=applied_policy(),
         malloc_policy=applied_heap_policy(),

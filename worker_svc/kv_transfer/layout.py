@@ -190,8 +190,15 @@ def check_chunk(pool: KVPool, chunk: worker_pb2.KvChunk) -> None:
         )
     if any(n != pool.block_size for n in chunk.filled_slots[:-1]):
         raise TransferError("only a chunk's last block may be partly filled")
-    if chunk.shm_name and chunk.data:
-        raise TransferError("a chunk carries data and names a shared-memory segment: one of them")
+    if bool(chunk.data) + bool(chunk.shm_name) + bool(chunk.source_block_ids) > 1:
+        raise TransferError(
+            "a chunk's bytes are in one place: its data, a shared-memory segment, or the "
+            "source's pool (source_block_ids)"
+        )
+    if chunk.source_block_ids:  # no bytes: copied from the source's pool (pool_read.py)
+        if len(chunk.source_block_ids) != len(ids):
+            raise TransferError("a chunk's source and destination block ids are parallel")
+        return
     expected = sum(chunk.filled_slots) * slot_bytes(pool) if holds_memory(pool) else 0
     if payload_bytes(chunk) != expected:
         raise TransferError(f"a chunk of {payload_bytes(chunk)} bytes; its slots take {expected}")

@@ -16,8 +16,10 @@ it and unlinks its name before the first chunk, and answers "ok" in its initial
 metadata, or "no: REASON" (--no-kv-transfer-shm, another host's segment) and the
 chunks carry bytes. A chunk in a segment is written from a view of the mapping, with no
 copy before the pool's own, and then counted in the segment's header so that the source
-may reuse its slot. A chunk naming a segment that was not mapped fails the transfer
-with FAILED_PRECONDITION.
+may reuse its slot. A source whose pool is in shared memory offers the pool itself
+too (pool_read.py): mapped, it is answered "pool" and each chunk names source blocks
+to copy from it, one copy in all. A chunk naming a segment or a source pool that was
+not mapped fails the transfer with FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -40,8 +42,15 @@ from worker_svc.kv_transfer.layout import (
     check_layout,
     holds_memory,
     payload_bytes,
+    slot_bytes,
     view_slots,
     write_blocks,
+)
+from worker_svc.kv_transfer.pool_read import (
+    POOL_ACCEPTED,
+    POOL_OFFER_KEY,
+    SourcePool,
+    copy_chunk,
 )
 from worker_svc.kv_transfer.shm import ACCEPTED, HANDSHAKE_KEY, Segment, parse_offer
 
@@ -71,14 +80,46 @@ def write_shm_chunk(pool: KVPool, chunk: worker_pb2.KvChunk, segment: Segment, i
     segment.count_consumed(index + 1)
 
 
+class Mapped:
+    """What one transfer mapped of the source's offers: its pool or its ring segment
+    (at most one), or why neither."""
+
+    def __init__(self) -> None:
+        self.source_pool: SourcePool | None = None
+        self.segment: Segment | None = None
+        self.refusal = ""
+
+    def attach(self, pool_offer: str | None, ring_offer: str | None) -> None:
+        refusals = []
+        if pool_offer is not None:
+            try:
+                self.source_pool = SourcePool.attach(pool_offer)
+                return
+            except (OSError, ValueError) as exc:
+                refusals.append(f"the destination could not map the source's pool: {exc}")
+        if ring_offer is not None:
+            try:
+                self.segment = Segment.attach(*parse_offer(ring_offer))
+                return
+            except (OSError, ValueError) as exc:
+                refusals.append(f"the destination could not map it: {exc}")
+        self.refusal = "; ".join(refusals)
+
+    def close(self) -> None:
+        for held in (self.source_pool, self.segment):
+            if held is not None:
+                held.close()
+
+
 class KvReceiver:
     def __init__(self, shm: bool = True) -> None:
         self.shm = shm
         # Transfers in progress: while any is, the servicer runs no step on the event
         # loop, which would hold each chunk for a whole step (servicer.runs_inline).
         self.active = 0
-        # Chunks written from shared memory since start (tests: the path the bytes took).
-        self.shm_chunks = 0
+        # Chunks written from shared memory since start (tests: the path the bytes took):
+        # from a ring segment, from the source's pool.
+        self.shm_chunks = self.pool_chunks = 0
         # Each transfer's blocks against those the steps take (landing.py).
         self.landings = Landings()
 
@@ -86,43 +127,40 @@ class KvReceiver:
         self, pool: KVPool, chunks: AsyncIterator[worker_pb2.KvChunk], context
     ) -> worker_pb2.ReceiveKvReply:
         self.active += 1
-        segment = None
+        mapped = Mapped()
         try:
-            segment, refusal = await self._answer_offer(pool, context)
-            return await self._receive(pool, chunks, context, segment, refusal)
+            await self._answer_offer(pool, context, mapped)
+            return await self._receive(pool, chunks, context, mapped)
         finally:
             self.active -= 1
-            if segment is not None:
-                segment.close()
+            mapped.close()
 
-    async def _answer_offer(self, pool: KVPool, context) -> tuple[Segment | None, str]:
-        """The source's shared-memory offer mapped and answered: the segment, or None and
-        why not (for a chunk that names one anyway)."""
-        offer = dict(context.invocation_metadata() or ()).get(HANDSHAKE_KEY)
-        if offer is None:
-            return None, "the source offered no shared memory"
-        segment, refusal = None, ""
+    async def _answer_offer(self, pool: KVPool, context, mapped: Mapped) -> None:
+        """The source's shared-memory offers mapped (its pool first, else its ring) and
+        answered; mapped.refusal says why not (for a chunk that names one anyway)."""
+        metadata = dict(context.invocation_metadata() or ())
+        ring_offer, pool_offer = metadata.get(HANDSHAKE_KEY), metadata.get(POOL_OFFER_KEY)
+        if ring_offer is None and pool_offer is None:
+            mapped.refusal = "the source offered no shared memory"
+            return
         if not self.shm:
-            refusal = "shared memory is off on the destination (--no-kv-transfer-shm)"
+            mapped.refusal = "shared memory is off on the destination (--no-kv-transfer-shm)"
         elif not holds_memory(pool):
-            refusal = "the destination's pool holds no memory"
+            mapped.refusal = "the destination's pool holds no memory"
         else:
-            try:
-                segment = Segment.attach(*parse_offer(offer))
-            except (OSError, ValueError) as exc:
-                refusal = f"the destination could not map it: {exc}"
-        await context.send_initial_metadata(
-            ((HANDSHAKE_KEY, ACCEPTED if segment else f"no: {refusal}"),)
-        )
-        return segment, refusal
+            mapped.attach(pool_offer, ring_offer)
+        if mapped.source_pool is not None:
+            answer = POOL_ACCEPTED
+        else:
+            answer = ACCEPTED if mapped.segment else f"no: {mapped.refusal}"
+        await context.send_initial_metadata(((HANDSHAKE_KEY, answer),))
 
     async def _receive(
         self,
         pool: KVPool,
         chunks: AsyncIterator[worker_pb2.KvChunk],
         context,
-        segment: Segment | None,
-        refusal: str,
+        mapped: Mapped,
     ) -> worker_pb2.ReceiveKvReply:
         started = time.perf_counter()
         transfer_id = None
@@ -140,12 +178,24 @@ class KvReceiver:
                         f"chunk of transfer {chunk.transfer_id} in transfer {transfer_id}"
                     )
                 blocks = tuple(chunk.destination_block_ids)
-                if not chunk.shm_name:
+                segment = mapped.segment
+                if chunk.source_block_ids:
+                    if mapped.source_pool is None:
+                        raise SegmentUnavailable(
+                            "a chunk naming the source's pool blocks, which this worker "
+                            f"has not mapped: {mapped.refusal or 'the source offered none'}"
+                        )
+                    copy = functools.partial(copy_chunk, pool, chunk, mapped.source_pool)
+                    await landing.land(blocks, copy)
+                    self.pool_chunks += 1
+                    received_bytes += sum(chunk.filled_slots) * slot_bytes(pool)
+                elif not chunk.shm_name:
                     await landing.land(blocks, functools.partial(write_chunk, pool, chunk))
                 elif segment is None or chunk.shm_name != segment.name:
                     raise SegmentUnavailable(
                         f"a chunk in shared-memory segment {chunk.shm_name!r}, which this "
-                        f"worker has not mapped: {refusal or 'the source offered another'}"
+                        "worker has not mapped: "
+                        f"{mapped.refusal or 'the source offered another'}"
                     )
                 else:
                     write = functools.partial(write_shm_chunk, pool, chunk, segment, chunks_seen)

@@ -8,12 +8,13 @@ answered), and a block it shares with other requests is a full prefix block, whi
 nobody writes. A step thus never waits for a send, nor a send for a step (it did, for a
 whole step at each end, when the copies took the lock).
 
-Where the bytes go, decided per transfer: into a shared-memory segment when the
-destination is on this host and says it can map it (shm.py: the handshake, the ring of
-chunk slots that bounds what is in memory), else into the messages themselves, where
-turning the copy into bytes and sending it happen on the same thread hop and gRPC's
-flow control paces the reads. --no-kv-transfer-shm sends bytes always; a segment this
-worker cannot make (/dev/shm missing or full) sends bytes too, logged once.
+Where the bytes go, decided per transfer by the handshake (offers.py): nowhere, where
+the destination is on this host and maps this worker's shared pool (pool_read.py: it
+copies the blocks itself, the chunks name them); into a shared-memory segment where it
+maps that (shm.py: the ring of chunk slots that bounds what is in memory); else into
+the messages themselves, where turning the copy into bytes and sending it happen on
+the same thread hop and gRPC's flow control paces the reads. --no-kv-transfer-shm
+sends bytes always.
 
 Worker-to-worker channels are plaintext, one per destination address, kept for the next
 transfer. A destination started with --tls-cert cannot be reached by them (the call fails
@@ -45,7 +46,9 @@ from worker_svc.kv_transfer.layout import (
     plan_chunks,
     pool_layout,
 )
-from worker_svc.kv_transfer.shm import ACCEPTED, HANDSHAKE_KEY, Ring, TransferEnded
+from worker_svc.kv_transfer.offers import Offers
+from worker_svc.kv_transfer.pool_read import POOL_CHUNK_TARGET_BYTES
+from worker_svc.kv_transfer.shm import Ring, TransferEnded
 
 log = structlog.get_logger("worker_svc.kv_transfer")
 
@@ -63,12 +66,6 @@ RECONNECT_OPTIONS = [
 # For fault tests only: each chunk waits this long before it goes, so that a test can kill
 # either end mid-transfer however fast the machine is (0, the default: no wait).
 CHUNK_PAUSE_S = float(os.environ.get("CBSERVE_KV_CHUNK_PAUSE_S", "0"))
-# The destination's answer to a shared-memory offer comes within this long, or the
-# transfer sends bytes (a destination too old to answer answers only at the end).
-HANDSHAKE_TIMEOUT_S = 5.0
-# A destination that declined shared memory (another host) is not offered it again
-# for this long: each offer costs a segment and a round trip.
-DECLINED_RETRY_S = 60.0
 
 
 class DestinationChannels:
@@ -147,13 +144,12 @@ class SendCounts:
 class KvSender:
     def __init__(self, shm: bool = True) -> None:
         self.channels = DestinationChannels()
-        self.shm = shm
+        self.offers = Offers(shm)
         # Sends in progress: while any is, the servicer runs no step on the event loop,
         # which would hold each chunk for a whole step (servicer.runs_inline).
         self.active = 0
+        # Transfers by path ("pool" once one goes that way).
         self.transfers_by_path: dict[str, int] = {"shm": 0, "grpc": 0}
-        self._declined: dict[str, float] = {}  # destination -> when it declined
-        self._shm_failed_logged = False
 
     async def send(
         self, pool: KVPool, request: worker_pb2.SendKvRequest, context
@@ -180,33 +176,35 @@ class KvSender:
         except TransferError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         sent = SendCounts()
-        ring = self._ring(pool, plans, request.destination)
+        offer = self.offers.make(pool, plans, request.destination)
         stub = self.channels.stub(request.destination)
-        call = stub.ReceiveKv(
-            timeout=context.time_remaining(), metadata=ring.offer() if ring else None
-        )
+        call = stub.ReceiveKv(timeout=context.time_remaining(), metadata=offer.metadata())
         try:
-            if ring is not None:
-                ended = ring.ended
+            if offer.ring is not None:
+                ended = offer.ring.ended
                 call.add_done_callback(lambda _call: ended.set())
-                if not await self._accepted(call, request.destination):
-                    ring.release()
-                    ring = None
-            sent.path = "shm" if ring else "grpc"
+            sent.path = await self.offers.path(call, request.destination, offer)
+            if sent.path == "pool":  # no bytes held anywhere: fewer, larger chunks
+                plans = plan_chunks(
+                    pool,
+                    list(request.source_block_ids),
+                    list(request.destination_block_ids),
+                    request.num_tokens,
+                    target_bytes=POOL_CHUNK_TARGET_BYTES,
+                )
             # The call may end early (InvalidStateError, TransferEnded): awaiting it
             # below raises its status.
             with contextlib.suppress(asyncio.InvalidStateError, TransferEnded):
-                await self._stream(call, pool, request, plans, ring, sent)
+                await self._stream(call, pool, request, plans, offer.ring, sent)
             await call
         except grpc.aio.AioRpcError as exc:
             await self._failed(request, exc, context)
         finally:
-            if ring is not None:
-                ring.release()
+            offer.release_ring()
             if not call.done():
                 call.cancel()
         seconds = time.perf_counter() - started
-        self.transfers_by_path[sent.path] += 1
+        self.transfers_by_path[sent.path] = self.transfers_by_path.get(sent.path, 0) + 1
         log.info(
             "kv_sent",
             transfer_id=request.transfer_id,
@@ -232,7 +230,10 @@ class KvSender:
                 destination_block_ids=plan.destination_block_ids,
                 filled_slots=plan.filled_slots,
             )
-            if filled is not None:
+            if sent.path == "pool":  # the destination copies them from this pool
+                chunk.source_block_ids[:] = plan.source_block_ids
+                nbytes = chunk_bytes(pool, plan)
+            elif filled is not None:
                 offset, nbytes = await filled.next()
                 chunk.shm_name, chunk.shm_offset, chunk.shm_bytes = ring.name, offset, nbytes
             else:
@@ -244,38 +245,6 @@ class KvSender:
             sent.bytes += nbytes
             sent.chunks += 1
         await call.done_writing()
-
-    def _ring(self, pool: KVPool, plans: list[ChunkPlan], destination: str) -> Ring | None:
-        """A segment to offer the destination, or None: bytes in the messages."""
-        if not self.shm or not holds_memory(pool):
-            return None
-        declined = self._declined.get(destination)
-        if declined is not None and time.monotonic() - declined < DECLINED_RETRY_S:
-            return None
-        try:
-            return Ring([chunk_bytes(pool, plan) for plan in plans])
-        except OSError as exc:
-            if not self._shm_failed_logged:
-                self._shm_failed_logged = True
-                log.warning("kv_shm_unavailable", error=str(exc), fallback="grpc bytes")
-            return None
-
-    async def _accepted(self, call, destination: str) -> bool:
-        """The destination's answer to the offer: True where it mapped the segment."""
-        try:
-            metadata = await asyncio.wait_for(call.initial_metadata(), HANDSHAKE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            metadata = None
-        answer = dict(metadata or ()).get(HANDSHAKE_KEY, "no answer")
-        if answer == ACCEPTED:
-            self._declined.pop(destination, None)
-            return True
-        if call.done():
-            return False  # it failed: its status says why, and it is no answer
-        if destination not in self._declined:
-            log.info("kv_shm_declined", destination=destination, answer=answer)
-        self._declined[destination] = time.monotonic()
-        return False
 
     @staticmethod
     async def _failed(request, exc: grpc.aio.AioRpcError, context) -> None:
