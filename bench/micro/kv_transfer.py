@@ -1,7 +1,8 @@
 """How fast KV moves between two workers on one host (issue 46): SendKv of a sequence's
-blocks from one worker process to another, through shared memory (the default on one
-host) and in the gRPC stream's messages (to a destination started with
---no-kv-transfer-shm), beside their references: the loopback gRPC stream measured bare
+blocks from one worker process to another, copied by the destination straight out of a
+source started with --kv-pool-shared (one copy), through the shared-memory ring (the
+default on one host: two copies), and in the gRPC stream's messages (to a destination
+started with --no-kv-transfer-shm), beside their references: the loopback gRPC stream measured bare
 (the same bytes in the same message sizes to a server that only counts them), and a
 plain memcpy of the same bytes (numpy, one buffer into another, both already faulted
 in). The KV moved is whatever the blocks hold: the bytes are the same.
@@ -118,11 +119,12 @@ def main() -> None:
         asyncio.run(serve_sink(args.sink))
         return
     blocks = -(-args.tokens // BLOCK_SIZE)
-    ports = [free_port() for _ in range(4)]
+    ports = [free_port() for _ in range(5)]
     procs = [
         start_worker(ports[0], args.dtype, blocks + 1),
         start_worker(ports[1], args.dtype, blocks + 1),
         start_worker(ports[2], args.dtype, blocks + 1, "--no-kv-transfer-shm"),
+        start_worker(ports[4], args.dtype, blocks + 1, "--kv-pool-shared"),
     ]
     sink = subprocess.Popen(
         [sys.executable, "-m", "bench.micro.kv_transfer", "--sink", str(ports[3])]
@@ -130,17 +132,24 @@ def main() -> None:
     try:
         ready = [wait_ready(proc) for proc in procs]
         print(ready[0])
-        stub = worker_pb2_grpc.WorkerStub(grpc.insecure_channel(f"127.0.0.1:{ports[0]}"))
+        stubs = {
+            port: worker_pb2_grpc.WorkerStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+            for port in (ports[0], ports[4])
+        }
         ids = list(range(blocks))
         measured = {}
-        for path, port in (("shared memory", ports[1]), ("gRPC bytes", ports[2])):
+        for path, source, port in (
+            ("shared pool", ports[4], ports[1]),
+            ("shm ring", ports[0], ports[1]),
+            ("gRPC bytes", ports[0], ports[2]),
+        ):
             request = pb.SendKvRequest(
                 destination=f"127.0.0.1:{port}",
                 source_block_ids=ids,
                 destination_block_ids=ids,
                 num_tokens=args.tokens,
             )
-            measured[path] = timed_sends(stub, request, args.runs)
+            measured[path] = timed_sends(stubs[source], request, args.runs)
         sent = measured["gRPC bytes"][1]
         bare = statistics.median(
             asyncio.run(stream_seconds(ports[3], sent.bytes_sent)) for _ in range(args.runs)
@@ -154,7 +163,8 @@ def main() -> None:
         for path, (seconds, reply) in measured.items():
             print(
                 f"  {path:14s} {seconds * 1000:7.1f} ms = {mib / seconds:6.0f} MiB/s "
-                f"(the source's own count: {reply.seconds * 1000:.1f} ms); "
+                f"(the source's own count: {reply.seconds * 1000:.1f} ms, "
+                f"{reply.num_chunks} chunks); "
                 f"{bare / seconds:.0%} of the bare stream, {memcpy / seconds:.0%} of memcpy"
             )
         print(f"  {'bare gRPC':14s} {bare * 1000:7.1f} ms = {mib / bare:6.0f} MiB/s")
