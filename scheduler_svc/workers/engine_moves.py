@@ -123,6 +123,9 @@ class EngineMoves:
         scheduler = self.scheduler
         request = scheduler.requests.get(request_id) if scheduler is not None else None
         if request is None or request.status is not RequestStatus.RUNNING:
+            # Parked by park_now and finished since (its last token in the plan in flight,
+            # or its client gone): nothing to move, and nothing to keep listed.
+            self._parked.pop(request_id, None)
             return None
         # Parked already by park_now (its move's caller), or parked here now.
         if self._parked.get(request_id) is not request and not self.park_now(request_id):

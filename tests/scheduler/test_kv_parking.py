@@ -152,3 +152,22 @@ def test_a_request_with_a_lora_adapter_moves_and_runs_once_its_adapter_is_loaded
     assert destination.token_ids(request.request_id) == WORDS[:12]
     assert destination.block_manager.num_used_blocks == 0
     assert source.block_manager.num_used_blocks == 0
+
+
+def test_a_request_parked_for_a_move_that_finishes_first_is_not_kept_listed():
+    import asyncio
+
+    from scheduler_svc.workers.engine import WorkerEngine
+
+    a = Harness(async_scheduling=True)
+    request = a.add(make_request(prompt=unique_prompt(5), max_tokens=3), tokens=WORDS)
+    while request.num_output_tokens < 2:
+        a.step()
+    engine = WorkerEngine("w", a.scheduler.config, tokenizer=None)
+    engine.scheduler = a.scheduler
+    assert engine.park_now(request.request_id)
+    a.run()  # the plan in flight gives its last token
+    assert request.status is RequestStatus.FINISHED
+    assert asyncio.run(engine.detach(request.request_id)) is None
+    # Not listed as parked any more: a later move of the same id finds nothing.
+    assert engine.parked_for_move(request.request_id) is None
