@@ -50,7 +50,7 @@ from scheduler_svc.core.request import Request, RequestError, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
 
 if TYPE_CHECKING:
-    from scheduler_svc.core.rebalance import VictimMover
+    from scheduler_svc.core.victim_mover import VictimMover
 
 # Whether a waiting request may join this step besides its blocks (LoRA adapters).
 Gate = Callable[[Request], bool]

@@ -4,9 +4,9 @@ the schedulers' parts; the move itself is workers/rebalance.py's and kv_moves.py
 
 Where: AdmissionQueue.make_room, when a running request needs a block and none is
 free. Instead of preempting the victim it picked (the worst preemptible request,
-maybe the requester itself), it offers it to its `mover` (a VictimMover); one taken
-is parked there and then (core/parking.py): it leaves the running queue, so it
-takes no block any more, which is all preemption was for. Its blocks come back once
+maybe the requester itself), it offers it to its `mover` (a VictimMover,
+victim_mover.py); one taken is parked there and then (core/parking.py): it leaves the
+running queue, so it takes no block any more, which is all preemption was for. Its blocks come back once
 its KV has moved (or its move gave up: then it is recomputed, as preemption would
 have), so while a move off this worker is under way a request that needs a block
 waits a step or two for them instead of preempting another.
@@ -28,25 +28,12 @@ off one worker.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from scheduler_svc.core.request import Request
 
-if TYPE_CHECKING:  # annotations only: scheduler.py reaches this module through admission.py
+if TYPE_CHECKING:
     from scheduler_svc.core.scheduler import Scheduler
-
-
-class VictimMover(Protocol):
-    """What AdmissionQueue.make_room asks before it preempts (workers/rebalance.py)."""
-
-    def moving(self) -> bool:
-        """Whether a request is being moved off this worker: its blocks come back soon."""
-        ...
-
-    def offer(self, request: Request) -> bool:
-        """Takes the would-be victim to move it elsewhere (it is parked on return);
-        False: preempt it as usual."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from scheduler_svc.workers.kv_moves import KvMoves, MoveOutcome, MoveResult
 
 if TYPE_CHECKING:
     from scheduler_svc.workers.engine import WorkerEngine
-    from scheduler_svc.workers.pool import WorkerPool
+    from scheduler_svc.workers.pool_view import PoolView
 
 log = structlog.get_logger("scheduler.drain")
 
@@ -66,7 +66,7 @@ class DrainCounts:
 _background: set[asyncio.Task] = set()
 
 
-def drain_in_background(engine: WorkerEngine, pool: WorkerPool) -> None:
+def drain_in_background(engine: WorkerEngine, pool: PoolView) -> None:
     """A worker shutting down (shutdown_watch.py): drained now, beside everything else."""
     destinations, moves = pool.placeable_engines, pool.kv_moves
     if not [other for other in destinations() if other is not engine]:

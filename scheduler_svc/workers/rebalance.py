@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from scheduler_svc.kv_metrics import KvTransferMetrics
     from scheduler_svc.workers.engine import WorkerEngine
     from scheduler_svc.workers.kv_moves import KvMoves
-    from scheduler_svc.workers.pool import WorkerPool
+    from scheduler_svc.workers.pool_view import PoolView
 
 log = structlog.get_logger("scheduler.rebalance")
 
@@ -53,7 +53,7 @@ class MoveCounts:
             self._counts.popitem(last=False)
 
 
-def mover_for(engine: WorkerEngine, pool: WorkerPool) -> EngineMover | None:
+def mover_for(engine: WorkerEngine, pool: PoolView) -> EngineMover | None:
     """The engine's mover in the pool: to the decode workers, with the pool's metrics;
     None with --no-kv-rebalance (the engine preempts)."""
     if not pool.config.kv_rebalance:
