@@ -3,7 +3,9 @@ as a scheduler would: KV prefilled on one worker and moved decodes on the other 
 would have on the first; a layout of another dtype, bad block ids, an unreachable or
 killed destination are refused with their statuses, and the source keeps serving. The
 workers share a host, so the bytes go through shared memory (kv_transfer/shm.py): no
-segment is left in /dev/shm when either end is killed mid-transfer."""
+segment is left in /dev/shm when either end is killed mid-transfer. A source started with
+--kv-pool-shared (q4_1_a) is copied from straight out of its pool (kv_transfer/
+pool_read.py), and one killed mid-transfer fails it as a segment's source does."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from cbserve.worker.v1 import worker_pb2 as pb
 from cbserve.worker.v1 import worker_pb2_grpc
 from tests.worker.test_worker_server import PlanFeed, start_worker, wait_ready
 from worker_svc.kv_transfer.layout import CHUNK_TARGET_BYTES
+from worker_svc.kv_transfer.pool_read import POOL_CHUNK_TARGET_BYTES
 from worker_svc.kv_transfer.shm import NAME_PREFIX, SHM_DIR
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
@@ -76,7 +79,10 @@ def workers():
     # q4_1 (a float16 pool) is what --dtype auto takes on the CPUs this runs on, when its
     # measurement is not disturbed; named here so that the pools' dtypes are known.
     paths = ("q4_1", "q4_1", "float32", "float32")
-    handles = start_workers(*[("--dtype", path) for path in paths])
+    shared = ("--kv-pool-shared",)  # q4_1_a: its pool copied from, not through a ring
+    handles = start_workers(
+        *[("--dtype", path, *(shared if i == 0 else ())) for i, path in enumerate(paths)]
+    )
     yield dict(zip(["q4_1_a", "q4_1_b", "float32_a", "float32_b"], handles, strict=True))
     for handle in handles:
         handle.stop()
@@ -132,7 +138,8 @@ def test_moved_kv_decodes_as_on_the_source(workers, prompt, path):
     element = {"float32": 4, "float16": 2, "bfloat16": 2}[a.kv_cache_dtype]
     slot_bytes = 30 * 2 * 3 * 64 * element  # layers, K/V, heads, head_dim
     assert reply.bytes_sent == n * slot_bytes and reply.seconds > 0
-    per_chunk = CHUNK_TARGET_BYTES // (BLOCK_SIZE * slot_bytes)  # 2 float32 blocks, 5 float16
+    target = POOL_CHUNK_TARGET_BYTES if path == "q4_1" else CHUNK_TARGET_BYTES
+    per_chunk = target // (BLOCK_SIZE * slot_bytes)  # 2 float32 blocks in a ring's chunk
     assert reply.num_chunks == -(-moved // per_chunk)
     on_source = decode(a, 1, STEPS_AFTER)
 
@@ -258,3 +265,31 @@ def test_a_source_killed_mid_transfer_leaves_no_segment(workers, monkeypatch):
     # The destination serves on: a transfer into the same blocks goes through.
     source = workers["float32_a"]
     assert send_kv(source, destination.address, ids, ids, 40 * 16).num_chunks == 20
+
+
+def test_a_shared_pool_source_killed_mid_transfer_fails_it(workers, monkeypatch):
+    destination = workers["float32_b"]
+    monkeypatch.setenv("CBSERVE_KV_CHUNK_PAUSE_S", "1.0")  # before its one chunk
+    (doomed,) = start_workers(("--dtype", "float32", "--kv-pool-shared"))
+    try:
+        ids = list(range(NUM_BLOCKS - 40, NUM_BLOCKS))
+        with ThreadPoolExecutor(1) as pool:
+            transfer = pool.submit(send_kv, doomed, destination.address, ids, ids, 40 * 16)
+            time.sleep(0.6)
+            # The destination has the source's pool mapped, and no ring was needed for it.
+            with open(f"/proc/{destination.proc.pid}/maps") as maps:
+                assert "memfd:cbserve-kv-pool" in maps.read()
+            doomed.proc.kill()
+            with pytest.raises(grpc.RpcError):
+                transfer.result(timeout=60)
+        doomed.proc.wait(timeout=30)
+    finally:
+        doomed.proc.kill()
+        doomed.proc.wait(timeout=30)
+        doomed.feed.close()
+        doomed.channel.close()
+    time.sleep(0.5)  # the destination sees the stream cut and unmaps the dead pool
+    with open(f"/proc/{destination.proc.pid}/maps") as maps:
+        assert "memfd:cbserve-kv-pool" not in maps.read()
+    # The destination serves on: a transfer into the same blocks goes through.
+    assert send_kv(workers["float32_a"], destination.address, ids, ids, 40 * 16).num_chunks == 20
