@@ -187,16 +187,9 @@ class WorkerConfig:
         "be closed by its scheduler before the worker ends it and exits",
     )
     log_level: str = flag("info", help="debug, info, warning, error")
-    kv_transfer_shm: bool = flag(
-        True, help="KV moved to a worker on this host goes through shared memory (kv_transfer/)"
-    )
-    # Opt-in: a shared pool gets no 2 MiB pages where shmem THP is off, the usual
-    # default (worker_svc/shared_kv_memory.py, bench/micro/shared_pool_ab.py).
-    kv_pool_shared: bool = flag(
-        False,
-        help="the CPU KV pool in shared memory, so that a worker on this host copies moved "
-        "KV straight out of it (one copy; needs --kv-transfer-shm)",
-    )
+    kv_transfer_shm: bool = flag(True, help="KV moving to a worker on this host uses shared memory")
+    # Opt-in: shmem has 4 KiB pages where THP's shmem_enabled is never (shared_kv_memory.py).
+    kv_pool_shared: bool = flag(False, help="the CPU KV pool in shared memory (one-copy KV moves)")
     # TLS on the worker's port, so that a port reachable on a network is not an open
     # door: the scheduler checks the worker's certificate (its --worker-tls-ca), and
     # with --tls-client-ca the worker checks the scheduler's (mutual TLS).
