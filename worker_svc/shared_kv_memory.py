@@ -89,9 +89,10 @@ class SharedPoolMemory:
 class MappedSourcePool:
     """The destination's side: another worker's pool memory, mapped read-only."""
 
-    def __init__(self, memory: mmap.mmap, nbytes: int) -> None:
+    def __init__(self, memory: mmap.mmap, nbytes: int, path: str, inode: tuple[int, int]):
         self.memory = memory
         self.nbytes = nbytes
+        self.path, self.inode = path, inode
 
     @classmethod
     def attach(cls, offer: str, proc: str = "/proc") -> MappedSourcePool:
@@ -102,15 +103,17 @@ class MappedSourcePool:
         nbytes_int, nonce_bytes = int(nbytes), bytes.fromhex(nonce)
         if nbytes_int <= 0 or len(nonce_bytes) != NONCE_BYTES:
             raise ValueError(f"not a KV pool offer: {offer!r}")
-        opened = os.open(f"{proc}/{int(pid)}/fd/{int(fd)}", os.O_RDONLY)
+        path = f"{proc}/{int(pid)}/fd/{int(fd)}"
+        opened = os.open(path, os.O_RDONLY)
         try:
-            size = os.fstat(opened).st_size
+            stat = os.fstat(opened)
+            size, inode = stat.st_size, (stat.st_dev, stat.st_ino)
             if size != nbytes_int + TRAILER_BYTES:
                 raise ValueError(f"the memory opened is {size} bytes, not the offered pool's")
             memory = mmap.mmap(opened, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
             os.close(opened)
-        mapped = cls(memory, nbytes_int)
+        mapped = cls(memory, nbytes_int, path, inode)
         if memory[nbytes_int : nbytes_int + NONCE_BYTES] != nonce_bytes:
             mapped.close()
             raise ValueError("the memory opened does not hold the nonce its source offered")
@@ -126,6 +129,15 @@ class MappedSourcePool:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return _as_tensor(self.memory, self.nbytes, shape, dtype)
+
+    def source_alive(self) -> bool:
+        """Whether the source still holds this memory at the offered /proc/PID/fd/FD: a
+        source that died (or a pid reused) does not."""
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return False
+        return (stat.st_dev, stat.st_ino) == self.inode
 
     def close(self) -> None:
         # BufferError: a view still lives (a copy that was cancelled); unmapped when it goes.

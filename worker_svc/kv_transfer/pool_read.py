@@ -19,11 +19,16 @@ destination while the source's blocks are freed and rewritten: what it copies la
 only in destination blocks the scheduler frees at once for recompute, and a step that
 takes any of them waits for that copy and abandons the transfer (landing.py).
 
-The mapping is the transfer's: made at the handshake and unmapped when ReceiveKv ends,
-so a source that died is not kept alive in memory by a destination that outlives it.
+A mapping is kept between transfers from the same source (SourcePools): mapping a pool
+anew costs its page faults on every copy and an unmap after, about as much as the copy
+itself. It is dropped once its source is gone, so that a destination does not keep a
+dead worker's pool in memory: checked at each transfer and every SWEEP_S while any is
+kept, and at once after a transfer that failed (its source may have died mid-way).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from worker_svc.kv_pool import KVPool
 from worker_svc.kv_transfer.layout import TransferError, check_chunk
@@ -37,6 +42,8 @@ POOL_ACCEPTED = "pool"
 # holds them, so a chunk is only a message and a thread hop per this many bytes; small
 # enough that a step taking blocks from a transfer given up waits little (landing.py).
 POOL_CHUNK_TARGET_BYTES = 16 * 1024 * 1024
+# How often the kept mappings are checked for a source that went.
+SWEEP_S = 5.0
 
 
 class SourcePool:
@@ -45,6 +52,8 @@ class SourcePool:
     def __init__(self, mapped: MappedSourcePool) -> None:
         self.mapped = mapped
         self._cache = None
+        self.users = 0  # transfers copying from it now
+        self.failed = False  # a transfer from it failed: not kept
 
     @classmethod
     def attach(cls, offer: str) -> SourcePool:
@@ -70,6 +79,47 @@ class SourcePool:
     def close(self) -> None:
         self._cache = None
         self.mapped.close()
+
+
+class SourcePools:
+    """The source pools this destination has mapped, kept between transfers (the event
+    loop's; closes on a thread)."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, SourcePool] = {}
+        self._sweep_timer: asyncio.TimerHandle | None = None
+
+    def open(self, offer: str) -> SourcePool:
+        """The offered pool, mapped or kept (OSError or ValueError: SourcePool.attach)."""
+        self.sweep()
+        source = self._pools.get(offer)
+        if source is None:
+            source = self._pools[offer] = SourcePool.attach(offer)
+        source.users += 1
+        if self._sweep_timer is None:
+            self._sweep_timer = asyncio.get_running_loop().call_later(SWEEP_S, self._swept)
+        return source
+
+    def done(self, source: SourcePool, failed: bool) -> None:
+        source.users -= 1
+        source.failed |= failed
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Unmaps the pools no transfer uses whose source is gone or failed one."""
+        for offer, source in list(self._pools.items()):
+            if not source.users and (source.failed or not source.mapped.source_alive()):
+                del self._pools[offer]
+                asyncio.get_running_loop().run_in_executor(None, source.close)
+
+    def _swept(self) -> None:
+        self._sweep_timer = None
+        self.sweep()
+        if self._pools:
+            self._sweep_timer = asyncio.get_running_loop().call_later(SWEEP_S, self._swept)
+
+    def __len__(self) -> int:
+        return len(self._pools)
 
 
 def copy_chunk(pool: KVPool, chunk, source: SourcePool) -> None:

@@ -50,6 +50,7 @@ from worker_svc.kv_transfer.pool_read import (
     POOL_ACCEPTED,
     POOL_OFFER_KEY,
     SourcePool,
+    SourcePools,
     copy_chunk,
 )
 from worker_svc.kv_transfer.shm import ACCEPTED, HANDSHAKE_KEY, Segment, parse_offer
@@ -84,16 +85,18 @@ class Mapped:
     """What one transfer mapped of the source's offers: its pool or its ring segment
     (at most one), or why neither."""
 
-    def __init__(self) -> None:
+    def __init__(self, source_pools: SourcePools) -> None:
+        self.source_pools = source_pools
         self.source_pool: SourcePool | None = None
         self.segment: Segment | None = None
         self.refusal = ""
+        self.failed = True  # until the transfer answers
 
     def attach(self, pool_offer: str | None, ring_offer: str | None) -> None:
         refusals = []
         if pool_offer is not None:
             try:
-                self.source_pool = SourcePool.attach(pool_offer)
+                self.source_pool = self.source_pools.open(pool_offer)
                 return
             except (OSError, ValueError) as exc:
                 refusals.append(f"the destination could not map the source's pool: {exc}")
@@ -106,9 +109,10 @@ class Mapped:
         self.refusal = "; ".join(refusals)
 
     def close(self) -> None:
-        for held in (self.source_pool, self.segment):
-            if held is not None:
-                held.close()
+        if self.source_pool is not None:
+            self.source_pools.done(self.source_pool, self.failed)
+        if self.segment is not None:
+            self.segment.close()
 
 
 class KvReceiver:
@@ -120,6 +124,8 @@ class KvReceiver:
         # Chunks written from shared memory since start (tests: the path the bytes took):
         # from a ring segment, from the source's pool.
         self.shm_chunks = self.pool_chunks = 0
+        # The source pools mapped, kept between transfers (pool_read.py).
+        self.source_pools = SourcePools()
         # Each transfer's blocks against those the steps take (landing.py).
         self.landings = Landings()
 
@@ -127,10 +133,12 @@ class KvReceiver:
         self, pool: KVPool, chunks: AsyncIterator[worker_pb2.KvChunk], context
     ) -> worker_pb2.ReceiveKvReply:
         self.active += 1
-        mapped = Mapped()
+        mapped = Mapped(self.source_pools)
         try:
             await self._answer_offer(pool, context, mapped)
-            return await self._receive(pool, chunks, context, mapped)
+            reply = await self._receive(pool, chunks, context, mapped)
+            mapped.failed = False
+            return reply
         finally:
             self.active -= 1
             mapped.close()

@@ -8,6 +8,7 @@ destination copied every chunk, so the source's blocks stay its own until then."
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 
@@ -150,3 +151,25 @@ def test_send_answers_only_after_every_chunk_was_copied(small_pool_chunks, monke
     assert max(copied_at) <= answered_at[0]
     _, got = moved(source, destination)
     assert torch.equal(got, expected)  # the source's values, not the zeros written after
+
+
+def pool_mappings() -> int:
+    gc.collect()  # earlier tests' pools and receivers, unmapped when collected
+    with open("/proc/self/maps") as maps:
+        return maps.read().count("memfd:cbserve-kv-pool")
+
+
+def test_a_mapping_is_kept_between_transfers_until_its_source_goes():
+    source = random_pool(torch.float16, shared=True)
+    destination = random_pool(torch.float16, shared=False)
+    before = pool_mappings()
+    services, _ = transfer(source, destination, times=3)
+    pools = services[1].receiver.source_pools
+    assert len(pools) == 1 and pool_mappings() == before + 1  # one mapping for the three
+    os.close(source.shared_memory.fd)  # as a source that died: /proc/PID/fd/FD is gone
+
+    async def sweep():
+        pools.sweep()
+
+    asyncio.run(sweep())  # its executor's closes done before it returns
+    assert len(pools) == 0 and pool_mappings() == before
