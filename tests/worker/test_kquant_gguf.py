@@ -146,8 +146,8 @@ def test_python_forward_equals_the_float_forward_of_the_dequantized_weights(mixe
 
 @pytest.mark.parametrize("variant", supported_variants())
 def test_native_step_runs_the_mixed_formats(mixed, variant):
-    """One row a decode: on the AVX-512 variant of a VNNI CPU the step's Q5_0 and Q4_K
-    rows take 16-bit activation blocks (qblock_kquants_small_vnni.c) where the Python
+    """One row a decode: on the AVX-512 variant of a VNNI CPU the step's Q5_0, Q4_K and
+    Q6_K rows take 16-bit activation blocks (qblock_kquants_small_vnni.c) where the Python
     forward's float tiles take float32 ones: then the VNNI kernel's bound holds (measured
     on Zen 4 with Q5_0 alone: 1.0e-4 of the largest logit, 3e-5 in norm), elsewhere
     float32's."""

@@ -103,7 +103,7 @@ def load_qblock_kernel() -> ctypes.CDLL:
 
 
 # The VNNI kernel's own objects: Q4_1 / Q8_0 / MXFP4 (qblock_vnni.c), the K-quants' and Q5_0's
-# panel packing (qblock_kquants_vnni.c) and Q5_0's and Q4_K's small-M tiles
+# panel packing (qblock_kquants_vnni.c) and Q5_0's, Q4_K's and Q6_K's small-M tiles
 # (qblock_kquants_small_vnni.c); linked with PARTS. With them, BF16 rows' vdpbf16ps
 # panels (qblock_bf16_panel.c, compute/qblock_bf16_panel.py), which the native step reads.
 VNNI_PARTS = tuple(

@@ -67,7 +67,7 @@ void kq_small_tile_avx512(int format, const uint8_t *w, int64_t row_bytes, int64
                           const float *x, int64_t m_count, int64_t k, float *y, int64_t ldy);
 
 /* The VNNI kernel's panel (qblock_vnni.h's qblock_vnni_panel) for these formats, in
- * qblock_kquants_vnni.c. Q5_0 and Q4_K at m <= KQ_SMALL_VNNI_M rows of x pack no panel:
+ * qblock_kquants_vnni.c. Q5_0, Q4_K and Q6_K at m <= KQ_SMALL_VNNI_M rows of x pack no panel:
  * their blocks are widened in registers (qblock_kquants_small_vnni.c; the native decode
  * step's small M). */
 enum { KQ_SMALL_VNNI_M = 8 };

@@ -56,7 +56,7 @@ struct thread_scratch {
     float *out_a, *out_b; /* [T, QBLOCK_PANEL_ROWS] each: a panel's outputs */
     float *scores;        /* group * longest context */
     int vnni;             /* this step's projections take the VNNI kernel */
-    int small_vnni;       /* below vnni_from_m: Q5_0 and Q4_K take their small VNNI tiles */
+    int small_vnni;       /* below vnni_from_m: Q5_0, Q4_K, Q6_K take small VNNI tiles */
     int64_t vnni_from_m;  /* rows from which a projection takes the VNNI kernel; 0: never */
     int bf16;             /* this step's BF16 rows take the bf16 panels (bf16_panel_rows) */
 };
@@ -104,7 +104,7 @@ static int bf16_panel_rows(const struct decode_batch *b, int64_t m)
     return b->bf16_from_m > 0 && m >= b->bf16_from_m && qblock_bf16_supported();
 }
 
-/* Whether Q5_0's and Q4_K's rows take the VNNI kernel's small tiles (16-bit activation
+/* Whether Q5_0's, Q4_K's and Q6_K's rows take the VNNI kernel's small tiles (16-bit activation
  * blocks) at this m: where the CPU has VNNI and m is below vnni_from_m, up to
  * KQ_SMALL_VNNI_M. */
 static int small_vnni_rows(const struct thread_scratch *ts, int64_t m)

@@ -202,7 +202,7 @@ int decode_step(const struct decode_model *m, const struct decode_batch *b)
     const int vnni_ok = b->vnni_from_m > 0 && qblock_vnni_supported();
     const int layers_vnni = vnni_ok && T >= b->vnni_from_m;
     const int head_vnni = vnni_ok && S >= b->vnni_from_m;
-    /* Below vnni_from_m, Q5_0's and Q4_K's rows take the VNNI kernel's small tiles
+    /* Below vnni_from_m, Q5_0's, Q4_K's and Q6_K's rows take the VNNI kernel's small tiles
      * (decode_panels.h): wherever the VNNI kernel may run (its 16-bit activations; off
      * with CBSERVE_QBLOCK_VNNI=0, which leaves vnni_from_m 0), and in the AVX-512 variant
      * only: the plain and AVX2 variants stay what they name. */
