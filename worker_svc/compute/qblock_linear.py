@@ -25,6 +25,7 @@ from worker_svc.compute.qblock import (
     quantize,
     vnni_matmul,
 )
+from worker_svc.compute.qblock_vnni8 import vnni8_matmul
 
 # Which kernel a projection takes by its number of rows M is measured per CPU class
 # (compute/measured.py, QBlockStrategy; bench/qblock_bench.py prints the figures):
@@ -124,6 +125,9 @@ class QBlockLinear(Projection):
             raise ValueError(f"{tuple(blocks.shape)} {blocks.dtype} are not {fmt.name} rows")
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.format = fmt
+        # 8-bit activation blocks where the VNNI kernel runs (qblock_vnni8.py): set by
+        # the loader for the kinds CBSERVE_QBLOCK_ACT8 names (models/qblock/build.py).
+        self.act8 = False
         # `flags`: the CPU's (default: this one's), for bf16 dot products.
         self.bf16_gemm_from_m = bf16_gemm_threshold(fmt, bf16_gemm_from_m, flags)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
@@ -142,7 +146,10 @@ class QBlockLinear(Projection):
         if self.bf16_gemm_from_m is not None and x.shape[0] >= self.bf16_gemm_from_m:
             out = bf16_matmul(x, self.blocks)
         elif self.vnni and x.shape[0] >= self.vnni_from_m:
-            out = vnni_matmul(x, self.blocks, self.format, self.in_features)
+            if self.act8:
+                out = vnni8_matmul(x, self.blocks, self.in_features)
+            else:
+                out = vnni_matmul(x, self.blocks, self.format, self.in_features)
         elif self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:
             out = dense_matmul(x, self.blocks, self.format, self.in_features)
         else:

@@ -29,6 +29,7 @@ from worker_svc.compute.block_arena import gather_block_weights
 from worker_svc.compute.qblock import FORMATS, KernelUnavailableError, load_qblock_kernel
 from worker_svc.compute.qblock_linear import QBlockLinear
 from worker_svc.compute.qblock_stack import qblock_projection
+from worker_svc.compute.qblock_vnni8 import act8_kinds, enable_act8
 from worker_svc.errors import ModelLoadError
 from worker_svc.models.checkpoint.tensors import CheckpointTensors
 from worker_svc.models.declaration import Architecture, DecoderSpec
@@ -85,7 +86,8 @@ def to_qblock(model, blocks: GgufBlocks | None, float_format: str = "Q8_0") -> N
     fmt = FORMATS[float_format]
     try:
         load_qblock_kernel()  # here, at load, not at the first step
-    except KernelUnavailableError as exc:
+        act8 = act8_kinds()
+    except (KernelUnavailableError, ValueError) as exc:
         raise ModelLoadError(f"--dtype q4_1: {exc}") from exc
     for index, layer in enumerate(model.layers):
         for name in layer_projections(layer):
@@ -96,6 +98,8 @@ def to_qblock(model, blocks: GgufBlocks | None, float_format: str = "Q8_0") -> N
                 weight = getattr(layer, name).weight.data
                 projection = QBlockLinear.from_float(weight, fmt, bias=bias)
             setattr(layer, name, projection)  # the float32 weight goes with the old module
+            if name.removesuffix("_proj") in act8:  # 8-bit activation blocks (qblock_vnni8.py)
+                enable_act8(projection)
         if layer.experts is not None:
             experts_to_qblock(layer.experts, blocks.layers[index] if blocks else None, fmt)
     # The head stays on the block kernel at every M (see qblock_linear.DENSE_FROM_M).

@@ -31,6 +31,7 @@ class BlockWeight(ctypes.Structure):
         ("run_end", _I64 * WEIGHT_RUNS),
         ("format", _I64 * WEIGHT_RUNS),
         ("blocks", _PTR * WEIGHT_RUNS),
+        ("act8", _I64),  # QBlockLinear.act8: 8-bit activation blocks where VNNI runs
     ]
 
     @classmethod
@@ -38,7 +39,7 @@ class BlockWeight(ctypes.Structure):
         runs = block_runs(projection)
         if len(runs) > WEIGHT_RUNS:
             raise ValueError(f"{len(runs)} runs of formats in one projection (at most 3)")
-        weight = cls(runs=len(runs))
+        weight = cls(runs=len(runs), act8=int(len(runs) == 1 and runs[0].act8))
         end = 0
         for i, run in enumerate(runs):
             end += run.out_features

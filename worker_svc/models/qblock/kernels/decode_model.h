@@ -22,6 +22,9 @@ struct block_weight {
     int64_t run_end[WEIGHT_RUNS];       /* the output row after run i's last */
     int64_t format[WEIGHT_RUNS];        /* QBLOCK_FORMAT_* */
     const uint8_t *blocks[WEIGHT_RUNS]; /* run i's rows of blocks */
+    /* 1: one Q4_1 run whose input takes 8-bit activation blocks where the VNNI kernel
+     * runs (qblock_vnni8.c; QBlockLinear.act8, compute/qblock_linear.py); else 0. */
+    int64_t act8;
 };
 
 /* A mixture layer's router and experts (models/forward/experts.py's ExpertMlp): each

@@ -1,6 +1,7 @@
 /* The native decode step's projections (decode_step.c): a thread's scratch, and its
  * share of a projection, one panel of QBLOCK_PANEL_ROWS output rows at a time, by the
- * block kernel (float activations), the VNNI kernel (16-bit activation blocks) or, for
+ * block kernel (float activations), the VNNI kernel (16-bit activation blocks; 8-bit for
+ * a weight with act8, qblock_vnni8.c) or, for
  * BF16 rows, the bf16 panels (bfloat16 activations, qblock_bf16_panel.c), with
  * the residual add or SwiGLU applied to the panel while it is in cache, and the adapter
  * rows' LoRA delta (decode_lora.h) added to the panel before either. */
@@ -14,6 +15,7 @@
 #include "../../../compute/kernels/qblock_gemm.h"
 #include "../../../compute/kernels/qblock_kquants.h"
 #include "../../../compute/kernels/qblock_vnni.h"
+#include "../../../compute/kernels/qblock_vnni8.h"
 #include "decode_lora.h"
 #include "decode_model.h"
 #include "decode_rows.h"
@@ -49,7 +51,8 @@ struct thread_scratch {
     float *panel;         /* the block kernel's buffer, QBLOCK_PANEL_ROWS * max K */
     int16_t *vnni_tmp;    /* the VNNI kernel's packed panel, 2 * 16 * max K int16 */
     float *vnni_scales;   /* and its scales, 2 * 16 * max K / 32 */
-    int16_t *qx;          /* [T, max K]: this thread's activation blocks (VNNI) */
+    int16_t *qx;          /* [T, max K]: this thread's activation blocks (VNNI; int8 for
+                           * a weight with act8) */
     float *dx, *sx;       /* [T, max K / 32] each */
     uint16_t *xb;         /* [T, max K]: the input in bfloat16 (bf16 panels) */
     float *normed;        /* [T, hidden]: this thread's copy of the normed rows */
@@ -129,11 +132,14 @@ static int has_bf16_run(const struct block_weight *w)
 }
 
 /* Before a projection's panels: its input's activation blocks, where a VNNI kernel
- * reads some of the weight's rows, and its bfloat16 copy where the bf16 panels do. */
+ * reads some of the weight's rows (8-bit ones for a weight with act8), and its bfloat16
+ * copy where the bf16 panels do. */
 static void prepare_input(const struct thread_scratch *ts, const struct block_weight *w,
                           const float *x, int64_t m, int64_t k)
 {
-    if (ts->vnni || (small_vnni_rows(ts, m) && has_small_vnni_run(w)))
+    if (ts->vnni && w->act8)
+        qblock_vnni8_quantize_rows(x, m, k, (int8_t *)ts->qx, ts->dx, ts->sx);
+    else if (ts->vnni || (small_vnni_rows(ts, m) && has_small_vnni_run(w)))
         qblock_vnni_quantize_rows(x, m, k, ts->qx, ts->dx, ts->sx);
     if (ts->bf16 && has_bf16_run(w))
         qblock_bf16_convert_rows(x, m, k, ts->xb);
@@ -146,8 +152,16 @@ static void prepare_input(const struct thread_scratch *ts, const struct block_we
  * step. */
 static void project(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
                     const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
-                    const struct thread_scratch *ts)
+                    const struct thread_scratch *ts, int act8)
 {
+    if (act8 && ts->vnni && format == QBLOCK_FORMAT_Q4_1) { /* prepare_input's int8 blocks */
+        for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS)
+            qblock_vnni8_panel(w, first + r,
+                               rows - r < QBLOCK_VNNI_PANEL_ROWS ? rows - r : QBLOCK_VNNI_PANEL_ROWS,
+                               k, (const int8_t *)ts->qx, ts->dx, ts->sx, m, y, ldy,
+                               (uint8_t *)ts->vnni_tmp, ts->vnni_scales);
+        return;
+    }
     const int vnni_reads = (format >= QBLOCK_FORMAT_Q4_1 && format <= QBLOCK_FORMAT_Q5_0) ||
                            format == QBLOCK_FORMAT_MXFP4;
     const int small = kq_small_vnni_reads(format) && small_vnni_rows(ts, m);
@@ -182,7 +196,7 @@ static void project_rows(int variant, const struct block_weight *w, int64_t lo, 
             continue;
         const int format = (int)w->format[run];
         project(variant, format, w->blocks[run] + (from - start) * qblock_row_bytes(format, k), 0,
-                to - from, x, m, k, y + (from - lo), ldy, ts);
+                to - from, x, m, k, y + (from - lo), ldy, ts, (int)w->act8);
     }
 }
 
