@@ -18,6 +18,8 @@ the shipped file with it.
 models/qblock/native.py): `--dtypes q4_1,q4_1-python` compares the two. `q4_1+kv16` is
 the q4_1 path over a float16 KV pool (--kv-cache-dtype float16; bench/micro/kv_suffix.py):
 `--dtypes q4_1,q4_1+kv16` compares the pools; `q4_1+kv16-python` combines both.
+`q4_1-act8=qkv/gate_up` is the q4_1 path with 8-bit activation blocks on those projection
+kinds (CBSERVE_QBLOCK_ACT8, compute/qblock_vnni8.py): `--dtypes q4_1,q4_1-act8=qkv/gate_up`.
 """
 
 from __future__ import annotations
@@ -76,19 +78,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.micro.step_
 
 def load_runner(name: str, blocks: int):
     """`name` is a dtype, then maybe a KV suffix (`+kv16`), then maybe `-python`: its
-    native decode step off, then maybe `@FILE`: the model file."""
+    native decode step off, then maybe `-act8=KINDS`: the projection kinds (joined by
+    `/`) that take 8-bit activation blocks (CBSERVE_QBLOCK_ACT8, compute/qblock_vnni8.py),
+    then maybe `@FILE`: the model file."""
     name, _, model = name.partition("@")
+    name, _, act8 = name.partition("-act8=")
     dtype, python_only = name.removesuffix("-python"), name.endswith("-python")
     dtype, kv_cache_dtype = split_kv_suffix(dtype)
-    saved = os.environ.get("CBSERVE_NATIVE_DECODE")
-    os.environ["CBSERVE_NATIVE_DECODE"] = "0" if python_only else (saved or "1")
+    env = {"CBSERVE_NATIVE_DECODE": "0" if python_only else None}
+    env["CBSERVE_QBLOCK_ACT8"] = act8.replace("/", ",")
+    saved = {key: os.environ.get(key) for key in env}
+    for key, value in env.items():
+        if value is not None:
+            os.environ[key] = value
     try:
         return make_runner(dtype, blocks, kv_cache_dtype=kv_cache_dtype, model=model or None)
     finally:
-        if saved is None:
-            del os.environ["CBSERVE_NATIVE_DECODE"]
-        else:
-            os.environ["CBSERVE_NATIVE_DECODE"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 if __name__ == "__main__":

@@ -102,3 +102,23 @@ def test_refuses_k_not_a_multiple_of_64():
     assert vnni8_reads(576) and not vnni8_reads(96)
     with pytest.raises(RuntimeError, match="-2"):
         vnni8_matmul(torch.randn(2, 96), quantize(torch.randn(16, 96), Q4_1), 96)
+
+
+def test_projection_takes_it_only_with_act8_and_from_vnni_from_m():
+    from worker_svc.compute.qblock import Q8_0, vnni_matmul
+    from worker_svc.compute.qblock_linear import VNNI_FROM_M, QBlockLinear
+    from worker_svc.compute.qblock_vnni8 import enable_act8
+
+    gen = torch.Generator().manual_seed(3)
+    layer = QBlockLinear(
+        quantize(torch.randn(48, 128, generator=gen), Q4_1), Q4_1, 128, vnni_from_m=VNNI_FROM_M
+    )
+    x = torch.randn(VNNI_FROM_M, 128, generator=gen)
+    assert torch.equal(layer(x), vnni_matmul(x, layer.blocks, Q4_1, 128))
+    assert enable_act8(layer)
+    assert torch.equal(layer(x), vnni8_matmul(x, layer.blocks, 128))
+    small = x[: VNNI_FROM_M - 1]  # below the threshold: float activations, as before
+    torch.testing.assert_close(small @ layer.dequantized().T, layer(small), rtol=1e-5, atol=1e-4)
+    head = QBlockLinear(quantize(torch.randn(16, 128), Q8_0), Q8_0, 128, vnni_from_m=VNNI_FROM_M)
+    odd = QBlockLinear(quantize(torch.randn(16, 96), Q4_1), Q4_1, 96, vnni_from_m=VNNI_FROM_M)
+    assert not enable_act8(head) and not enable_act8(odd)

@@ -1,8 +1,11 @@
 /* y[M, N] = x[M, K] @ W[N, K]^T for W in Q4_1 blocks, with 8-bit activation blocks and
  * AVX-512 VNNI's vpdpbusd (4 products a lane, twice vpdpwssd's): llama.cpp's q4_1 x q8_1
- * arithmetic, beside the 16-bit kernel (qblock_vnni.c), for the projections whose
- * inputs measured safe at 8 bits (bench/micro/act8_accuracy.py; not all of them are: the
- * qblock_vnni.c header says why).
+ * arithmetic, beside the 16-bit kernel (qblock_vnni.c), for the projection kinds
+ * CBSERVE_QBLOCK_ACT8 names (compute/qblock_vnni8.py; none by default). Why none: on
+ * SmolLM2-135M, 8-bit inputs to any one of qkv, gate_up, down or the head already turn
+ * the reply to "What is the capital of France?" from "The capital ..." to "L'Étoile, la
+ * Marseillaise," (float32's first token leads by 0.08 logits; 8-bit blocks move it
+ * 0.1-0.3), though perplexity stays within 0.3% (bench/micro/act8_accuracy.py).
  *
  * x is quantized per row in blocks of 32: dx = max|x| / 127, qx = round(x / dx) in int8,
  * sx = dx * sum(qx), all kept in float32 (llama.cpp rounds dx and sx to float16). A
