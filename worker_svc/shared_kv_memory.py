@@ -46,6 +46,11 @@ def _selected(path: Path) -> str:
     return text[text.find("[") + 1 : text.find("]")] if "[" in text else ""
 
 
+def shared_pool_available() -> bool:
+    """Whether this OS has memfd_create (Linux; not macOS, where the pool stays private)."""
+    return hasattr(os, "memfd_create")
+
+
 def shmem_huge_pages_allowed() -> bool:
     """Whether madvise(MADV_HUGEPAGE) on shmem gets 2 MiB pages on this kernel."""
     own = _selected(_THP / "hugepages-2048kB" / "shmem_enabled")

@@ -28,6 +28,7 @@ from worker_svc.model_loader import (
     resolve_device,
 )
 from worker_svc.model_runner import ModelRunner
+from worker_svc.shared_kv_memory import shared_pool_available
 from worker_svc.speculation.row_cost import measure_draft_row_cost
 from worker_svc.wait_policy import applied_policy
 from worker_svc.worker import Worker, pool_blocks
@@ -81,7 +82,7 @@ def build_worker(config: WorkerConfig) -> Worker:
         block_size=config.block_size,
         dtype=kv_dtype,
     )
-    shared = config.kv_pool_shared and config.kv_transfer_shm
+    shared = config.kv_pool_shared and config.kv_transfer_shm and shared_pool_available()
     pool = KVPool(spec, pool_blocks(config, spec), device, shared=shared)
     log.info(
         "worker_built",

@@ -2,10 +2,11 @@
 as a scheduler would: KV prefilled on one worker and moved decodes on the other as it
 would have on the first; a layout of another dtype, bad block ids, an unreachable or
 killed destination are refused with their statuses, and the source keeps serving. The
-workers share a host, so the bytes go through shared memory (kv_transfer/shm.py): no
-segment is left in /dev/shm when either end is killed mid-transfer. A source started with
---kv-pool-shared (q4_1_a) is copied from straight out of its pool (kv_transfer/
-pool_read.py), and one killed mid-transfer fails it as a segment's source does."""
+workers share a host, so the bytes go through shared memory. A source's pool is shared
+by default (the q4_1 workers here): it is copied from straight out of its pool
+(kv_transfer/pool_read.py), and one killed mid-transfer fails it. A source started with
+--no-kv-pool-shared (the float32 ones) goes through a ring (kv_transfer/shm.py): no
+segment is left in /dev/shm when either end is killed mid-transfer."""
 
 from __future__ import annotations
 
@@ -79,9 +80,11 @@ def workers():
     # q4_1 (a float16 pool) is what --dtype auto takes on the CPUs this runs on, when its
     # measurement is not disturbed; named here so that the pools' dtypes are known.
     paths = ("q4_1", "q4_1", "float32", "float32")
-    shared = ("--kv-pool-shared",)  # q4_1_a: its pool copied from, not through a ring
+    # The q4_1 pools are shared (the default: copied from straight out of the pool); the
+    # float32 ones private, so that their moves go through the ring and its chunks.
+    private = ("--no-kv-pool-shared",)
     handles = start_workers(
-        *[("--dtype", path, *(shared if i == 0 else ())) for i, path in enumerate(paths)]
+        *[("--dtype", path, *(private if i >= 2 else ())) for i, path in enumerate(paths)]
     )
     yield dict(zip(["q4_1_a", "q4_1_b", "float32_a", "float32_b"], handles, strict=True))
     for handle in handles:
@@ -242,7 +245,7 @@ def test_a_destination_killed_mid_transfer_fails_it_and_the_source_serves_on(wor
 def test_a_source_killed_mid_transfer_leaves_no_segment(workers, monkeypatch):
     destination = workers["float32_b"]
     monkeypatch.setenv("CBSERVE_KV_CHUNK_PAUSE_S", "0.1")  # 20 chunks: about 2 s
-    (doomed,) = start_workers(("--dtype", "float32"))
+    (doomed,) = start_workers(("--dtype", "float32", "--no-kv-pool-shared"))  # the ring
     try:
         ids = list(range(NUM_BLOCKS - 40, NUM_BLOCKS))
         with ThreadPoolExecutor(1) as pool:
