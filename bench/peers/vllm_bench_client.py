@@ -87,8 +87,12 @@ def vllm_result(args: argparse.Namespace, out: Path, log_dir: Path) -> dict:
     from bench.peers.vllm_peer import _started
 
     launch = launch_for(args, args.model, args.threads)
-    with _started(vllm_install.python_path(), launch, log_dir) as server:
+    # Started already: entering it as a context manager would start a second server.
+    server = _started(vllm_install.python_path(), launch, log_dir)
+    try:
         return run_client(args, server.url, out)
+    finally:
+        server.stop()
 
 
 def _cell(value: float | None) -> str:
