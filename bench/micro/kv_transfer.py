@@ -1,11 +1,12 @@
 """How fast KV moves between two workers on one host (issue 46): SendKv of a sequence's
-blocks from one worker process to another, copied by the destination straight out of a
-source started with --kv-pool-shared (one copy), through the shared-memory ring (the
-default on one host: two copies), and in the gRPC stream's messages (to a destination
-started with --no-kv-transfer-shm), beside their references: the loopback gRPC stream measured bare
-(the same bytes in the same message sizes to a server that only counts them), and a
-plain memcpy of the same bytes (numpy, one buffer into another, both already faulted
-in). The KV moved is whatever the blocks hold: the bytes are the same.
+blocks from one worker process to another, copied by the destination straight out of the
+source's shared pool (the default on one host: one copy), through the shared-memory ring
+(a source started with --no-kv-pool-shared: two copies), and in the gRPC stream's
+messages (to a destination started with --no-kv-transfer-shm), beside their references:
+the loopback gRPC stream measured bare (the same bytes in the same message sizes to a
+server that only counts them), and a plain memcpy of the same bytes (numpy, one buffer
+into another, both already faulted in). The KV moved is whatever the blocks hold: the
+bytes are the same.
 
     .venv/bin/python -m bench.micro.kv_transfer [--tokens 2000] [--dtype auto] [--runs 5]
 """
@@ -121,7 +122,9 @@ def main() -> None:
     blocks = -(-args.tokens // BLOCK_SIZE)
     ports = [free_port() for _ in range(5)]
     procs = [
-        start_worker(ports[0], args.dtype, blocks + 1),
+        # The ring's and the stream's source keeps its pool private (the default shares
+        # it, and a shared pool is copied from directly, never through the ring).
+        start_worker(ports[0], args.dtype, blocks + 1, "--no-kv-pool-shared"),
         start_worker(ports[1], args.dtype, blocks + 1),
         start_worker(ports[2], args.dtype, blocks + 1, "--no-kv-transfer-shm"),
         start_worker(ports[4], args.dtype, blocks + 1, "--kv-pool-shared"),

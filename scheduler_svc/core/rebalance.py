@@ -3,13 +3,13 @@ worker with room instead of preempting it. The rule is here, plain arithmetic ov
 the schedulers' parts; the move itself is workers/rebalance.py's and kv_moves.py's.
 
 Where: AdmissionQueue.make_room, when a running request needs a block and none is
-free. Instead of preempting the victim it picked (the worst preemptible request,
-maybe the requester itself), it offers it to its `mover` (a VictimMover,
-victim_mover.py); one taken is parked there and then (core/parking.py): it leaves the
-running queue, so it takes no block any more, which is all preemption was for. Its blocks come back once
-its KV has moved (or its move gave up: then it is recomputed, as preemption would
-have), so while a move off this worker is under way a request that needs a block
-waits a step or two for them instead of preempting another.
+free. Instead of preempting the victim it picked (the worst preemptible request, maybe
+the requester itself), it offers it to its `mover` (a VictimMover, victim_mover.py); one
+taken is parked there and then (core/parking.py): it leaves the running queue, so it
+takes no block any more, which is all preemption was for. Its blocks come back once its
+KV has moved (or its move gave up: then it is recomputed, as preemption would have), so
+while a move off this worker is under way a request that needs a block waits a step or
+two for them instead of preempting another.
 
 Move or recompute: preemption costs the victim's prefill over prompt + output again
 (and the blocks of every token it recomputes, on some worker, later); a move costs
