@@ -58,11 +58,15 @@ def shmem_huge_pages_allowed() -> bool:
     return chosen in _HUGE_ON_ADVICE
 
 
+def mapping_view(memory: mmap.mmap, nbytes: int, offset: int = 0) -> torch.Tensor:
+    """nbytes of a mapping from offset, as a uint8 tensor sharing its memory. Through
+    numpy, whose array holds the mapping's buffer: the mapping cannot be closed under a
+    live tensor (torch.frombuffer holds no such export)."""
+    return torch.from_numpy(np.frombuffer(memory, np.uint8, nbytes, offset))
+
+
 def _as_tensor(memory: mmap.mmap, nbytes: int, shape, dtype: torch.dtype) -> torch.Tensor:
-    # Through numpy, whose array holds the mapping's buffer: the mapping cannot be
-    # closed under a live tensor (torch.frombuffer holds no such export).
-    flat = torch.from_numpy(np.frombuffer(memory, np.uint8, nbytes))
-    return flat.view(dtype).view(shape)
+    return mapping_view(memory, nbytes).view(dtype).view(shape)
 
 
 class SharedPoolMemory:

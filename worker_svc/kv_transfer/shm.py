@@ -34,8 +34,9 @@ import struct
 import threading
 import time
 
-import numpy as np
 import torch
+
+from worker_svc.shared_kv_memory import mapping_view
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cbserve-kv-"
@@ -108,15 +109,14 @@ class Segment:
         return segment
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
-        """nbytes of the segment as a uint8 tensor sharing its memory. Through numpy, whose
-        array holds the mapping's buffer: close() cannot unmap it while the tensor lives
-        (torch.frombuffer holds no such export)."""
+        """nbytes of the segment as a uint8 tensor sharing its memory (close() cannot
+        unmap it while the tensor lives: shared_kv_memory.mapping_view)."""
         if offset < HEADER_BYTES or offset + nbytes > len(self.memory):
             raise ValueError(
                 f"bytes {offset}..{offset + nbytes} are outside segment {self.name}'s "
                 f"slots ({HEADER_BYTES}..{len(self.memory)})"
             )
-        return torch.from_numpy(np.frombuffer(self.memory, np.uint8, nbytes, offset))
+        return mapping_view(self.memory, nbytes, offset)
 
     @property
     def consumed(self) -> int:
