@@ -15,7 +15,6 @@ from cbserve.worker.v1 import worker_pb2
 from worker_svc.attention import select_backend
 from worker_svc.compute.cpu_features import cpu_flags, cpu_name
 from worker_svc.compute.model_shapes import read_projection_shapes
-from worker_svc.compute.qblock_prepacked import prepacked_model_bytes
 from worker_svc.compute.selection import select_path
 from worker_svc.compute.weight_source import read_weight_source
 from worker_svc.config import WorkerConfig
@@ -95,7 +94,6 @@ def build_worker(config: WorkerConfig) -> Worker:
         compiled=config.compile,
         native_decode=native_decode_status(loaded.model),
         weights_on_huge_pages=getattr(loaded.model, "block_weights_on_huge_pages", None),
-        vnni_prepacked_bytes=prepacked_model_bytes(loaded.model),  # CBSERVE_QBLOCK_PREPACK
         processor=processor,
         threads=torch.get_num_threads(),
         device=str(device),

@@ -116,13 +116,3 @@ def vnni_prepacked_matmul(
     if status != 0:
         raise RuntimeError(f"qblock_vnni_prepacked_gemm failed ({status})")
     return out
-
-
-def prepacked_model_bytes(model) -> int:
-    """The bytes of every prepacked panel and scale in `model` (the worker's start log)."""
-    if not isinstance(model, torch.nn.Module):
-        return 0
-    held = [
-        getattr(m, name, None) for m in model.modules() for name in ("vnni_panels", "vnni_scales")
-    ]
-    return sum(t.numel() * t.element_size() for t in held if isinstance(t, torch.Tensor))
