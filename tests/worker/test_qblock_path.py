@@ -62,13 +62,7 @@ def test_keeps_no_float32_projection_weight(q4_1_model):
     """The float32 tensors left are the embedding, the norms and the rotary tables: the
     projections and the head were never built in float32 (qblock.build._SkeletonState)."""
     model, shape = q4_1_model.model, q4_1_model.model.spec
-    # Not weights: the prepacked VNNI panels' scales, 2 floats a block of 32 (qblock_prepacked.py).
-    scales = {id(t) for name, t in model.named_buffers() if name.endswith("vnni_scales")}
-    floats = [
-        t
-        for t in (*model.parameters(), *model.buffers())
-        if t.is_floating_point() and id(t) not in scales
-    ]
+    floats = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()]
     assert not any(t.is_meta for t in floats)
     norms = (2 * shape.num_layers + 1) * shape.hidden_size
     rotary = 2 * shape.max_positions * shape.head_dim // 2
