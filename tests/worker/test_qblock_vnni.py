@@ -77,10 +77,6 @@ def test_projection_takes_it_from_vnni_from_m(monkeypatch):
     assert layer.vnni and head.vnni
     calls = []
     monkeypatch.setattr(qblock_linear, "vnni_matmul", lambda *a: calls.append(a) or a[0][:, :32])
-    # Q4_1's panels packed at load (qblock_prepacked.py) take the same kernel's other entry.
-    monkeypatch.setattr(
-        qblock_linear, "vnni_prepacked_matmul", lambda *a: calls.append(a) or a[0][:, :32]
-    )
     layer(torch.randn(VNNI_FROM_M - 1, 64))
     assert not calls
     layer(torch.randn(VNNI_FROM_M, 64))
