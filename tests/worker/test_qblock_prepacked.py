@@ -14,7 +14,6 @@ from worker_svc.compute.qblock_linear import QBlockLinear
 from worker_svc.compute.qblock_prepacked import (
     PREPACK_ENV,
     prepacked_bytes,
-    prepacks,
     vnni_prepack,
     vnni_prepacked_matmul,
 )
@@ -97,26 +96,20 @@ def test_native_step_with_and_without_prepacked_panels(q4_1):
     logit is zero."""
     model = q4_1.model
     runs = [run for p in model.modules() if isinstance(p, QBlockLinear) for run in block_runs(p)]
-    saved = [(run, run.vnni_panels, run.vnni_scales) for run in runs]
+    assert any(run.vnni_panels is not None for run in runs)
     state = prefill(q4_1)
     state = (state.pool.cache.clone(), state.sequences)
     seq_ids = list(range(len(CONTEXTS)))
     assert len(seq_ids) >= 16
     outputs = []
+    saved = [(run, run.vnni_panels, run.vnni_scales) for run in runs]
     try:
-        for run in runs:  # loaded with CBSERVE_QBLOCK_PREPACK=0: packed here, as at load
-            if run.vnni_panels is None and prepacks(run.format):
-                run.vnni_panels, run.vnni_scales = vnni_prepack(
-                    run.blocks, run.format, run.in_features
-                )
-        # Alive while the steps run: the structures hold their addresses only.
-        packed = [(run.vnni_panels, run.vnni_scales) for run in runs]
-        head = model.lm_head
-        head_panels, head_scales = head.vnni_panels, head.vnni_scales
         with on_path(model, VNNI) as packed_at_load:
-            for run in runs:
+            for run, _, _ in saved:
                 run.vnni_panels = run.vnni_scales = None
             with on_path(model, VNNI) as packed_per_call:
+                head = model.lm_head
+                _, head_panels, head_scales = next(entry for entry in saved if entry[0] is head)
                 head.vnni_panels, head.vnni_scales = torch.zeros_like(head_panels), head_scales
                 zeroed_head = type(packed_at_load)(model)
                 for native in (packed_at_load, packed_per_call, zeroed_head):
@@ -125,10 +118,9 @@ def test_native_step_with_and_without_prepacked_panels(q4_1):
                     with torch.inference_mode():
                         logits = native(ids, positions, context, torch.arange(len(seq_ids)))
                     outputs.append((logits, runner.pool.cache.clone()))
-    finally:  # as loaded
+    finally:
         for run, panels, scales in saved:
             run.vnni_panels, run.vnni_scales = panels, scales
-    del packed
     (logits_a, kv_a), (logits_b, kv_b), (logits_c, _) = outputs
     assert packed_at_load.vnni_from_m and len(seq_ids) >= packed_at_load.vnni_from_m
     assert torch.equal(logits_a, logits_b)
