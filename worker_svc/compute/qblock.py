@@ -110,7 +110,6 @@ VNNI_PARTS = tuple(
     (KERNELS / name, COMPILE_FLAGS)
     for name in (
         "qblock_vnni.c",
-        "qblock_vnni_prepacked.c",  # Q4_1 / Q8_0 / MXFP4 panels packed once, at load
         "qblock_vnni8.c",  # Q4_1 x 8-bit activation blocks (vpdpbusd)
         "qblock_kquants_vnni.c",
         "qblock_kquants_small_vnni.c",

@@ -25,12 +25,6 @@ from worker_svc.compute.qblock import (
     quantize,
     vnni_matmul,
 )
-from worker_svc.compute.qblock_prepacked import (
-    prepack_enabled,
-    prepacks,
-    vnni_prepack,
-    vnni_prepacked_matmul,
-)
 from worker_svc.compute.qblock_vnni8 import vnni8_matmul
 
 # Which kernel a projection takes by its number of rows M is measured per CPU class
@@ -46,10 +40,6 @@ from worker_svc.compute.qblock_vnni8 import vnni8_matmul
 # turns the VNNI kernel off. It reads Q4_1, Q8_0, the K-quants, Q5_0 and MXFP4 (BlockFormat.vnni;
 # K-quants: kernels/qblock_kquants_vnni.c, ~1.8x their float kernel at M = 64 on Zen 4);
 # a format without it takes the float block kernel or the dense chunks from any M.
-# Q4_1's, Q8_0's and MXFP4's VNNI panels are packed once here, at construction
-# (compute/qblock_prepacked.py: 2 bytes a weight and 8 a block beside the blocks), and
-# read by the VNNI calls and the native step; CBSERVE_QBLOCK_PREPACK=0 packs them at
-# every call instead, and `prepack=False` (a mixture's experts) too.
 # - from `bf16_gemm_from_m`, BF16 rows (a bfloat16 checkpoint on bfloat16-weights, a
 #   bf16 GGUF), on a CPU with bf16 dot products: torch's bfloat16 GEMM on the rows
 #   themselves (bf16_matmul), the activations rounded to bfloat16 as llama.cpp rounds
@@ -115,7 +105,6 @@ class QBlockLinear(Projection):
         bias: torch.Tensor | None = None,
         bf16_gemm_from_m: int | None = _HERE,
         flags: frozenset[str] | None = None,
-        prepack: bool = True,
     ):
         super().__init__()
         here = strategy_here()
@@ -139,11 +128,6 @@ class QBlockLinear(Projection):
         # 8-bit activation blocks where the VNNI kernel runs (qblock_vnni8.py): set by
         # the loader for the kinds CBSERVE_QBLOCK_ACT8 names (models/qblock/build.py).
         self.act8 = False
-        # The VNNI kernel's panels packed once (qblock_prepacked.py), or None: per call.
-        self.register_buffer("vnni_panels", None, persistent=False)
-        self.register_buffer("vnni_scales", None, persistent=False)
-        if self.vnni and prepack and prepacks(fmt) and prepack_enabled():
-            self.vnni_panels, self.vnni_scales = vnni_prepack(blocks, fmt, in_features)
         # `flags`: the CPU's (default: this one's), for bf16 dot products.
         self.bf16_gemm_from_m = bf16_gemm_threshold(fmt, bf16_gemm_from_m, flags)
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
@@ -164,10 +148,6 @@ class QBlockLinear(Projection):
         elif self.vnni and x.shape[0] >= self.vnni_from_m:
             if self.act8:
                 out = vnni8_matmul(x, self.blocks, self.in_features)
-            elif self.vnni_panels is not None:
-                out = vnni_prepacked_matmul(
-                    x, self.vnni_panels, self.vnni_scales, self.out_features, self.in_features
-                )
             else:
                 out = vnni_matmul(x, self.blocks, self.format, self.in_features)
         elif self.dense_from_m is not None and x.shape[0] >= self.dense_from_m:

@@ -13,8 +13,8 @@
  * are float32's to ~1e-5 and still twice float32's FMAs per instruction.
  *
  * Layout: output rows in panels of 16, one per 32-bit lane. A panel's nibbles are
- * widened to int16 and transposed (once per call, or once at load: qblock_vnni_prepacked.c)
- * so that 2 consecutive k of its 16 rows form one 64-byte vector; each row of x then broadcasts 2 of its int16 values against
+ * widened to int16 and transposed once per call so that 2 consecutive k of its 16 rows
+ * form one 64-byte vector; each row of x then broadcasts 2 of its int16 values against
  * it (vpdpwssd: 2 products a lane). The int32 sums are scaled to float once per block.
  * Rows of x go 8 at a time, so each weight vector is loaded once for 8 rows.
  */
@@ -113,15 +113,6 @@ VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_byt
     vnni_transpose_panel(tmp, k, wq);
 }
 
-/* pack_panel for qblock_vnni_prepack (qblock_vnni_prepacked.c): w at the panel's first
- * row, wd[2][K/32][16] (d, then m), tmp 16 * K int16. */
-VNNI_TARGET void qblock_vnni_pack_panel(int format, const uint8_t *w, int64_t rows, int64_t k,
-                                        int16_t *tmp, int16_t *wq, float *wd)
-{
-    pack_panel(format, w, qblock_row_bytes(format, k), rows, k, tmp, wq, wd,
-               wd + LANES * (k / QK));
-}
-
 /* The packers' transpose (qblock_vnni_transpose.h), exported for its test. */
 VNNI_TARGET void qblock_vnni_transpose_panel(const int16_t *tmp, int64_t k, int16_t *wq)
 {
@@ -182,20 +173,11 @@ VNNI_TARGET void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, 
         kq_vnni_panel(format, w, first, rows, k, qx, dx, sx, m, y, ldy, tmp, wd);
         return;
     }
+    const int64_t blocks = k / QK;
     const int64_t row_bytes = qblock_row_bytes(format, k);
     int16_t *wq = tmp + LANES * k;
-    pack_panel(format, w + first * row_bytes, row_bytes, rows, k, tmp, wq, wd,
-               wd + LANES * (k / QK));
-    qblock_vnni_packed_panel(wq, wd, first, rows, k, qx, dx, sx, m, y, ldy);
-}
-
-VNNI_TARGET void qblock_vnni_packed_panel(const int16_t *wq, const float *wd, int64_t first,
-                                          int64_t rows, int64_t k, const int16_t *qx,
-                                          const float *dx, const float *sx, int64_t m, float *y,
-                                          int64_t ldy)
-{
-    const int64_t blocks = k / QK;
-    const float *wm = wd + LANES * blocks;
+    float *wm = wd + LANES * blocks;
+    pack_panel(format, w + first * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
     int64_t i = 0;
     for (; i + ROWS <= m; i += ROWS)
         panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,
@@ -205,10 +187,7 @@ VNNI_TARGET void qblock_vnni_packed_panel(const int16_t *wq, const float *wd, in
                    y + i * ldy + first, ldy, rows, 1);
 }
 
-/* Panels packed here (panels NULL), or prepacked: panel p's wq at panels + p * 16 * k, its
- * wd and wm at scales + p * k (qblock_vnni_prepack's layout). */
-VNNI_TARGET static int gemm(int format, const uint8_t *w, const int16_t *panels,
-                            const float *scales, const float *x, float *y, int64_t m_count,
+VNNI_TARGET static int gemm(int format, const uint8_t *w, const float *x, float *y, int64_t m_count,
                             int64_t n, int64_t k, int threads)
 {
     const int64_t blocks = k / QK;
@@ -219,28 +198,25 @@ VNNI_TARGET static int gemm(int format, const uint8_t *w, const int16_t *panels,
         return -3;
     }
     int failed = 0;
-    const int64_t count = (n + LANES - 1) / LANES;
+    const int64_t panels = (n + LANES - 1) / LANES;
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m_count; i++)
             quantize_row(x + i * k, k, qx + i * k, dx + i * blocks, sx + i * blocks);
-        int16_t *tmp = panels ? NULL : aligned_alloc(64, sizeof(int16_t) * 2 * LANES * k);
-        float *wd = panels ? NULL : aligned_alloc(64, sizeof(float) * LANES * blocks * 2);
-        if (!panels && (!tmp || !wd)) {
+        int16_t *tmp = aligned_alloc(64, sizeof(int16_t) * 2 * LANES * k);
+        float *wd = aligned_alloc(64, sizeof(float) * LANES * blocks * 2);
+        if (!tmp || !wd) {
 #pragma omp atomic write
             failed = 1;
         }
         /* Dynamic: a thread that loses its core on a shared machine hands on its panels. */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t p = 0; p < count; p++) {
+        for (int64_t p = 0; p < panels; p++) {
+            if (!tmp || !wd)
+                continue;
             int64_t rows = n - p * LANES < LANES ? n - p * LANES : LANES;
-            if (panels)
-                qblock_vnni_packed_panel(panels + p * LANES * k, scales + p * k, p * LANES, rows,
-                                         k, qx, dx, sx, m_count, y, n);
-            else if (tmp && wd)
-                qblock_vnni_panel(format, w, p * LANES, rows, k, qx, dx, sx, m_count, y, n, tmp,
-                                  wd);
+            qblock_vnni_panel(format, w, p * LANES, rows, k, qx, dx, sx, m_count, y, n, tmp, wd);
         }
         free(tmp);
         free(wd);
@@ -257,24 +233,9 @@ int qblock_vnni_gemm(int format, const uint8_t *w, const float *x, float *y, int
     if (!qblock_vnni_supported())
         return -1;
     const int kquant = kq_is_kquant_format(format);
-    if ((!qblock_vnni_prepacks(format) && !kquant) ||
+    const int reads = format == FORMAT_Q4_1 || format == FORMAT_Q8_0 || format == FORMAT_MXFP4;
+    if ((!reads && !kquant) ||
         k % (kquant ? kq_group_weights(format) : QK) != 0)
         return -2;
-    return gemm(format, w, NULL, NULL, x, y, m_count, n, k, threads);
-}
-
-int qblock_vnni_prepacks(int format)
-{
-    return format == FORMAT_Q4_1 || format == FORMAT_Q8_0 || format == FORMAT_MXFP4;
-}
-
-/* Same returns; the panels are qblock_vnni_prepack's (qblock_vnni_prepacked.c). */
-int qblock_vnni_prepacked_gemm(const int16_t *panels, const float *scales, const float *x,
-                               float *y, int64_t m_count, int64_t n, int64_t k, int threads)
-{
-    if (!qblock_vnni_supported())
-        return -1;
-    if (k % QK != 0)
-        return -2;
-    return gemm(FORMAT_Q4_1, NULL, panels, scales, x, y, m_count, n, k, threads);
+    return gemm(format, w, x, y, m_count, n, k, threads);
 }

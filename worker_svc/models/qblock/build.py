@@ -120,20 +120,14 @@ def layer_projections(layer) -> tuple[str, ...]:
 def experts_to_qblock(experts, layer_blocks: dict | None, fmt) -> None:
     """In place: each expert's gate/up and down as blocks: the GGUF's own (its stacked
     `*_exps` tensors, one slice per expert) or `fmt` quantized at load; a shared
-    expert's too. The router and the shared expert's gate stay float32. The routed
-    experts keep no prepacked VNNI panels (qblock_prepacked.py): a mixture's experts are
-    most of its bytes, and their panels would more than triple them."""
+    expert's too. The router and the shared expert's gate stay float32."""
     for index in range(len(experts.gate_up_projs)):
         for projections, key in ((experts.gate_up_projs, "gate_up"), (experts.down_projs, "down")):
             bias = projections[index].bias
             if layer_blocks is not None:
-                projection = qblock_projection(
-                    layer_blocks[f"experts_{key}"][index], bias, prepack=False
-                )
+                projection = qblock_projection(layer_blocks[f"experts_{key}"][index], bias)
             else:
-                projection = QBlockLinear.from_float(
-                    projections[index].weight.data, fmt, bias=bias, prepack=False
-                )
+                projection = QBlockLinear.from_float(projections[index].weight.data, fmt, bias=bias)
             projections[index] = projection
     if experts.shared_projs is not None:  # the shared expert's gate/up and down
         for index, key in enumerate(("shared_gate_up", "shared_down")):

@@ -32,9 +32,6 @@ class BlockWeight(ctypes.Structure):
         ("format", _I64 * WEIGHT_RUNS),
         ("blocks", _PTR * WEIGHT_RUNS),
         ("act8", _I64),  # QBlockLinear.act8: 8-bit activation blocks where VNNI runs
-        # QBlockLinear.vnni_panels / vnni_scales (qblock_prepacked.py); 0: packed per call
-        ("vnni_panels", _PTR * WEIGHT_RUNS),
-        ("vnni_scales", _PTR * WEIGHT_RUNS),
     ]
 
     @classmethod
@@ -48,9 +45,6 @@ class BlockWeight(ctypes.Structure):
             end += run.out_features
             weight.run_end[i], weight.format[i] = end, run.format.code
             weight.blocks[i] = run.blocks.data_ptr()
-            if run.vnni_panels is not None:
-                weight.vnni_panels[i] = run.vnni_panels.data_ptr()
-                weight.vnni_scales[i] = run.vnni_scales.data_ptr()
         return weight
 
 

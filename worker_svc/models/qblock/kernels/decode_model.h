@@ -25,11 +25,6 @@ struct block_weight {
     /* 1: one Q4_1 run whose input takes 8-bit activation blocks where the VNNI kernel
      * runs (qblock_vnni8.c; QBlockLinear.act8, compute/qblock_linear.py); else 0. */
     int64_t act8;
-    /* Run i's VNNI panels packed at load (Q4_1, Q8_0, MXFP4; QBlockLinear.vnni_panels,
-     * compute/qblock_prepacked.py): panel p's int16 pairs at vnni_panels[i] + p * 16 * k,
-     * its scales at vnni_scales[i] + p * k. NULL: packed at every call. */
-    const int16_t *vnni_panels[WEIGHT_RUNS];
-    const float *vnni_scales[WEIGHT_RUNS];
 };
 
 /* A mixture layer's router and experts (models/forward/experts.py's ExpertMlp): each

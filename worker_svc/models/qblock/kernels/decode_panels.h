@@ -149,11 +149,10 @@ static void prepare_input(const struct thread_scratch *ts, const struct block_we
  * the kernel this step uses; with VNNI, x is what prepare_input was given. The VNNI
  * kernel reads Q4_1, Q8_0, the K-quants, Q5_0 and MXFP4 (BlockFormat.vnni, QBlockLinear's rule
  * too): a file's other formats have their panels on the float block kernel in the same
- * step. `panels` and `scales` (NULL: none): w's rows packed at load, the VNNI kernel's
- * panel by panel (decode_model.h's vnni_panels), which it then reads as they are. */
-static void project(int variant, int format, const uint8_t *w, const int16_t *panels,
-                    const float *scales, int64_t first, int64_t rows, const float *x, int64_t m,
-                    int64_t k, float *y, int64_t ldy, const struct thread_scratch *ts, int act8)
+ * step. */
+static void project(int variant, int format, const uint8_t *w, int64_t first, int64_t rows,
+                    const float *x, int64_t m, int64_t k, float *y, int64_t ldy,
+                    const struct thread_scratch *ts, int act8)
 {
     if (act8 && ts->vnni && format == QBLOCK_FORMAT_Q4_1) { /* prepare_input's int8 blocks */
         for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS)
@@ -177,15 +176,10 @@ static void project(int variant, int format, const uint8_t *w, const int16_t *pa
         qblock_panel(variant, format, w, first, rows, x, m, k, y, ldy, ts->panel);
         return;
     }
-    for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS) {
-        const int64_t n = rows - r < QBLOCK_VNNI_PANEL_ROWS ? rows - r : QBLOCK_VNNI_PANEL_ROWS;
-        if (panels && ts->vnni) /* panel r / 16 of the range, prepacked */
-            qblock_vnni_packed_panel(panels + r * k, scales + r / QBLOCK_VNNI_PANEL_ROWS * k,
-                                     first + r, n, k, ts->qx, ts->dx, ts->sx, m, y, ldy);
-        else
-            qblock_vnni_panel(format, w, first + r, n, k, ts->qx, ts->dx, ts->sx, m, y, ldy,
-                              ts->vnni_tmp, ts->vnni_scales);
-    }
+    for (int64_t r = 0; r < rows; r += QBLOCK_VNNI_PANEL_ROWS)
+        qblock_vnni_panel(format, w, first + r,
+                          rows - r < QBLOCK_VNNI_PANEL_ROWS ? rows - r : QBLOCK_VNNI_PANEL_ROWS,
+                          k, ts->qx, ts->dx, ts->sx, m, y, ldy, ts->vnni_tmp, ts->vnni_scales);
 }
 
 /* y[i * ldy + r] = x[i] . W[lo + r] for r < n: rows lo .. lo + n - 1 of a weight, each
@@ -201,13 +195,8 @@ static void project_rows(int variant, const struct block_weight *w, int64_t lo, 
         if (from >= to)
             continue;
         const int format = (int)w->format[run];
-        const int64_t at = from - start, panel = at / QBLOCK_VNNI_PANEL_ROWS;
-        /* The prepacked panels where the range starts on one; else packed here. */
-        const int packed = w->vnni_panels[run] && at % QBLOCK_VNNI_PANEL_ROWS == 0;
-        project(variant, format, w->blocks[run] + at * qblock_row_bytes(format, k),
-                packed ? w->vnni_panels[run] + panel * QBLOCK_VNNI_PANEL_ROWS * k : NULL,
-                packed ? w->vnni_scales[run] + panel * k : NULL, 0, to - from, x, m, k,
-                y + (from - lo), ldy, ts, (int)w->act8);
+        project(variant, format, w->blocks[run] + (from - start) * qblock_row_bytes(format, k), 0,
+                to - from, x, m, k, y + (from - lo), ldy, ts, (int)w->act8);
     }
 }
 
