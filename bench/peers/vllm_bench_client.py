@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ SHOWN = (
     ("median_tpot_ms", "median TPOT (ms)", False),
     ("p99_itl_ms", "P99 ITL (ms)", False),
     ("completed", "completed", True),
+    ("client_cpu_s", "client CPU (s)", False),
 )
 
 
@@ -65,12 +67,19 @@ def run_client(args: argparse.Namespace, base_url: str, out: Path) -> dict:
     env = vllm_server.server_env(launch_for(args, args.model, args.threads))
     # Its output to a file: vLLM's import of triton prints hundreds of lines at exit.
     log = out.with_suffix(".log")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "wb") as sink:
         done = subprocess.run(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"vllm bench serve exited with {done.returncode}:\n{tail}")
-    return json.loads(out.read_text())
+    result = json.loads(out.read_text())
+    # The client's own CPU: on a small machine it shares the cores with the server under
+    # test, so a server whose stream makes the client work harder pays for it twice.
+    spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    result["client_cpu_s"] = round(spent, 2)
+    return result
 
 
 def cbserve_result(args: argparse.Namespace, out: Path) -> dict:

@@ -9,6 +9,7 @@ OURS = {
     "median_tpot_ms": 110.0,
     "p99_itl_ms": 120.0,
     "completed": 128,
+    "client_cpu_s": 12.0,
 }
 PEER = {
     "output_throughput": 250.0,
@@ -16,6 +17,7 @@ PEER = {
     "median_tpot_ms": 100.0,
     "p99_itl_ms": 1200.0,
     "completed": 128,
+    "client_cpu_s": 10.0,
 }
 
 
@@ -34,6 +36,8 @@ def test_ratios_point_the_way_each_figure_improves():
     assert got["median TPOT (ms)"][2] == "1.10x higher"
     assert got["P99 ITL (ms)"][2] == "10.00x lower"
     assert got["completed"] == ["128.00", "128.00", ""]
+    # The client's CPU shares the cores with the server: more of it is worse.
+    assert got["client CPU (s)"] == ["12.00", "10.00", "1.20x higher"]
 
 
 def test_a_missing_side_leaves_its_column_empty():
