@@ -76,7 +76,7 @@ def run_client(args: argparse.Namespace, base_url: str, out: Path) -> dict:
         raise RuntimeError(f"vllm bench serve exited with {done.returncode}:\n{tail}")
     result = json.loads(out.read_text())
     # The client's own CPU: on a small machine it shares the cores with the server under
-    # test, so a server whose stream makes the client work harder pays for it twice.
+    # test, so what it spends is taken from the server's time.
     spent = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     result["client_cpu_s"] = round(spent, 2)
     return result
