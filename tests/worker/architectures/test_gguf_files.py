@@ -10,6 +10,8 @@ permuted, qwen/gemma not), Gemma's stored (1 + w) norms and Llama 3's rope_freqs
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,25 +29,36 @@ CONVERTED = (
     "qwen3",
     "gemma3",
     # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors.
-    # Mixtral's file ("llama" with an expert_count) runs in `make test-slow`, as Llama 3.
-    "qwen3_moe",
+    # gpt_oss's file is the mixture `make test` reads (its experts stacked as Qwen3-MoE's
+    # are; Qwen3's names are the dense qwen3 file's); Qwen3-MoE's and Mixtral's ("llama"
+    # with an expert_count) files run in `make test-slow`, as Llama 3's.
+    pytest.param("qwen3_moe", marks=pytest.mark.slow),
     pytest.param("mixtral", marks=pytest.mark.slow),
     "gpt_oss",  # gate and up de-interleaved, sinks, llama.cpp's window pattern, YaRN
 )
 
 
-@pytest.fixture(scope="module", params=CONVERTED)
-def files(request, checkpoints, tmp_path_factory):
+@pytest.fixture(scope="module")
+def converted(checkpoints, tmp_path_factory):
+    """convert(family, outtype), each file written once per module (a converter run is
+    seconds of CPU): the tokenizer test reads the qwen3 f32 file the forward tests read."""
     from bench.peers.converter import convert
 
-    name, out = request.param, tmp_path_factory.mktemp(f"gguf-{request.param}")
-    source = checkpoints[name]
-    return (
-        name,
-        source,
-        convert(source, out / "f32.gguf", "f32"),
-        convert(source, out / "q8_0.gguf", "q8_0"),
-    )
+    made: dict[tuple[str, str], Path] = {}
+
+    def once(name: str, outtype: str) -> Path:
+        if (name, outtype) not in made:
+            out = tmp_path_factory.mktemp(f"gguf-{name}-{outtype}") / f"{name}.gguf"
+            made[name, outtype] = convert(checkpoints[name], out, outtype)
+        return made[name, outtype]
+
+    return once
+
+
+@pytest.fixture(scope="module", params=CONVERTED)
+def files(request, checkpoints, converted):
+    name = request.param
+    return name, checkpoints[name], converted(name, "f32"), converted(name, "q8_0")
 
 
 def logits(loaded, ids) -> torch.Tensor:
@@ -86,16 +99,18 @@ def test_a_q8_0_file_runs_on_its_own_blocks(files):
     torch.testing.assert_close(logits(blocks, ids), logits(dequantized, ids), rtol=1e-3, atol=1e-3)
 
 
-def test_the_scheduler_reads_a_files_own_tokenizer_and_template(checkpoints, tmp_path, monkeypatch):
-    """No tokenizer files beside the GGUF: its metadata gives the same ids, template and
-    EOS as the original's files (made once, in a child process: the scheduler never
-    imports transformers or torch for it)."""
-    from bench.peers.converter import convert
+def test_the_scheduler_reads_a_files_own_tokenizer_and_template(
+    checkpoints, converted, tmp_path, monkeypatch
+):
+    """No tokenizer files beside the GGUF (each file is alone in its directory): its
+    metadata gives the same ids, template and EOS as the original's files (made once, in
+    a child process: the scheduler never imports transformers or torch for it)."""
     from scheduler_svc.api.gguf_tokenizer import CACHE_ENV
     from scheduler_svc.api.tokenizer import ChatTurn, Tokenizer
 
     source = checkpoints["qwen3"]
-    gguf = convert(source, tmp_path / "alone" / "qwen3.gguf", "f32")
+    gguf = converted("qwen3", "f32")
+    assert [path.name for path in gguf.parent.iterdir()] == [gguf.name]
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     from_file, original = Tokenizer(gguf), Tokenizer(source)
     text = "Hello, world! The quick brown fox, ünïcödé and 123."
