@@ -96,6 +96,9 @@ def alone(stack) -> list:
     return replies
 
 
+# make test-slow (11 s): the kill test below runs the same mix of adapters, more than
+# --max-loras, in one run and holds every reply to its run alone, with a worker killed.
+@pytest.mark.slow
 def test_more_adapters_than_max_loras_in_one_run_each_reply_as_alone(stack, alone):
     outcomes, _ = run_greedy(stack.address, _requests(), MAX_TOKENS, logprobs=LOGPROBS)
     for (prompt, name), got, expected in zip(PROMPTS, outcomes, alone, strict=True):
