@@ -29,11 +29,17 @@ from common.health_probe import check
 from tests.waiting import wait_until
 
 WORKER_ARGS = ["--dtype", "float32"]
+# The SIGTERM tests are about the processes' signals, not what a step computes: their
+# workers are null workers (no weights to load, a fixed step time; worker_svc/null),
+# served and signalled as a model's. The SIGKILL test keeps a model's worker, whose
+# state (KV blocks, sequences) must be dropped for the restarted scheduler.
+NULL_STEP_MS = 20
+NULL_WORKER_ARGS = ["--model-impl", "null", "--null-step-ms", str(NULL_STEP_MS)]
 # In flight when the signal comes and through the health and UNAVAILABLE checks
 # after it (a few RPCs: tens of milliseconds): 63 decode steps after the first token
-# cannot all be done first unless a step takes under about 1.5 ms. Short enough for
-# CPU tests (16 tokens, as before, are done in 0.1 s by a forward as fast as
-# llama.cpp's here, before the checks).
+# cannot all be done first unless a step takes under about 1.5 ms (a null worker's
+# take NULL_STEP_MS). Short enough for CPU tests (16 tokens, as before, are done in
+# 0.1 s by a forward as fast as llama.cpp's here, before the checks).
 LONG_TOKENS = 64
 # Generous: on a loaded CI machine a decode step can take seconds.
 EXIT_TIMEOUT_S = 60
@@ -87,7 +93,7 @@ def _unavailable(address: str) -> grpc.RpcError:
 
 
 def test_scheduler_sigterm_finishes_in_flight_and_refuses_new():
-    with LocalStack(worker_args=WORKER_ARGS, grace_period_s=GRACE_S) as stack:
+    with LocalStack(worker_args=NULL_WORKER_ARGS, grace_period_s=GRACE_S) as stack:
         streams = [StreamInThread(stack.address, **_long_request()) for _ in range(2)]
         for stream in streams:
             assert stream.started.wait(GRACE_S)
@@ -103,7 +109,7 @@ def test_scheduler_sigterm_finishes_in_flight_and_refuses_new():
 
 
 def test_scheduler_sigterm_ends_requests_past_grace_with_unavailable():
-    with LocalStack(worker_args=WORKER_ARGS, grace_period_s=1) as stack:
+    with LocalStack(worker_args=NULL_WORKER_ARGS, grace_period_s=1) as stack:
         stream = StreamInThread(stack.address, **_long_request(max_tokens=4000))
         assert stream.started.wait(GRACE_S)
         began = time.monotonic()
@@ -116,7 +122,7 @@ def test_scheduler_sigterm_ends_requests_past_grace_with_unavailable():
 
 
 def test_worker_sigterm_drains_and_exits_zero():
-    with LocalStack(worker_args=WORKER_ARGS, grace_period_s=2) as stack:
+    with LocalStack(worker_args=NULL_WORKER_ARGS, grace_period_s=2) as stack:
         worker = stack.workers[0]
         worker_address = f"{stack.host}:{stack.worker_ports[0]}"
         assert "SERVING" in _health(worker_address)
@@ -132,7 +138,7 @@ def test_worker_sigterm_without_scheduler_exits_at_once():
     worker = ChildProcess(
         "worker",
         [sys.executable, "-m", "worker_svc", "--host", "127.0.0.1", "--port", str(port)]
-        + WORKER_ARGS
+        + NULL_WORKER_ARGS
         + ["--grace-period", "60"],
     )
     try:
