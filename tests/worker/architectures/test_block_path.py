@@ -34,7 +34,19 @@ NATIVE = [name for name in ARCHITECTURES if name not in LACKING]
 CLOSE = {"rtol": 1e-3, "atol": 1e-3}
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
+# Mixtral's block path is Qwen3-MoE's (the same ExpertMlp, every variant below) but for
+# its declaration, which test_float_forward.py checks in `make test`: its cases here run
+# in `make test-slow`, as its serving test (tests/integration/test_architectures.py).
+SLOW = ("mixtral",)
+
+
+def _tiered(name: str, *values):
+    """A parameter set of `name`'s: in the slow tier where `name` is one of SLOW."""
+    marks = [pytest.mark.slow] if name in SLOW else []
+    return pytest.param(*values, marks=marks, id="-".join(values))
+
+
+@pytest.fixture(scope="module", params=[_tiered(name, name) for name in ARCHITECTURES])
 def blocks(request, checkpoints):
     return request.param, load_model(checkpoints[request.param], "q4_1", CPU)
 
@@ -120,7 +132,7 @@ def test_a_feature_the_step_lacks_is_refused_by_name(checkpoints):
 # they run on "auto" (this CPU's best), the time `make test` has.
 EVERY_VARIANT = ("gemma3", "qwen2", "qwen3_moe", "qwen2_moe", "gpt_oss")
 CASES = [(name, variant) for name in EVERY_VARIANT for variant in supported_variants()] + [
-    (name, "auto") for name in NATIVE if name not in EVERY_VARIANT
+    _tiered(name, name, "auto") for name in NATIVE if name not in EVERY_VARIANT
 ]
 
 

@@ -2,9 +2,11 @@
 `bf16`) from the random checkpoints, on the block path (`--dtype q4_1`): every
 projection and the head on the file's own F16 / BF16 rows (none requantized), equal bit
 for bit to gguf-py's dequantizer's values, the native step running every decode; its
-logits against the float forward on the same file's dequantized weights. Qwen3 (per-head
-norms) and Gemma 3 (every feature the step computes) in `make test`; Llama 3 (its q/k
-rows permuted) in `make test-slow`, as test_gguf_files.py runs it."""
+logits against the float forward on the same file's dequantized weights. Gemma 3's BF16
+file (every feature the step computes) in `make test`; Qwen3's F16 file (per-head norms)
+and Llama 3's (its q/k rows permuted) in `make test-slow`, as test_gguf_files.py runs
+Llama 3. The F16 rows' kernel and dequantizer are tested bit for bit in `make test`
+(tests/worker/test_qblock_float16.py), Qwen3's f32 and q8_0 files in test_gguf_files.py."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from worker_svc.model_loader import load_model
 pytestmark = [pytest.mark.model, pytest.mark.process]  # the converter is a subprocess
 
 CASES = [
-    ("qwen3", "f16"),
+    pytest.param(("qwen3", "f16"), marks=pytest.mark.slow),
     ("gemma3", "bf16"),
     pytest.param(("llama3", "f16"), marks=pytest.mark.slow),
 ]
