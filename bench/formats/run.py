@@ -5,8 +5,10 @@
 
 For each file (bench/peers/gguf_files.py makes the missing ones first with llama.cpp's
 own tools): cbserve beside llama-server on that file, `cbserve bench --model FILE.gguf
---baselines llamacpp`, at --num-prompts ShareGPT prompts at once and at one stream
-(one random 32-token prompt, --stream-tokens tokens); then `cbserve bench accuracy
+--baselines llamacpp` at --num-prompts ShareGPT prompts at once, and at one stream
+`python -m bench.formats.one_stream` (both servers up side by side, --stream-rounds
+alternated rounds of one random 32-token prompt and --stream-tokens tokens, the median
+of the rounds' ratios: one_stream.py says why); then `cbserve bench accuracy
 --model FILE.gguf`, our perplexity beside llama-perplexity's and our greedy replies
 beside float32's and llama-server's. Every run is a child process of its own, one after
 another (no two systems share the CPU), with its files in --out-dir/<file>/; the table
@@ -32,6 +34,7 @@ from bench.formats.table import (
     accuracy_from_report,
     markdown,
     speed_from_results,
+    speed_from_rounds,
 )
 from bench.peers.gguf_files import TABLE_FILES
 
@@ -63,6 +66,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
     made.add_argument("--threads", type=_positive, default=2, help="cbserve's and llama.cpp's")
     made.add_argument("--num-prompts", type=_positive, default=64, help="the at-once run")
     made.add_argument("--stream-tokens", type=_positive, default=128, help="the one-stream run")
+    made.add_argument(
+        "--stream-rounds", type=_positive, default=9, help="the one-stream run's rounds"
+    )
     made.add_argument("--texts", type=_positive, default=16, help="the accuracy run's")
     made.add_argument("--skip", choices=PARTS, action="append", default=[], help="leave a part out")
     made.add_argument("--out-dir", type=Path, default=Path("out/bench-formats"))
@@ -70,19 +76,21 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def speed_argvs(gguf: Path, args, out: Path) -> dict[str, list[str]]:
-    """The two `python -m bench` command lines of one file's speed: at once, one stream.
+    """The two command lines of one file's speed: at once, one stream.
     No vLLM column here: every row is a GGUF file, and vLLM 0.32 (the CPU build
     `--baselines vllm` measures) reads no GGUF at all (no `gguf` quantization method, no
     GGUF loader), so it does not apply; it is measured on HF directories by `cbserve bench
     --baselines vllm` (docs/benchmarks.md, "vLLM CPU as a peer")."""
     common = [sys.executable, "-m", "bench", "--model", str(gguf), "--baselines", "llamacpp"]
     common += ["--threads", str(args.threads), "--no-plots", "--no-progress"]
+    # One stream: both servers up side by side, alternated rounds (bench/formats/one_stream.py).
+    one_stream = [sys.executable, "-m", "bench.formats.one_stream", "--model", str(gguf)]
+    one_stream += ["--threads", str(args.threads), "--tokens", str(args.stream_tokens)]
+    one_stream += ["--rounds", str(args.stream_rounds)]
     return {
         "at_once": [*common, "--num-prompts", str(args.num_prompts)]
         + ["--out-dir", str(out / "at-once")],
-        "one_stream": [*common, "--dataset", "random", "--num-prompts", "1"]
-        + ["--random-input-len", "32", "--random-output-len", str(args.stream_tokens)]
-        + ["--out-dir", str(out / "one-stream")],
+        "one_stream": [*one_stream, "--json", str(out / "one-stream.json")],
     }
 
 
@@ -108,11 +116,17 @@ def measure_file(key: str, args) -> tuple[FormatRow, list[str]]:
     speeds, errors, accuracy = {}, [], None
     if "speed" not in args.skip:
         for name, argv in speed_argvs(gguf, args, out).items():
-            results = Path(argv[argv.index("--out-dir") + 1]) / "results.json"
+            rounds = "--json" in argv
+            results = (
+                Path(argv[argv.index("--json") + 1])
+                if rounds
+                else Path(argv[argv.index("--out-dir") + 1]) / "results.json"
+            )
             results.unlink(missing_ok=True)
             _run(argv)
             try:
-                speeds[name] = speed_from_results(json.loads(results.read_text()))
+                record = json.loads(results.read_text())
+                speeds[name] = speed_from_rounds(record) if rounds else speed_from_results(record)
             except (OSError, ValueError, KeyError) as error:
                 errors.append(f"{key} {name}: {error}")
     if "accuracy" not in args.skip:
@@ -153,7 +167,7 @@ def settings_line(args, started: str, command: str) -> str:
     if "speed" not in args.skip:
         parts.append(
             f"at once: {args.num_prompts} ShareGPT prompts; one stream: a 32-token prompt, "
-            f"{args.stream_tokens} tokens"
+            f"{args.stream_tokens} tokens, {args.stream_rounds} alternated rounds"
         )
     if "accuracy" not in args.skip:
         parts.append(f"accuracy: {args.texts} texts, 16 questions")

@@ -14,17 +14,22 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Speed:
-    """Output tok/s of cbserve and llama-server in one `cbserve bench` run."""
+    """Output tok/s of cbserve and llama-server in one `cbserve bench` run, or the
+    medians of alternated rounds (bench/formats/one_stream.py) with the median of the
+    rounds' ratios."""
 
     ours: float
     theirs: float
+    rounds: int = 0
+    median_ratio: float | None = None
 
     @property
     def ratio(self) -> float:
-        return self.ours / self.theirs
+        return self.median_ratio if self.median_ratio is not None else self.ours / self.theirs
 
     def cell(self) -> str:
-        return f"{self.ours:,.1f} vs {self.theirs:,.1f}: {self.ratio:.2f}x"
+        of_rounds = f" (median of {self.rounds} alternated rounds)" if self.rounds else ""
+        return f"{self.ours:,.1f} vs {self.theirs:,.1f}: {self.ratio:.2f}x{of_rounds}"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,17 @@ def speed_from_results(results: dict) -> Speed:
             f"results.json has no {', '.join(sorted(missing))} run; errors: {results['errors']}"
         )
     return Speed(by_system["cbserve"], by_system["llamacpp"])
+
+
+def speed_from_rounds(record: dict) -> Speed:
+    """The medians and the median ratio of a `bench.formats.one_stream --json` record."""
+    summary = record["summary"]
+    return Speed(
+        summary["cbserve_median"],
+        summary["llamacpp_median"],
+        summary["rounds"],
+        summary["median_ratio"],
+    )
 
 
 def accuracy_from_report(report: dict) -> FileAccuracy:

@@ -16,6 +16,7 @@ from bench.formats.table import (
     accuracy_from_report,
     markdown,
     speed_from_results,
+    speed_from_rounds,
 )
 
 
@@ -36,14 +37,16 @@ def test_both_systems_get_the_same_file_and_threads():
     runs = speed_argvs(gguf, args, out)
     at_once, stream = runs["at_once"], runs["one_stream"]
     assert at_once[:3] == [sys.executable, "-m", "bench"]
+    # One stream: both servers side by side in alternated rounds (bench/formats/one_stream.py).
+    assert stream[:3] == [sys.executable, "-m", "bench.formats.one_stream"]
     for argv in (at_once, stream):
         assert argv[argv.index("--model") + 1] == str(gguf)
-        assert argv[argv.index("--baselines") + 1] == "llamacpp"
         assert argv[argv.index("--threads") + 1] == "2"
+    assert at_once[at_once.index("--baselines") + 1] == "llamacpp"
     assert at_once[at_once.index("--num-prompts") + 1] == "4"
-    assert stream[stream.index("--num-prompts") + 1] == "1"
-    assert stream[stream.index("--random-output-len") + 1] == "8"
-    assert at_once[-1] == "/o/q8_0/at-once" and stream[-1] == "/o/q8_0/one-stream"
+    assert stream[stream.index("--tokens") + 1] == "8"
+    assert stream[stream.index("--rounds") + 1] == "9"
+    assert at_once[-1] == "/o/q8_0/at-once" and stream[-1] == "/o/q8_0/one-stream.json"
     accuracy = accuracy_argv(gguf, Path("/c/qwen3"), args, out)
     assert accuracy[3:6] == ["accuracy", "--model", str(gguf)]
     assert accuracy[accuracy.index("--reference") + 1] == "/c/qwen3"
@@ -80,6 +83,22 @@ def test_the_figures_are_read_from_the_runs_files():
     assert accuracy.path == "q4_1" and accuracy.llama_server_replies == 5
     with pytest.raises(ValueError, match="no file rows"):
         accuracy_from_report({"paths": {}})
+
+
+def test_the_one_stream_figure_is_the_median_ratio_of_its_rounds():
+    record = {
+        "rounds": [],
+        "summary": {
+            "rounds": 9,
+            "cbserve_median": 250.0,
+            "llamacpp_median": 360.0,
+            "median_ratio": 0.71,
+            "best_ratio": 0.68,
+        },
+    }
+    speed = speed_from_rounds(record)
+    assert speed.ratio == 0.71  # not 250 / 360
+    assert speed.cell() == "250.0 vs 360.0: 0.71x (median of 9 alternated rounds)"
 
 
 def test_the_table_names_the_cpu_and_puts_each_side_beside_the_other():
