@@ -177,6 +177,10 @@ def source_kill_stack():
     stop_stack(running)
 
 
+# make test-slow (27 s with its own stack): make test keeps the drain itself
+# (test_kv_drain.py) and the worker-level source-killed transfers
+# (tests/worker/kv_transfer/test_between_workers.py).
+@pytest.mark.slow
 def test_a_source_killed_mid_transfer_falls_back_to_recompute_and_loses_nothing(
     source_kill_stack,
 ):

@@ -135,6 +135,9 @@ async def _first_token(stream) -> tuple[list[int], asyncio.Task]:
     return tokens, task
 
 
+# make test-slow (16 s): priorities, preemption order and the bounded queue are checked
+# on the fake worker in make test (tests/scheduler/), and preemption here above.
+@pytest.mark.slow
 def test_priorities_preempt_and_order_and_the_queue_is_bounded(stack, limits_stack, tokenizer):
     low, middle, high = (
         tokenizer.encode(f"Tell me a long story about {topic}.")

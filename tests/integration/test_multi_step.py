@@ -108,5 +108,8 @@ def test_multi_step_streams_what_one_step_plans_stream(multi_step_stack, cases, 
     assert steps_taken(multi_step_stack) - steps_before < num_tokens / 2
 
 
+# make test-slow (10 s): make test keeps multi-step streams against one-step plans'
+# (above) and every way a multi-step case ends.
+@pytest.mark.slow
 def test_multi_step_batches_stream_what_one_step_plans_stream(multi_step_stack, cases, expected):
     assert all_at_once(multi_step_stack.address, cases) == expected

@@ -67,7 +67,9 @@ EDITS = [
     # q4_1: what --dtype auto runs on the development machine (a Zen 4), whose decodes,
     # drafts included, run in the native decode step (models/qblock/native.py);
     # float32: the Python forward the other fault and speculation tests run.
-    params=["q4_1", pytest.param("float32", marks=pytest.mark.slow)],
+    # Both in make test-slow (26 s for q4_1's stacks): make test kills a speculating
+    # worker mid-grammar (test_structured_faults.py, two_speculative_workers).
+    params=[pytest.param(p, marks=pytest.mark.slow) for p in ("q4_1", "float32")],
 )
 def worker_args(request) -> list[str]:
     return [*WORKER_ARGS, "--dtype", request.param]  # the last --dtype counts

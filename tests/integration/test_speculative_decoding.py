@@ -144,7 +144,11 @@ def test_a_json_schema_reply_validates_with_speculation_on(speculative_stack):
 # and 20 s of the suite, where the fake worker's tests (tests/scheduler/
 # test_scheduler_constrained_drafts.py) and the real model's step (tests/worker/
 # test_constrained_drafts.py) cover that path in make test.
-@pytest.mark.parametrize("masks", ["deferred", pytest.param("in the plan", marks=pytest.mark.slow)])
+# Both in make test-slow (17 s for deferred): make test validates constrained replies
+# on speculating workers in test_structured_faults.py (two_speculative_workers).
+@pytest.mark.parametrize(
+    "masks", [pytest.param(m, marks=pytest.mark.slow) for m in ("deferred", "in the plan")]
+)
 def test_greedy_constrained_replies_are_those_of_plain_decoding(
     request, stack, speculative_stack, masks
 ):

@@ -101,11 +101,9 @@ def two_speculative_workers():
     stop_stack(running)
 
 
-# With speculation in make test-slow (13 s): make test kills a worker mid-grammar here
-# without it, and mid-speculation in test_speculation_worker_kill.py.
-@pytest.mark.parametrize(
-    "workers", ["two_workers", pytest.param("two_speculative_workers", marks=pytest.mark.slow)]
-)
+# Both in make test: a worker killed mid-grammar, without and with speculation (the
+# plain mid-speculation kill, test_speculation_worker_kill.py, is in make test-slow).
+@pytest.mark.parametrize("workers", ["two_workers", "two_speculative_workers"])
 def test_constrained_replies_validate_after_a_worker_is_killed_mid_run(request, workers):
     stack = request.getfixturevalue(workers)
     lost_address = f"127.0.0.1:{stack.worker_ports[0]}"

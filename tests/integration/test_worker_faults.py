@@ -165,6 +165,9 @@ def one_worker():
         yield stack
 
 
+# make test-slow (15 s): make test keeps a new request waiting for a worker lost
+# moments ago (below) and a late-loading worker joining the pool (test_start_order.py).
+@pytest.mark.slow
 def test_requests_wait_for_a_worker_that_comes_back(one_worker):
     _wait_for_workers(one_worker, 1)
     reference = _reference(one_worker)

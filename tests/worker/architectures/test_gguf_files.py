@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.model, pytest.mark.process]  # the converter is a subp
 CONVERTED = (
     pytest.param("llama3", marks=pytest.mark.slow),
     "qwen3",
-    "gemma3",
+    # Gemma 3's file (its stored 1 + w norms) runs in `make test-slow` too; make test reads
+    # a Gemma GGUF in test_gguf_float16.py (gemma3-bf16).
+    pytest.param("gemma3", marks=pytest.mark.slow),
     # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors.
     # gpt_oss's file is the mixture `make test` reads (its experts stacked as Qwen3-MoE's
     # are; Qwen3's names are the dense qwen3 file's); Qwen3-MoE's and Mixtral's ("llama"

@@ -44,6 +44,9 @@ def test_float32_greedy_equals_peft_generate(loaded_model, peft_adapters, questi
     assert changed, f"{name} changed no reply: is the delta applied?"
 
 
+# make test-slow (18 s): make test mixes base rows and four adapters in one batch on
+# the native step (test_native_lora.py) and through a served stack (test_http_adapters.py).
+@pytest.mark.slow
 def test_a_mixed_batch_gives_each_row_what_it_gets_alone(loaded_model, peft_adapters, question_ids):
     """Base rows and three adapters (more than --max-loras 1 of a step would allow: the
     worker itself computes any number) in one batch, against each prompt run alone."""
@@ -64,6 +67,10 @@ def test_a_mixed_batch_gives_each_row_what_it_gets_alone(loaded_model, peft_adap
     assert together[0] != together[3] or together_logprobs[0] != together_logprobs[3]
 
 
+# make test-slow (14 s): make test runs adapters on the block path's native step against
+# its Python forward (test_native_lora.py, 16 rows of base and four adapters), and the
+# float forward's adapters against PEFT's (above).
+@pytest.mark.slow
 def test_block_path_with_an_adapter_stays_with_the_float_forward(
     loaded_model, q4_1, peft_adapters, question_ids
 ):
