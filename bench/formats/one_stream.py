@@ -1,7 +1,7 @@
 """One stream, cbserve against llama-server on the same GGUF file, in alternated rounds:
 
     python -m bench.formats.one_stream --model FILE.gguf [--rounds 9] [--tokens 128]
-        [--threads 2] [--worker-args "..."] [--json OUT.json]
+        [--threads 2] [--worker-args "..."] [--scheduler-args "..."] [--json OUT.json]
 
 Why rounds: one 128-token stream lasts half a second, and a shared VM's speed changes
 within seconds (on the 2-core Zen 4 this was written on, the same in-process step read
@@ -108,7 +108,15 @@ async def _rounds(stack_address: str, llama_url: str, requests, log=print) -> li
         return rounds
 
 
-def measure(model: Path, rounds: int, tokens: int, prompt_len: int, threads: int, worker_args):
+def measure(
+    model: Path,
+    rounds: int,
+    tokens: int,
+    prompt_len: int,
+    threads: int,
+    worker_args: list[str],
+    scheduler_args: list[str],
+):
     """Both servers started on `model`, `rounds` rounds, both stopped; the rounds."""
     from bench.peers import llama_server
     from bench.peers.llamacpp import _started, missing
@@ -130,7 +138,7 @@ def measure(model: Path, rounds: int, tokens: int, prompt_len: int, threads: int
     log_dir.mkdir(parents=True, exist_ok=True)
     stack = LocalStack(
         worker_args=worker,
-        scheduler_args=["--tokenizer", str(model)],
+        scheduler_args=["--tokenizer", str(model), *scheduler_args],
         scheduler_log=log_dir / "scheduler.log",
     )
     context = llama_server.context_size(1, prompt_len + tokens)
@@ -155,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     made.add_argument("--prompt-len", type=int, default=32)
     made.add_argument("--threads", type=int, default=2, help="cbserve's and llama.cpp's")
     made.add_argument("--worker-args", default="", help="more cbserve worker flags")
+    made.add_argument("--scheduler-args", default="", help="more cbserve scheduler flags")
     made.add_argument("--json", type=Path, help="write the rounds and the summary here")
     return made
 
@@ -164,9 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.rounds, args.tokens, args.prompt_len, args.threads) < 1:
         print("--rounds, --tokens, --prompt-len and --threads must be >= 1", file=sys.stderr)
         return 2
-    worker_args = shlex.split(args.worker_args)
     rounds = measure(
-        args.model, args.rounds, args.tokens, args.prompt_len, args.threads, worker_args
+        args.model,
+        args.rounds,
+        args.tokens,
+        args.prompt_len,
+        args.threads,
+        shlex.split(args.worker_args),
+        shlex.split(args.scheduler_args),
     )
     summary = summarize(rounds)
     print(
