@@ -177,6 +177,9 @@ def test_cbserve_generate_takes_the_adapter_by_name(lora_stack, api):
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
 
 
+# make test-slow (12 s): make test serves adapters through one front (above) and N API
+# processes without adapters (test_api_processes*.py).
+@pytest.mark.slow
 def test_with_api_processes_the_front_serves_the_cores_adapters(adapters):
     # The HTTP front runs in an API process: its routes exist from the start, and a load
     # there registers the adapter in the core, where requests of every process find it.

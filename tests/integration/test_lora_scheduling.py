@@ -96,8 +96,9 @@ def alone(stack) -> list:
     return replies
 
 
-# make test-slow (11 s): the kill test below runs the same mix of adapters, more than
-# --max-loras, in one run and holds every reply to its run alone, with a worker killed.
+# This module runs in make test-slow (43 s with its two-worker stack); make test serves
+# adapters through a stack in test_http_adapters.py. The kill test below runs the same
+# mix of adapters, more than --max-loras, with a worker killed.
 @pytest.mark.slow
 def test_more_adapters_than_max_loras_in_one_run_each_reply_as_alone(stack, alone):
     outcomes, _ = run_greedy(stack.address, _requests(), MAX_TOKENS, logprobs=LOGPROBS)
@@ -107,6 +108,7 @@ def test_more_adapters_than_max_loras_in_one_run_each_reply_as_alone(stack, alon
     wait_until_idle(stack)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_recomputes_adapter_requests_elsewhere(stack, alone):
     recomputed_before = requests_recomputed(stack)
     outcomes, _ = run_greedy(

@@ -101,9 +101,11 @@ def two_speculative_workers():
     stop_stack(running)
 
 
-# Both in make test: a worker killed mid-grammar, without and with speculation (the
-# plain mid-speculation kill, test_speculation_worker_kill.py, is in make test-slow).
-@pytest.mark.parametrize("workers", ["two_workers", "two_speculative_workers"])
+# make test kills a speculating worker mid-grammar; without speculation (16 s), and the
+# plain mid-speculation kill (test_speculation_worker_kill.py), in make test-slow.
+@pytest.mark.parametrize(
+    "workers", [pytest.param("two_workers", marks=pytest.mark.slow), "two_speculative_workers"]
+)
 def test_constrained_replies_validate_after_a_worker_is_killed_mid_run(request, workers):
     stack = request.getfixturevalue(workers)
     lost_address = f"127.0.0.1:{stack.worker_ports[0]}"

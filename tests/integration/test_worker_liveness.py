@@ -109,6 +109,9 @@ def _report(what: str, **figures) -> None:
     print(f"\n[liveness] {what}: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
 
 
+# make test-slow (18 s): make test finds a worker killed mid-run (test_worker_faults.py)
+# and one stopped mid-run (below).
+@pytest.mark.slow
 def test_a_worker_killed_before_its_first_request_is_found_at_once(stack):
     stack.wait_both_connected()
     before = losses(stack.local)["disconnected"]

@@ -211,6 +211,9 @@ def test_prefix_blocks_and_recompute_match_generate(make_runner, prompt_ids, exp
     assert_matches(sched.done[3], expected[3][:10])
 
 
+# make test-slow (10 s): make test holds a seeded request to the same tokens alone and in
+# a batch on a served stack (test_sampling_and_streaming.py).
+@pytest.mark.slow
 def test_seeded_sampling_survives_batching_and_recompute(make_runner, prompt_ids):
     seeded = pb.SequenceSampling(temperature=0.9, top_p=0.95, repetition_penalty=1.1, seed=42)
     unseeded = pb.SequenceSampling(temperature=1.0, top_p=1.0, repetition_penalty=1.0)

@@ -78,6 +78,9 @@ def run(runner, tokens, steps_per_plan):
     return tokens, logprobs
 
 
+# make test-slow (10 s): make test streams multi-step plans against one-step plans on a
+# served stack (test_multi_step.py).
+@pytest.mark.slow
 def test_a_multi_step_plan_samples_what_one_step_plans_do(make_runner, tokenizer):
     one_step, one_step_logprobs = run(*prefilled(make_runner, tokenizer), [1] * 12)
     multi_step, multi_step_logprobs = run(*prefilled(make_runner, tokenizer), STEPS_PER_PLAN)
