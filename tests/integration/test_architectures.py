@@ -37,12 +37,14 @@ STACK_ARGS = {
 @pytest.fixture(
     scope="module",
     # Mixtral's and Qwen2-MoE's serving is Qwen3-MoE's but for their declarations (and
-    # Qwen2-MoE's shared expert, in the same ExpertMlp): `make test-slow` runs them.
+    # Qwen2-MoE's shared expert, in the same ExpertMlp): `make test-slow` runs them. So
+    # does it Llama 3 and Ministral: every other stack of make test serves a Llama-layout
+    # model, and their forwards are held to transformers' in test_float_forward.py.
     params=[
         "gemma3",
         "qwen3",
-        "ministral",
-        "llama3",
+        pytest.param("ministral", marks=pytest.mark.slow),
+        pytest.param("llama3", marks=pytest.mark.slow),
         "qwen3_moe",
         "gpt_oss",
         pytest.param("mixtral", marks=pytest.mark.slow),

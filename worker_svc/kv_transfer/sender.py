@@ -250,9 +250,7 @@ class KvSender:
     async def _failed(request, exc: grpc.aio.AioRpcError, context) -> None:
         """The destination's status, passed on with its address: UNAVAILABLE where it
         cannot be reached (or went away), its own code where it refused the chunks."""
-        code = exc.code()
-        if code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
-            code = grpc.StatusCode.UNAVAILABLE
+        code = destination_status(exc.code(), exc.details())
         log.warning(
             "kv_send_failed",
             transfer_id=request.transfer_id,
@@ -263,3 +261,19 @@ class KvSender:
         await context.abort(
             code, f"KV transfer {request.transfer_id} to {request.destination}: {exc.details()}"
         )
+
+
+# What grpc's core says, as INTERNAL, when the connection under a stream breaks: a
+# destination killed mid-transfer read so once in a make test run (2026-11-29), where it
+# usually reads UNAVAILABLE or CANCELLED. The destination itself never answers INTERNAL
+# (receiver.py aborts with FAILED_PRECONDITION or INVALID_ARGUMENT).
+CORE_INTERNAL_ERROR = "Internal error from Core"
+
+
+def destination_status(code: grpc.StatusCode, details: str | None) -> grpc.StatusCode:
+    """The code a failed transfer answers with: UNAVAILABLE where the destination went
+    away or could not be reached, the destination's own code where it refused."""
+    gone = code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN) or (
+        code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL_ERROR
+    )
+    return grpc.StatusCode.UNAVAILABLE if gone else code

@@ -30,13 +30,13 @@ CONVERTED = (
     # Gemma 3's file (its stored 1 + w norms) runs in `make test-slow` too; make test reads
     # a Gemma GGUF in test_gguf_float16.py (gemma3-bf16).
     pytest.param("gemma3", marks=pytest.mark.slow),
-    # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors.
-    # gpt_oss's file is the mixture `make test` reads (its experts stacked as Qwen3-MoE's
-    # are; Qwen3's names are the dense qwen3 file's); Qwen3-MoE's and Mixtral's ("llama"
-    # with an expert_count) files run in `make test-slow`, as Llama 3's.
+    # Mixtures: the converter stacks each layer's experts into 3-D *_exps tensors. Their
+    # files run in `make test-slow`, as Llama 3's; make test reads gpt-oss's converted
+    # and quantized GGUF in test_mxfp4_gguf.py.
     pytest.param("qwen3_moe", marks=pytest.mark.slow),
     pytest.param("mixtral", marks=pytest.mark.slow),
-    "gpt_oss",  # gate and up de-interleaved, sinks, llama.cpp's window pattern, YaRN
+    # gate and up de-interleaved, sinks, llama.cpp's window pattern, YaRN
+    pytest.param("gpt_oss", marks=pytest.mark.slow),
 )
 
 
