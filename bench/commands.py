@@ -34,6 +34,9 @@ SUBCOMMANDS = {
     "formats": Subcommand(
         "bench.formats.run", "the GGUF files people download, each beside llama.cpp"
     ),
+    "one-stream": Subcommand(
+        "bench.formats.one_stream", "one stream beside llama-server on a GGUF, alternated rounds"
+    ),
     "replicas": Subcommand(
         "bench.replicas.run", "cbserve replicas behind SGLang's gateway: cached prompt tokens"
     ),
@@ -82,6 +85,9 @@ SUBCOMMANDS = {
     "draft-rows": Subcommand("bench.micro.draft_rows", "what a verify row costs the native step"),
     "step-profile": Subcommand(
         "bench.micro.step_profile", "one model step in process: ms a step, --profile for ops"
+    ),
+    "grpc-round-trip": Subcommand(
+        "bench.micro.grpc_round_trip", "a Step stream's round trip alone: its wall and CPU"
     ),
     "step-compare": Subcommand(
         "bench.micro.step_compare", "decode steps of several compute paths, interleaved"

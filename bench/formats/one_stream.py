@@ -151,9 +151,9 @@ def measure(
             server.stop()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     made = argparse.ArgumentParser(
-        prog="python -m bench.formats.one_stream",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -168,8 +168,8 @@ def _parser() -> argparse.ArgumentParser:
     return made
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench.formats.one_stream") -> int:
+    args = _parser(prog).parse_args(argv)
     if min(args.rounds, args.tokens, args.prompt_len, args.threads) < 1:
         print("--rounds, --tokens, --prompt-len and --threads must be >= 1", file=sys.stderr)
         return 2
