@@ -24,6 +24,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.formats.run import positive
 from bench.harness.runner import ClientSettings
 from bench.harness.workload import make_workload
 
@@ -68,9 +69,9 @@ def summarize(rounds: list[Round]) -> Summary:
 
 def throughput(timing) -> float:
     """Output tok/s of one streamed request, from its send to its last token."""
-    if not timing.ok or not timing.chunks:
+    if not timing.ok:
         raise RuntimeError(f"a request failed: {timing.error or 'no tokens'}")
-    return timing.output_tokens / (timing.chunks[-1][0] - timing.sent_at)
+    return timing.output_tokens / timing.e2el
 
 
 async def _rounds(stack_address: str, llama_url: str, requests, log=print) -> list[Round]:
@@ -158,10 +159,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     made.add_argument("--model", type=Path, required=True, help="a GGUF file both serve")
-    made.add_argument("--rounds", type=int, default=9)
-    made.add_argument("--tokens", type=int, default=128, help="output tokens a request")
-    made.add_argument("--prompt-len", type=int, default=32)
-    made.add_argument("--threads", type=int, default=2, help="cbserve's and llama.cpp's")
+    made.add_argument("--rounds", type=positive, default=9)
+    made.add_argument("--tokens", type=positive, default=128, help="output tokens a request")
+    made.add_argument("--prompt-len", type=positive, default=32)
+    made.add_argument("--threads", type=positive, default=2, help="cbserve's and llama.cpp's")
     made.add_argument("--worker-args", default="", help="more cbserve worker flags")
     made.add_argument("--scheduler-args", default="", help="more cbserve scheduler flags")
     made.add_argument("--json", type=Path, help="write the rounds and the summary here")
@@ -170,9 +171,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.formats.one_stream") -> int:
     args = _parser(prog).parse_args(argv)
-    if min(args.rounds, args.tokens, args.prompt_len, args.threads) < 1:
-        print("--rounds, --tokens, --prompt-len and --threads must be >= 1", file=sys.stderr)
-        return 2
     rounds = measure(
         args.model,
         args.rounds,

@@ -51,7 +51,7 @@ def _files(text: str) -> list[str]:
     return keys
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
@@ -63,13 +63,13 @@ def parser(prog: str) -> argparse.ArgumentParser:
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     made.add_argument("--files", type=_files, default=list(TABLE_FILES), metavar="LIST")
-    made.add_argument("--threads", type=_positive, default=2, help="cbserve's and llama.cpp's")
-    made.add_argument("--num-prompts", type=_positive, default=64, help="the at-once run")
-    made.add_argument("--stream-tokens", type=_positive, default=128, help="the one-stream run")
+    made.add_argument("--threads", type=positive, default=2, help="cbserve's and llama.cpp's")
+    made.add_argument("--num-prompts", type=positive, default=64, help="the at-once run")
+    made.add_argument("--stream-tokens", type=positive, default=128, help="the one-stream run")
     made.add_argument(
-        "--stream-rounds", type=_positive, default=9, help="the one-stream run's rounds"
+        "--stream-rounds", type=positive, default=9, help="the one-stream run's rounds"
     )
-    made.add_argument("--texts", type=_positive, default=16, help="the accuracy run's")
+    made.add_argument("--texts", type=positive, default=16, help="the accuracy run's")
     made.add_argument("--skip", choices=PARTS, action="append", default=[], help="leave a part out")
     made.add_argument("--out-dir", type=Path, default=Path("out/bench-formats"))
     return made
@@ -116,17 +116,15 @@ def measure_file(key: str, args) -> tuple[FormatRow, list[str]]:
     speeds, errors, accuracy = {}, [], None
     if "speed" not in args.skip:
         for name, argv in speed_argvs(gguf, args, out).items():
-            rounds = "--json" in argv
-            results = (
-                Path(argv[argv.index("--json") + 1])
-                if rounds
-                else Path(argv[argv.index("--out-dir") + 1]) / "results.json"
-            )
+            if name == "one_stream":  # bench/formats/one_stream.py's --json record
+                results, read = Path(argv[argv.index("--json") + 1]), speed_from_rounds
+            else:  # a `cbserve bench` run's results.json
+                results = Path(argv[argv.index("--out-dir") + 1]) / "results.json"
+                read = speed_from_results
             results.unlink(missing_ok=True)
             _run(argv)
             try:
-                record = json.loads(results.read_text())
-                speeds[name] = speed_from_rounds(record) if rounds else speed_from_results(record)
+                speeds[name] = read(json.loads(results.read_text()))
             except (OSError, ValueError, KeyError) as error:
                 errors.append(f"{key} {name}: {error}")
     if "accuracy" not in args.skip:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import resource
 import tempfile
+import time
 from pathlib import Path
 
 import grpc
@@ -33,11 +33,6 @@ class _Answering(pb_grpc.WorkerServicer):
             yield result
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 async def measure(round_trips: int, target: str | None) -> tuple[float, float]:
     """(wall, CPU) seconds of one round trip, averaged over `round_trips`."""
     server = grpc.aio.server()
@@ -53,14 +48,14 @@ async def measure(round_trips: int, target: str | None) -> tuple[float, float]:
             for warm_up in range(100):
                 await call.write(pb.StepPlan(step_id=warm_up + 1))
                 await call.read()
-            cpu, wall = _cpu_seconds(), asyncio.get_running_loop().time()
+            cpu, wall = time.process_time(), asyncio.get_running_loop().time()
             for step_id in range(101, 101 + round_trips):
                 plan = pb.StepPlan(step_id=step_id)
                 plan.continuing_sequences.add(seq_id=1, num_scheduled_tokens=1)
                 await call.write(plan)
                 await call.read()
             wall = asyncio.get_running_loop().time() - wall
-            cpu = _cpu_seconds() - cpu
+            cpu = time.process_time() - cpu
             await call.done_writing()
     finally:
         await server.stop(0)

@@ -19,4 +19,4 @@ def test_it_prints_the_wall_and_cpu_of_a_round_trip(capsys, flags, where):
         rf"20 Step round trips over {where}: (\d+) µs wall, (\d+) µs CPU each \(both ends\)", line
     )
     assert found, line
-    assert int(found.group(1)) > 0  # the CPU may read 0 where getrusage counts in ticks
+    assert int(found.group(1)) > 0  # the CPU of 20 round trips may round to 0 µs on a coarse clock
