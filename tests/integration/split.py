@@ -33,7 +33,14 @@ API_PROCESS_MODULE = "scheduler_svc.split.api_process"
 # A null worker's step: long enough that a stream of a few hundred tokens is still
 # running while a test signals, disconnects or counts; short enough for a fast suite.
 NULL_STEP_MS = 4
-NULL_WORKER_ARGS = ["--model-impl", "null", "--null-step-ms", str(NULL_STEP_MS)]
+
+
+def null_worker_args(step_ms: int = NULL_STEP_MS) -> list[str]:
+    """A worker with no model whose every step takes step_ms (worker_svc/null)."""
+    return ["--model-impl", "null", "--null-step-ms", str(step_ms)]
+
+
+NULL_WORKER_ARGS = null_worker_args()
 
 
 def split_stack(log_dir: Path, *, scheduler_args: tuple[str, ...] = (), **kwargs) -> LocalStack:

@@ -21,6 +21,7 @@ from tests.integration.split import (
     Stream,
     api_process_pids,
     log_lines,
+    null_worker_args,
     served_by,
     session_processes,
     split_stack,
@@ -70,7 +71,7 @@ def _not_serving(stack, in_a_row: int):
 
 def test_sigterm_drains_both_api_processes_and_everything_exits(stack_factory):
     stack = stack_factory(
-        worker_args=["--model-impl", "null", "--null-step-ms", str(DRAIN_STEP_MS)],
+        worker_args=null_worker_args(DRAIN_STEP_MS),
         grace_period_s=GRACE_S,
     )
     assert len(api_process_pids(stack)) == API_PROCESSES

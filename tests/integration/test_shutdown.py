@@ -26,6 +26,7 @@ from cbserve.client import Client
 from cbserve.local_stack import ChildProcess, LocalStack, free_port
 from cbserve.v1 import generation_pb2 as pb
 from common.health_probe import check
+from tests.integration.split import null_worker_args
 from tests.waiting import wait_until
 
 WORKER_ARGS = ["--dtype", "float32"]
@@ -34,7 +35,7 @@ WORKER_ARGS = ["--dtype", "float32"]
 # served and signalled as a model's. The SIGKILL test keeps a model's worker, whose
 # state (KV blocks, sequences) must be dropped for the restarted scheduler.
 NULL_STEP_MS = 20
-NULL_WORKER_ARGS = ["--model-impl", "null", "--null-step-ms", str(NULL_STEP_MS)]
+NULL_WORKER_ARGS = null_worker_args(NULL_STEP_MS)
 # In flight when the signal comes and through the health and UNAVAILABLE checks
 # after it (a few RPCs: tens of milliseconds): 63 decode steps after the first token
 # cannot all be done first unless a step takes under about 1.5 ms (a null worker's
