@@ -45,7 +45,8 @@ def test_float32_greedy_equals_peft_generate(loaded_model, peft_adapters, questi
 
 
 # make test-slow (18 s): make test mixes base rows and four adapters in one batch on
-# the native step (test_native_lora.py) and through a served stack (test_http_adapters.py).
+# the native step (test_native_lora.py); a served stack answers base and adapter
+# requests, one at a time, in test_http_adapters.py.
 @pytest.mark.slow
 def test_a_mixed_batch_gives_each_row_what_it_gets_alone(loaded_model, peft_adapters, question_ids):
     """Base rows and three adapters (more than --max-loras 1 of a step would allow: the
