@@ -1,10 +1,9 @@
 """The worker's gRPC service: Describe, the Step stream, LoRA adapters (lora/loading.py),
 and KV that moves between workers (kv_transfer/: SendKv, ReceiveKv).
 
-The forward pass runs in one dedicated thread, never on the event loop, so
-that stream reads and health checks are answered during a long prefill. That
-thread is also the only one that touches the runner's state: resetting it for
-a new stream and executing plans are queued on it in order.
+A big plan runs on one dedicated forward thread, so that stream reads and health checks
+are answered during a long prefill; a small one with nothing before it runs on the
+loop's own thread (step_placement.py). The runner is never used by both at once.
 
 A new Step stream supersedes the previous one: the runner is reset, and the
 old stream is ended with ABORTED as soon as it is not in the middle of a step.
@@ -39,6 +38,12 @@ from worker_svc.kv_transfer.receiver import KvReceiver
 from worker_svc.kv_transfer.sender import KvSender
 from worker_svc.lora.loading import AdapterService
 from worker_svc.metrics import WorkerMetrics
+from worker_svc.step_placement import (
+    MAX_QUEUED_PLANS,
+    overlaps_step_io,
+    plans_not_run,
+    runs_inline,
+)
 
 if TYPE_CHECKING:
     from worker_svc.worker import Worker
@@ -48,29 +53,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("worker_svc.server")
 
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-# Plans on the forward thread at once: the one running and the next, sent meanwhile.
-MAX_QUEUED_PLANS = 2
-
-# A plan of at most this many rows (tokens, drafts included, times its steps) runs on the
-# event loop's own thread when no plan is before it: a few decodes take milliseconds on
-# a CPU, and the hop to the forward thread and back (two futures, a wake-up, and the GIL
-# passed between threads twice) cost more than that step's Python: at one stream on 2
-# cores, 8-16% more tokens a second (bench/RESULTS.md, issue 31's seventh pass). The
-# loop then answers health checks and reads the next plan after the step, a few
-# milliseconds late; bigger plans, and a plan whose sampler may wait for deferred masks
-# (which only the loop can read), keep the forward thread.
-INLINE_PLAN_ROWS = 16
-
-
-def runs_inline(plan: worker_pb2.StepPlan, queued: int) -> bool:
-    """Whether a plan may run on the event loop's thread (see INLINE_PLAN_ROWS)."""
-    if queued or plan.deferred_mask_seq_ids:
-        return False
-    rows = len(plan.decode_seq_ids)
-    rows += sum(new.num_scheduled_tokens for new in plan.new_sequences)
-    rows += sum(c.num_scheduled_tokens + c.num_draft_tokens for c in plan.continuing_sequences)
-    return rows * max(plan.num_steps, 1) <= INLINE_PLAN_ROWS
 
 
 class _Superseded(Exception):
@@ -98,6 +80,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._no_stream.set()
         self._draining = False
         self._closing = False
+        self.overlap_io = False  # set_ready: whether inline steps overlap the stream's I/O
 
     async def drain(self, grace_s: float) -> None:
         """Refuses new streams; gives the open one grace_s to end, then ends it
@@ -119,6 +102,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def set_ready(self, worker: Worker) -> None:
         self._worker = worker
+        self.overlap_io = overlaps_step_io(worker.threads, worker.description.device)
+        log.info("step_io", overlap=self.overlap_io, threads=worker.threads)
         worker.runner.before_step = self.kv_receiver.landings.take_step_blocks
 
     async def _require_worker(self, context: grpc.aio.ServicerContext) -> Worker:
@@ -181,6 +166,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         thread at once (the scheduler sends step N+1 while N runs: async scheduling),
         so the thread starts it the moment N ends instead of waiting for this loop to
         write N's result and read the next plan. At most one plan waits so.
+
+        A plan that runs on the loop (runs_inline) runs at once, or, where the step
+        leaves a core to grpc's threads (overlap_io), from a callback after this
+        generator has posted the read of the plan after it and handed the result before
+        it to grpc: both then travel while the step holds the loop (step_placement.py).
         """
         loop = asyncio.get_running_loop()
         plans = request_iterator.__aiter__()
@@ -188,13 +178,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         next_plan: asyncio.Future | None = None
         queued: deque[tuple[worker_pb2.StepPlan, asyncio.Future]] = deque()
         ended = False
+
+        def read_next_plan() -> asyncio.Future:
+            # The task's first step (which posts the receive to grpc's core) is queued
+            # now, so it runs before any step queued after it.
+            read = asyncio.ensure_future(plans.__anext__())
+            # The read may end (e.g. StopAsyncIteration at shutdown) after this
+            # handler stopped looking; mark its outcome seen so asyncio stays quiet.
+            read.add_done_callback(_mark_retrieved)
+            return read
+
         try:
             while True:
-                if next_plan is None and not ended and len(queued) < MAX_QUEUED_PLANS:
-                    next_plan = asyncio.ensure_future(plans.__anext__())
-                    # The read may end (e.g. StopAsyncIteration at shutdown) after this
-                    # handler stopped looking; mark its outcome seen so asyncio stays quiet.
-                    next_plan.add_done_callback(_mark_retrieved)
+                if next_plan is None and not ended and plans_not_run(queued) < MAX_QUEUED_PLANS:
+                    next_plan = read_next_plan()
                 waits = {superseded_wait, *([next_plan] if next_plan else [])}
                 if queued:
                     waits.add(queued[0][1])
@@ -204,23 +201,33 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         next_plan.cancel()
                     await self._abort_superseded(context, stream)
                 if next_plan is not None and next_plan.done():
+                    read, next_plan = next_plan, None
                     try:
-                        plan = next_plan.result()
+                        plan = read.result()
                     except StopAsyncIteration:
                         ended = True
                     else:
+                        unrun = plans_not_run(queued)  # now: a step may have run meanwhile
                         if plan.HasField("deferred_allowed_tokens"):
                             # Masks for a plan queued or running: its sampler may wait
                             # on them now, so they go straight to it (no result).
                             worker.runner.mailbox.post(stream, plan)
-                        elif runs_inline(plan, len(queued)) and not self._moving_kv():
-                            queued.append((plan, self._execute_inline(worker, stream, plan)))
+                        elif self._inline(plan, queued, unrun):
+                            future = loop.create_future()
+                            queued.append((plan, future))
+                            if not self.overlap_io:
+                                self._execute_inline(worker, stream, superseded, plan, future)
+                            else:
+                                if unrun + 1 < MAX_QUEUED_PLANS:
+                                    next_plan = read_next_plan()
+                                loop.call_soon(
+                                    self._execute_inline, worker, stream, superseded, plan, future
+                                )
                         else:
                             future = loop.run_in_executor(
                                 self.executor, self._execute, worker, stream, plan
                             )
                             queued.append((plan, future))
-                    next_plan = None
                 if queued and queued[0][1].done():
                     plan, future = queued.popleft()
                     result = await self._result_or_abort(context, stream, plan, future)
@@ -235,6 +242,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 next_plan.cancel()
             for _, future in queued:
                 future.cancel()
+
+    def _inline(self, plan, queued, unrun: int) -> bool:
+        """Whether `plan` runs on the loop's thread. Serial, only with no result waiting
+        to be written either: run at once, the step would hold that result back a whole
+        step. Overlapped, the result goes to grpc before the step's callback runs."""
+        before = unrun if self.overlap_io else len(queued)
+        return runs_inline(plan, before) and not self._moving_kv()
 
     def _moving_kv(self) -> bool:
         """A KV transfer in or out needs this loop for each chunk: no step runs on it then."""
@@ -273,19 +287,23 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             worker.runner.reset()
             log.info("step_stream_state_dropped", stream=stream)
 
-    def _execute_inline(self, worker: Worker, stream: int, plan) -> asyncio.Future:
-        """The plan run now, on the loop's thread: its result (or error) as a done future,
-        as the forward thread's would be. Only when nothing runs on the forward thread
-        for this stream (runs_inline), and never beside a newer stream's reset there: that
-        stream sets this one's superseded signal before it queues the reset, and this
-        stream looks at the signal before it runs a plan. So the runner is never used by
-        two threads at once."""
-        future = asyncio.get_running_loop().create_future()
+    def _execute_inline(
+        self, worker: Worker, stream: int, superseded: asyncio.Event, plan, future
+    ) -> None:
+        """The plan run on the loop's thread (at once, or from the callback _serve_stream
+        queued): its result or error into `future`, as the forward thread's would be. Only
+        when no plan of this stream is on the forward thread (runs_inline), and never beside
+        a newer stream's reset there: that stream sets this one's superseded signal (on
+        this thread) before it queues the reset, and the signal is read here first. So the
+        runner is never used by two threads at once."""
+        if future.done():  # cancelled: the stream ended before its turn
+            return
         try:
+            if superseded.is_set():
+                raise _Superseded
             future.set_result(self._execute(worker, stream, plan))
         except Exception as exc:  # noqa: BLE001 (handed on: _result_or_abort reads it)
             future.set_exception(exc)
-        return future
 
     # Run on the forward thread, or on the loop's when nothing waits there (runs_inline).
     def _execute(

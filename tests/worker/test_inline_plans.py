@@ -1,15 +1,25 @@
 """Which plans the worker's Step stream runs on the event loop's thread (small ones with
-nothing queued before them) and which on the forward thread, and that results keep the
-plans' order either way (worker_svc/servicer.py, runs_inline)."""
+nothing queued before them) and which on the forward thread, that results keep the
+plans' order either way, and where the stream's reads and writes go around a step run on
+the loop, serial or overlapped (worker_svc/step_placement.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+
+import pytest
 
 from cbserve.worker.v1 import worker_pb2
 from worker_svc.metrics import WorkerMetrics
-from worker_svc.servicer import INLINE_PLAN_ROWS, WorkerServicer, runs_inline
+from worker_svc.servicer import WorkerServicer
+from worker_svc.step_placement import (
+    INLINE_PLAN_ROWS,
+    overlaps_step_io,
+    runs_inline,
+    usable_cores,
+)
 
 
 def decodes(n: int, **fields) -> worker_pb2.StepPlan:
@@ -73,8 +83,12 @@ class _Runner:
 
 
 class _Worker:
-    def __init__(self):
+    """As a 2-core machine's worker with 2 step threads: serial I/O (step_placement)."""
+
+    def __init__(self, threads: int = 2, device: str = "cpu"):
         self.runner = _Runner()
+        self.threads = threads
+        self.description = worker_pb2.WorkerDescription(device=device)
 
 
 class _Context:
@@ -85,7 +99,8 @@ class _Context:
         raise AssertionError(f"aborted: {code} {details}")
 
 
-def test_the_stream_runs_small_plans_on_the_loop_and_keeps_the_order():
+@pytest.mark.parametrize("overlap_io", [False, True])
+def test_the_stream_runs_small_plans_on_the_loop_and_keeps_the_order(overlap_io):
     plans = [
         decodes(1, step_id=1),
         decodes(INLINE_PLAN_ROWS + 1, step_id=2),  # the forward thread
@@ -105,6 +120,7 @@ def test_the_stream_runs_small_plans_on_the_loop_and_keeps_the_order():
     async def run():
         servicer = WorkerServicer(WorkerMetrics("test"))
         servicer.set_ready(worker)
+        servicer.overlap_io = overlap_io
         try:
             results = [r.step_id async for r in servicer.Step(requests(), _Context())]
         finally:
@@ -117,3 +133,65 @@ def test_the_stream_runs_small_plans_on_the_loop_and_keeps_the_order():
     assert threads[1] == loop_thread
     assert threads[2] != loop_thread and threads[3] == threads[2]
     assert threads[4] == loop_thread  # nothing queued any more: inline again
+
+
+class _RecordingRunner(_Runner):
+    def __init__(self, events: list[str]):
+        super().__init__()
+        self.events = events
+
+    def execute(self, plan):
+        self.events.append(f"run {plan.step_id}")
+        return super().execute(plan)
+
+
+def _events_of_one_stream(overlap_io: bool) -> list[str]:
+    """Three one-row plans, all sent at once (as async scheduling keeps the next one
+    waiting); what the stream did, in order: reads of the request stream, steps run,
+    results handed on."""
+    events: list[str] = []
+    worker = _Worker()
+    worker.runner = _RecordingRunner(events)
+
+    async def requests():
+        for step_id in (1, 2, 3):
+            events.append(f"read {step_id}")
+            yield decodes(1, step_id=step_id)
+
+    async def run():
+        servicer = WorkerServicer(WorkerMetrics("test"))
+        servicer.set_ready(worker)
+        servicer.overlap_io = overlap_io
+        try:
+            async for result in servicer.Step(requests(), _Context()):
+                events.append(f"result {result.step_id}")
+        finally:
+            servicer.executor.shutdown(wait=True)
+
+    asyncio.run(run())
+    return events
+
+
+def test_overlapped_the_next_read_and_the_last_result_go_before_the_step():
+    events = _events_of_one_stream(overlap_io=True)
+    assert [e for e in events if e.startswith("result")] == ["result 1", "result 2", "result 3"]
+    # Plan 2's step runs after plan 3's read was posted and plan 1's result handed on.
+    assert events.index("read 3") < events.index("run 2")
+    assert events.index("result 1") < events.index("run 2")
+    assert events.index("result 2") < events.index("run 3")
+
+
+def test_serial_each_step_runs_at_once_and_its_result_goes_before_the_next_read():
+    events = _events_of_one_stream(overlap_io=False)
+    for step_id in (1, 2):
+        assert events.index(f"run {step_id}") < events.index(f"result {step_id}")
+        assert events.index(f"result {step_id}") < events.index(f"read {step_id + 1}")
+
+
+def test_overlap_only_where_the_step_leaves_grpc_a_core():
+    assert not overlaps_step_io(2, "cpu", cores=2)
+    assert overlaps_step_io(1, "cpu", cores=2)
+    assert not overlaps_step_io(4, "cpu", cores=4)
+    assert overlaps_step_io(8, "cuda:0", cores=4)  # the step's work is on the GPU
+    assert not overlaps_step_io(1, "none", cores=2)  # a null worker computes nothing
+    assert 1 <= usable_cores() <= (os.cpu_count() or 1)

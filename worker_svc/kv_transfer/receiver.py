@@ -119,7 +119,7 @@ class KvReceiver:
     def __init__(self, shm: bool = True) -> None:
         self.shm = shm
         # Transfers in progress: while any is, the servicer runs no step on the event
-        # loop, which would hold each chunk for a whole step (servicer.runs_inline).
+        # loop, which would hold each chunk for a whole step (step_placement.runs_inline).
         self.active = 0
         # Chunks written from shared memory since start (tests: the path the bytes took):
         # from a ring segment, from the source's pool.

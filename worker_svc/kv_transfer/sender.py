@@ -146,7 +146,7 @@ class KvSender:
         self.channels = DestinationChannels()
         self.offers = Offers(shm)
         # Sends in progress: while any is, the servicer runs no step on the event loop,
-        # which would hold each chunk for a whole step (servicer.runs_inline).
+        # which would hold each chunk for a whole step (step_placement.runs_inline).
         self.active = 0
         # Transfers by path ("pool" once one goes that way).
         self.transfers_by_path: dict[str, int] = {"shm": 0, "grpc": 0}
