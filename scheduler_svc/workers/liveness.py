@@ -27,6 +27,8 @@ from enum import StrEnum
 import grpc
 import structlog
 
+from common.grpc_status import connection_broke
+
 log = structlog.get_logger("scheduler.liveness")
 
 
@@ -59,10 +61,10 @@ def cause_of(error: grpc.aio.AioRpcError) -> LossCause:
     ):
         # grpc's own words for a keepalive ping past its timeout: "ping timeout".
         return LossCause.KEEPALIVE
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+    if connection_broke(code, error.details()):
         return LossCause.DISCONNECTED
-    # INTERNAL (a failed step), INVALID_ARGUMENT (a refused plan), ABORTED
-    # (another scheduler took the worker): its state is not ours any more.
+    # INTERNAL from the worker (a failed step), INVALID_ARGUMENT (a refused plan),
+    # ABORTED (another scheduler took the worker): its state is not ours any more.
     return LossCause.PROTOCOL
 
 

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from cbserve.v1 import generation_pb2 as pb
 from common.errors import ServiceError
 from common.grpc_options import channel_options
+from common.grpc_status import CORE_INTERNAL_ERROR
 from common.metrics import parse_samples
 from scheduler_svc.api.request_trace import RequestTrace
 from scheduler_svc.api.server import GenerationService
@@ -81,6 +82,9 @@ def test_causes_are_read_from_the_status_grpc_ended_the_stream_with():
     assert cause_of(error(unavailable, "Socket closed")) is LossCause.DISCONNECTED
     assert cause_of(error(grpc.StatusCode.CANCELLED, "")) is LossCause.DISCONNECTED
     assert cause_of(error(grpc.StatusCode.INTERNAL, "step failed")) is LossCause.PROTOCOL
+    # grpc's core's own words for a connection that broke under the stream.
+    broke = error(grpc.StatusCode.INTERNAL, CORE_INTERNAL_ERROR)
+    assert cause_of(broke) is LossCause.DISCONNECTED
     assert cause_of(error(grpc.StatusCode.ABORTED, "superseded")) is LossCause.PROTOCOL
 
 

@@ -34,6 +34,7 @@ import structlog
 
 from cbserve.worker.v1 import worker_pb2, worker_pb2_grpc
 from common.grpc_options import channel_options
+from common.grpc_status import connection_broke
 from worker_svc.kv_pool import KVPool
 from worker_svc.kv_transfer.layout import (
     ChunkPlan,
@@ -263,17 +264,11 @@ class KvSender:
         )
 
 
-# What grpc's core says, as INTERNAL, when the connection under a stream breaks: a
-# destination killed mid-transfer read so once in a make test run (2026-11-29), where it
-# usually reads UNAVAILABLE or CANCELLED. The destination itself never answers INTERNAL
-# (receiver.py aborts with FAILED_PRECONDITION or INVALID_ARGUMENT).
-CORE_INTERNAL_ERROR = "Internal error from Core"
-
-
 def destination_status(code: grpc.StatusCode, details: str | None) -> grpc.StatusCode:
     """The code a failed transfer answers with: UNAVAILABLE where the destination went
     away or could not be reached, the destination's own code where it refused."""
-    gone = code in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN) or (
-        code == grpc.StatusCode.INTERNAL and details == CORE_INTERNAL_ERROR
-    )
+    # UNKNOWN too: grpc's "Stream removed" when the destination's stream vanished. The
+    # destination itself never answers INTERNAL (receiver.py aborts with
+    # FAILED_PRECONDITION or INVALID_ARGUMENT).
+    gone = connection_broke(code, details) or code == grpc.StatusCode.UNKNOWN
     return grpc.StatusCode.UNAVAILABLE if gone else code

@@ -7,7 +7,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from worker_svc.kv_transfer.sender import CORE_INTERNAL_ERROR, destination_status
+from common.grpc_status import CORE_INTERNAL_ERROR
+from worker_svc.kv_transfer.sender import destination_status
 
 Code = grpc.StatusCode
 
