@@ -12,15 +12,14 @@
  * SmolLM2-135M's reply to French nonsense, as the int8 path's did; 16-bit activations
  * are float32's to ~1e-5 and still twice float32's FMAs per instruction.
  *
- * Layout: output rows in panels of 16, one per 32-bit lane. A panel's nibbles are
- * widened to int16 and transposed once per call so that 2 consecutive k of its 16 rows
- * form one 64-byte vector; each row of x then broadcasts 2 of its int16 values against
+ * Layout: output rows in panels of 16, one per 32-bit lane. A panel's blocks are packed
+ * once per call (qblock_vnni_pack.h) so that 2 consecutive k of its 16 rows form one
+ * 64-byte vector of int16; each row of x then broadcasts 2 of its int16 values against
  * it (vpdpwssd: 2 products a lane). The int32 sums are scaled to float once per block.
  * Rows of x go 8 at a time, so each weight vector is loaded once for 8 rows.
  */
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <immintrin.h>
 
@@ -28,13 +27,16 @@
 #include "qblock_kquants.h"
 #include "qblock_mxfp4.h"
 #include "qblock_vnni.h"
+#include "qblock_vnni_pack.h"
 #include "qblock_vnni_transpose.h"
 
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-enum { QK = 32, Q4_1_BYTES = 20, Q8_0_BYTES = 34, LANES = 16, ROWS = 8 };
+enum { QK = 32, LANES = 16, ROWS = 8 };
 enum { FORMAT_Q4_1 = 0, FORMAT_Q8_0 = 1, FORMAT_MXFP4 = QBLOCK_FORMAT_MXFP4 };
+_Static_assert((int)FORMAT_Q4_1 == (int)VNNI_PACK_Q4_1 && (int)FORMAT_Q8_0 == (int)VNNI_PACK_Q8_0,
+               "the packer's format codes");
 
 int qblock_vnni_supported(void)
 {
@@ -59,58 +61,11 @@ VNNI_TARGET static void quantize_row(const float *x, int64_t k, int16_t *qx, flo
     }
 }
 
-/* Panel of `rows` <= 16 output rows -> wq[K/2][16][2] int16, wd/wm[K/32][16] floats
- * (missing rows are zeros). tmp holds 16 rows of K widened nibbles. */
-VNNI_TARGET static void pack_panel(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
-                                   int64_t k, int16_t *tmp, int16_t *wq, float *wd, float *wm)
+/* The Q4_1 / Q8_0 / MXFP4 packer (qblock_vnni_pack.h), exported for its test. */
+VNNI_TARGET void qblock_vnni_pack_panel(int format, const uint8_t *w, int64_t row_bytes,
+                                        int64_t rows, int64_t k, int16_t *wq, float *wd, float *wm)
 {
-    const __m128i low = _mm_set1_epi8(0x0f);
-    static const int8_t mxfp4_codes[16] = QBLOCK_MXFP4_CODES;
-    const __m128i codes = _mm_loadu_si128((const __m128i *)mxfp4_codes);
-    for (int64_t r = 0; r < LANES; r++)
-        for (int64_t b = 0; b < k / QK; b++) {
-            int16_t *dst = tmp + r * k + b * QK;
-            if (r >= rows) {
-                memset(dst, 0, QK * sizeof(int16_t));
-                wd[b * LANES + r] = wm[b * LANES + r] = 0.0f;
-                continue;
-            }
-            if (format == FORMAT_Q8_0) {
-                const uint8_t *blk = w + r * row_bytes + b * Q8_0_BYTES;
-                uint16_t d;
-                memcpy(&d, blk, 2);
-                wd[b * LANES + r] = _cvtsh_ss(d);
-                wm[b * LANES + r] = 0.0f;
-                for (int h = 0; h < 2; h++)
-                    _mm256_storeu_si256(
-                        (__m256i *)(dst + 16 * h),
-                        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * h))));
-                continue;
-            }
-            if (format == FORMAT_MXFP4) { /* nibbles -> their int8 values (pshufb), widened */
-                const uint8_t *blk = w + r * row_bytes + b * QBLOCK_MXFP4_BYTES;
-                wd[b * LANES + r] = qblock_e8m0_values[blk[0]];
-                wm[b * LANES + r] = 0.0f;
-                const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 1));
-                const __m128i lo = _mm_shuffle_epi8(codes, _mm_and_si128(q, low));
-                const __m128i high = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-                const __m128i hi = _mm_shuffle_epi8(codes, high);
-                _mm256_storeu_si256((__m256i *)dst, _mm256_cvtepi8_epi16(lo));
-                _mm256_storeu_si256((__m256i *)(dst + 16), _mm256_cvtepi8_epi16(hi));
-                continue;
-            }
-            const uint8_t *blk = w + r * row_bytes + b * Q4_1_BYTES;
-            uint16_t d, m;
-            memcpy(&d, blk, 2);
-            memcpy(&m, blk + 2, 2);
-            wd[b * LANES + r] = _cvtsh_ss(d);
-            wm[b * LANES + r] = _cvtsh_ss(m);
-            __m128i q = _mm_loadu_si128((const __m128i *)(blk + 4));
-            _mm256_storeu_si256((__m256i *)dst, _mm256_cvtepu8_epi16(_mm_and_si128(q, low)));
-            _mm256_storeu_si256((__m256i *)(dst + 16),
-                                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(q, 4), low)));
-        }
-    vnni_transpose_panel(tmp, k, wq);
+    vnni_pack_panel(format, w, row_bytes, rows, k, wq, wd, wm);
 }
 
 /* The packers' transpose (qblock_vnni_transpose.h), exported for its test. */
@@ -177,7 +132,7 @@ VNNI_TARGET void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, 
     const int64_t row_bytes = qblock_row_bytes(format, k);
     int16_t *wq = tmp + LANES * k;
     float *wm = wd + LANES * blocks;
-    pack_panel(format, w + first * row_bytes, row_bytes, rows, k, tmp, wq, wd, wm);
+    vnni_pack_panel(format, w + first * row_bytes, row_bytes, rows, k, wq, wd, wm);
     int64_t i = 0;
     for (; i + ROWS <= m; i += ROWS)
         panel_rows(wq, wd, wm, qx + i * k, dx + i * blocks, sx + i * blocks, k,

@@ -21,6 +21,12 @@ void qblock_vnni_panel(int format, const uint8_t *w, int64_t first, int64_t rows
                        const int16_t *qx, const float *dx, const float *sx, int64_t m, float *y,
                        int64_t ldy, int16_t *tmp, float *wd);
 
+/* rows <= 16 rows of Q4_1, Q8_0 or MXFP4 blocks (row_bytes apart) packed as
+ * qblock_vnni_panel packs them (qblock_vnni_pack.h): wq[k / 2][16][2] int16, wd and wm
+ * [k / 32][16] floats, missing rows zeros. For tests. */
+void qblock_vnni_pack_panel(int format, const uint8_t *w, int64_t row_bytes, int64_t rows,
+                            int64_t k, int16_t *wq, float *wd, float *wm);
+
 /* A panel's transpose (qblock_vnni_transpose.h, which the packers inline), for tests. */
 void qblock_vnni_transpose_panel(const int16_t *tmp, int64_t k, int16_t *wq);
 
