@@ -190,7 +190,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
         try:
             while True:
-                if next_plan is None and not ended and plans_not_run(queued) < MAX_QUEUED_PLANS:
+                if next_plan is None and not ended and self._plans_ahead(queued) < MAX_QUEUED_PLANS:
                     next_plan = read_next_plan()
                 waits = {superseded_wait, *([next_plan] if next_plan else [])}
                 if queued:
@@ -207,18 +207,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     except StopAsyncIteration:
                         ended = True
                     else:
-                        unrun = plans_not_run(queued)  # now: a step may have run meanwhile
+                        ahead = self._plans_ahead(queued)  # now: a step may have run
                         if plan.HasField("deferred_allowed_tokens"):
                             # Masks for a plan queued or running: its sampler may wait
                             # on them now, so they go straight to it (no result).
                             worker.runner.mailbox.post(stream, plan)
-                        elif self._inline(plan, queued, unrun):
+                        elif runs_inline(plan, ahead) and not self._moving_kv():
                             future = loop.create_future()
                             queued.append((plan, future))
                             if not self.overlap_io:
                                 self._execute_inline(worker, stream, superseded, plan, future)
                             else:
-                                if unrun + 1 < MAX_QUEUED_PLANS:
+                                if ahead + 1 < MAX_QUEUED_PLANS:
                                     next_plan = read_next_plan()
                                 loop.call_soon(
                                     self._execute_inline, worker, stream, superseded, plan, future
@@ -243,12 +243,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             for _, future in queued:
                 future.cancel()
 
-    def _inline(self, plan, queued, unrun: int) -> bool:
-        """Whether `plan` runs on the loop's thread. Serial, only with no result waiting
-        to be written either: run at once, the step would hold that result back a whole
-        step. Overlapped, the result goes to grpc before the step's callback runs."""
-        before = unrun if self.overlap_io else len(queued)
-        return runs_inline(plan, before) and not self._moving_kv()
+    def _plans_ahead(self, queued) -> int:
+        """The plans that hold the next one back (from running inline, and from being
+        read past MAX_QUEUED_PLANS). Serial: every plan whose result is not yet written,
+        since a step run at once would hold that result back a whole step. Overlapped:
+        only the plans not yet run, since results go to grpc before a step's callback."""
+        return plans_not_run(queued) if self.overlap_io else len(queued)
 
     def _moving_kv(self) -> bool:
         """A KV transfer in or out needs this loop for each chunk: no step runs on it then."""

@@ -14,9 +14,9 @@ That pays only where grpc's threads find a core the step does not use: a core to
 beside the step's threads, or a step on a GPU. Where the step's threads take every
 core, grpc's threads take one of theirs mid-step and the others wait for it at the next
 barrier. Measured on one stream of the Qwen3-MoE Q4_K_M file on 2 cores (Zen 4,
-2026-11-29, alternated runs of a 512-token stream): with 2 step threads, overlapped 196
-and 183 tok/s against serial 246 and 218; with 1 step thread, overlapped 202 and 226
-against serial 190 and 194.
+2026-11-29, alternated runs of a 512-token stream; bench/RESULTS.md): with 2 step
+threads, overlapped 196 and 183 tok/s against serial 246 and 218; with 1 step thread,
+overlapped 236.7, 229.2, 220.1, 222.3 against serial 214.5, 212.6, 203.2, 202.2.
 """
 
 from __future__ import annotations
