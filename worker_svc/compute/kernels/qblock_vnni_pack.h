@@ -25,6 +25,7 @@
 #include <immintrin.h>
 
 #include "qblock_mxfp4.h"
+#include "qblock_q4q8.h"
 
 #define VNNI_PACK_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
 
@@ -107,8 +108,8 @@ VNNI_PACK_TARGET static inline void vnni_pack_panel(int format, const uint8_t *w
     static const int8_t mxfp4_codes[16] = QBLOCK_MXFP4_CODES;
     const __m512i codes = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mxfp4_codes));
     const __m512i low = _mm512_set1_epi8(0x0f);
-    const int64_t block_bytes = format == VNNI_PACK_Q4_1   ? 20
-                                : format == VNNI_PACK_Q8_0 ? 34
+    const int64_t block_bytes = format == VNNI_PACK_Q4_1   ? QBLOCK_Q4_1_BYTES
+                                : format == VNNI_PACK_Q8_0 ? QBLOCK_Q8_0_BYTES
                                                            : QBLOCK_MXFP4_BYTES;
     /* This panel's bytes and the next one's into L2 in address order first: the packing
      * reads 16 rows a block at a time, 16 streams the hardware prefetcher did not keep up
@@ -125,9 +126,12 @@ VNNI_PACK_TARGET static inline void vnni_pack_panel(int format, const uint8_t *w
         int16_t *out = wq + b * VNNI_PACK_QK * VNNI_PACK_LANES; /* 16 pair vectors a block */
         float *d = wd + b * VNNI_PACK_LANES, *m = wm + b * VNNI_PACK_LANES;
         __m512i p[4];
+        /* Q4_1's and Q8_0's scales lead their blocks; MXFP4's is one e8m0 byte (below). */
         for (int r = 0; r < VNNI_PACK_LANES; r++)
             chunk[r] = blk[r] ? blk[r] : zeros;
-        const __m512i head = vnni_pack_heads(chunk);
+        const int q4_1 = format == VNNI_PACK_Q4_1;
+        const __m512i head = q4_1 || format == VNNI_PACK_Q8_0 ? vnni_pack_heads(chunk)
+                                                              : _mm512_setzero_si512();
         if (format == VNNI_PACK_Q8_0) {
             _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
             _mm512_storeu_ps(m, _mm512_setzero_ps());
@@ -142,7 +146,6 @@ VNNI_PACK_TARGET static inline void vnni_pack_panel(int format, const uint8_t *w
             }
             continue;
         }
-        const int q4_1 = format == VNNI_PACK_Q4_1;
         if (q4_1) { /* f16 d and m side by side */
             _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
             const __m512i minimums = _mm512_srli_epi32(head, 16);
